@@ -1,0 +1,156 @@
+"""Run configuration as dataclasses: what a worker reads from ``<job dir>/resolved.yaml``.
+
+The sweep (``teraio.sweep``) composes these from Hydra YAML under ``conf/``; workers never
+import Hydra, they call :func:`load_run_config` on the resolved file. Units: bytes for
+memory, GB/s (1e9 bytes per second) for bandwidth, seconds for time.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SYSTEMS: tuple[str, ...] = ("ideal", "teraio_ssd", "teraio_mixed", "zero_offload", "zero_infinity")
+MODEL_FAMILIES: tuple[str, ...] = ("llama3", "granite")
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """Transformer shape. ``family="llama3"`` is torchtitan's Llama3; ``"granite"`` adds
+    attention/MLP biases and tied embeddings (Granite-code-base-8B).
+
+    ``ffn_hidden_dim``: explicit FFN width; null derives it the torchtitan way from
+    ``dim``, ``multiple_of`` and ``ffn_dim_multiplier``.
+    """
+
+    name: str
+    family: str = "llama3"
+    dim: int = 256
+    n_layers: int = 2
+    n_heads: int = 8
+    n_kv_heads: int | None = None
+    vocab_size: int = 2048
+    multiple_of: int = 256
+    ffn_dim_multiplier: float | None = None
+    ffn_hidden_dim: int | None = None
+    rope_theta: float = 500000.0
+    norm_eps: float = 1e-5
+    attn_bias: bool = False
+    mlp_bias: bool = False
+    tie_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        if self.family not in MODEL_FAMILIES:
+            raise ValueError(f"model.family={self.family!r}; valid: {MODEL_FAMILIES}")
+
+
+@dataclasses.dataclass
+class WorkloadConfig:
+    """Global batch (sequences), micro-batch, sequence length (tokens), steps."""
+
+    batch_size: int = 2
+    micro_batch_size: int = 1
+    seq_len: int = 64
+    warmup_steps: int = 2
+    measure_steps: int = 3
+    lr: float = 1e-4
+
+    def __post_init__(self) -> None:
+        if self.micro_batch_size <= 0 or self.batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"workload.batch_size={self.batch_size} is not divisible by "
+                f"workload.micro_batch_size={self.micro_batch_size}; pick a divisor")
+
+    @property
+    def grad_accum_steps(self) -> int:
+        return self.batch_size // self.micro_batch_size
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len
+
+
+@dataclasses.dataclass
+class SystemConfig:
+    """Which system trains, and its options (free-form per system, documented in
+    ``conf/system/<name>.yaml``)."""
+
+    name: str
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.name not in SYSTEMS:
+            raise ValueError(f"system.name={self.name!r}; valid: {SYSTEMS}")
+
+
+@dataclasses.dataclass
+class HardwareConfig:
+    """The machine to emulate.
+
+    ``gpu_capacity_bytes``: cap on device memory (null: uncapped). ``ssd_dirs``: one
+    directory per drive. Bandwidths are per drive / per direction, GB/s. ``prices``: USD,
+    for the cost table.
+    """
+
+    name: str = "cpu"
+    device: str = "cpu"
+    n_gpus: int = 1
+    gpu_capacity_bytes: int | None = None
+    ssd_dirs: list[str] = dataclasses.field(default_factory=lambda: ["/tmp/teraio_ssd"])
+    ssd_write_gbps: float = 2.0
+    ssd_read_gbps: float = 1.6
+    host_mem_cap_bytes: int = 0
+    host_d2h_gbps: float = 37.0
+    host_h2d_gbps: float = 55.0
+    prices: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class RunConfig:
+    model: ModelConfig
+    workload: WorkloadConfig
+    system: SystemConfig
+    hardware: HardwareConfig
+    trial: int = 0
+    seed: int = 0
+    timeout_s: float = 3600.0
+
+    def point(self) -> dict:
+        """The keys that identify this run in result rows (see ``teraio.result``)."""
+        return {"model": self.model.name, "system": self.system.name, "hardware": self.hardware.name,
+                "batch_size": self.workload.batch_size,
+                "micro_batch_size": self.workload.micro_batch_size,
+                "seq_len": self.workload.seq_len, "trial": self.trial}
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _build(cls, d: dict | None, where: str):
+    d = dict(d or {})
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; valid: {sorted(names)}")
+    return cls(**d)
+
+
+def run_config_from_dict(d: dict) -> RunConfig:
+    """Build a :class:`RunConfig`, naming any unknown key and the valid ones."""
+    top = {f.name for f in dataclasses.fields(RunConfig)}
+    unknown = sorted(set(d) - top)
+    if unknown:
+        raise ValueError(f"run config: unknown key(s) {unknown}; valid: {sorted(top)}")
+    return RunConfig(
+        model=_build(ModelConfig, d.get("model"), "model"),
+        workload=_build(WorkloadConfig, d.get("workload"), "workload"),
+        system=_build(SystemConfig, d.get("system"), "system"),
+        hardware=_build(HardwareConfig, d.get("hardware"), "hardware"),
+        **{k: d[k] for k in ("trial", "seed", "timeout_s") if k in d},
+    )
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    return run_config_from_dict(yaml.safe_load(Path(path).read_text()))

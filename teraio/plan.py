@@ -1,0 +1,131 @@
+"""The migration plan: what the planner emits and the engine executes (paper §3.2, Fig. 4).
+
+One :class:`Migration` covers one inactive period of one tensor. Its four op indices,
+in cyclic order along the iteration starting from ``offload_after``, are:
+
+``offload_after`` (a)
+    the tensor's last use before the inactive period; the offload is launched right
+    after op a (the paper's offload *start*).
+``free_before`` (k_free)
+    the offload must be complete before op k_free; the engine waits for the write if
+    needed (a stall) and frees the HBM storage. Memory is saved from op k_free on
+    (the paper's offload *deadline*, t_offloaded).
+``prefetch_before`` (k_pf)
+    the engine allocates the storage and launches the read before op k_pf; memory is
+    used again from op k_pf on (the paper's prefetch start, t_prefetch).
+``needed_by`` (b)
+    the tensor's next use; the engine waits for the read before op b (the prefetch
+    deadline).
+
+Memory is saved for ops in the cyclic interval ``[k_free, k_pf)``. A period of a
+persistent tensor may wrap across the iteration boundary (``a > b``); then the
+migration may also be *offloaded at iteration start* (op 0 inside ``[k_free, k_pf)``),
+and the engine offloads it before the first step it runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+TIERS: tuple[str, ...] = ("ssd", "host")
+
+
+def cyclic_between(k: int, lo: int, hi: int, n: int) -> bool:
+    """True if op k lies in the cyclic half-open interval ``[lo, hi)`` of ``n`` ops."""
+    return (k - lo) % n < (hi - lo) % n if lo != hi else False
+
+
+@dataclasses.dataclass
+class Migration:
+    """One planned offload + prefetch of one tensor over one inactive period.
+
+    Attributes:
+        tid: the tensor's ``Trace`` id; ``name`` its stable name.
+        nbytes: bytes moved each way.
+        tier: ``"ssd"`` or ``"host"``.
+        offload_after, free_before, prefetch_before, needed_by: op indices, see module doc.
+    """
+
+    tid: int
+    name: str
+    nbytes: int
+    tier: str
+    offload_after: int
+    free_before: int
+    prefetch_before: int
+    needed_by: int
+
+    def __post_init__(self) -> None:
+        if self.tier not in TIERS:
+            raise ValueError(f"migration of {self.name!r}: tier {self.tier!r} not in {TIERS}")
+
+    @property
+    def wraps(self) -> bool:
+        """True if the inactive period crosses the iteration boundary."""
+        return self.needed_by <= self.offload_after
+
+    def saves_at(self, k: int, n_ops: int) -> bool:
+        """True if the tensor is off HBM during op k."""
+        return cyclic_between(k, self.free_before, self.prefetch_before, n_ops)
+
+    def offloaded_at_iteration_start(self, n_ops: int) -> bool:
+        return self.wraps and self.saves_at(0, n_ops)
+
+
+@dataclasses.dataclass
+class MigrationPlan:
+    """A per-GPU migration plan (paper Fig. 4 "Per-GPU Tensor Migration Plans").
+
+    Attributes:
+        n_ops: ops per iteration of the trace the plan was made for.
+        capacity_bytes: the GPU memory capacity planned for, bytes.
+        baseline_peak_bytes: peak live bytes with no offloading.
+        predicted_peak_bytes: peak live bytes with the plan applied.
+        migrations: the chosen migrations, in the order the planner chose them.
+        meta: planner settings (benefit variant, bandwidths in GB/s, host cap in bytes,
+            compile seconds, ...).
+    """
+
+    n_ops: int
+    capacity_bytes: int
+    baseline_peak_bytes: int
+    predicted_peak_bytes: int
+    migrations: list[Migration]
+    meta: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def shortfall_bytes(self) -> int:
+        """How far the predicted peak stays above capacity (0 if the plan is feasible)."""
+        return max(0, self.predicted_peak_bytes - self.capacity_bytes)
+
+    @property
+    def feasible(self) -> bool:
+        return self.shortfall_bytes == 0
+
+    def bytes_per_tier(self) -> dict[str, int]:
+        out = {t: 0 for t in TIERS}
+        for m in self.migrations:
+            out[m.tier] += m.nbytes
+        return out
+
+    def to_dict(self) -> dict:
+        return {"format": "teraio.plan/1", **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MigrationPlan":
+        if d.get("format") != "teraio.plan/1":
+            raise ValueError(f"not a TeraIO plan: format={d.get('format')!r}, expected 'teraio.plan/1'")
+        d = {k: v for k, v in d.items() if k != "format"}
+        d["migrations"] = [Migration(**m) for m in d["migrations"]]
+        return cls(**d)
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict()))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "MigrationPlan":
+        return cls.from_dict(json.loads(Path(path).read_text()))

@@ -1,0 +1,112 @@
+"""One run's result row: the ``result.json`` every worker writes (format ``teraio.result/1``).
+
+Schema (keys always present; unknown values are ``null``):
+
+``status``            ``"ok" | "oom" | "error" | "timeout"``
+``error``             error text, or null when ok
+``measure``           ``"measured"`` (timed on hardware) or ``"modeled"`` (performance model)
+``point``             ``{model, system, hardware, batch_size, micro_batch_size, seq_len, trial}``
+``config``            the whole resolved run config (dict)
+``iterations``        list, one per *measured* iteration:
+                      ``{step, seconds, tokens, tokens_per_s, loss, stall_count, stall_seconds,
+                      migration_seconds, bytes_offloaded: {ssd, host}, bytes_prefetched: {ssd, host}}``
+                      (seconds: wall time of the iteration; migration_seconds: time at least one
+                      transfer was in flight; byte counts in bytes; null where a system cannot tell)
+``tokens_per_s``      mean over measured iterations (tokens/s)
+``stall_count``, ``stall_seconds``   totals over measured iterations
+``bytes_per_tier``    ``{ssd, host}``: bytes offloaded + prefetched over measured iterations
+``peak_allocated_bytes``, ``peak_reserved_bytes``   device memory peaks (bytes)
+``capacity_bytes``    emulated GPU capacity (bytes), null when uncapped
+``unoffloaded_peak_bytes``  peak live bytes with no offloading (from the trace), null if unknown
+``memory_pressure``   M = unoffloaded peak ÷ capacity (paper Fig. 7), null if unknown
+``plan_compile_seconds``, ``profile_seconds``   TeraIO one-time costs, null otherwise
+``kvikio_mode``       ``"gds" | "compat" | "posix" | null``
+``gpu_name``, ``versions``, ``host``, ``started_at``, ``finished_at``, ``wall_seconds``
+``artifacts``         relative paths of side files in the job dir (trace, plan, oplog, transfers,
+                      deepspeed config), by name
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+FORMAT = "teraio.result/1"
+STATUSES: tuple[str, ...] = ("ok", "oom", "error", "timeout")
+POINT_KEYS: tuple[str, ...] = ("model", "system", "hardware", "batch_size", "micro_batch_size",
+                               "seq_len", "trial")
+
+
+def empty_result(point: dict, config: dict) -> dict[str, Any]:
+    """A result with every schema key present and unknown values null."""
+    missing = [k for k in POINT_KEYS if k not in point]
+    if missing:
+        raise ValueError(f"point lacks {missing}; a point needs {POINT_KEYS}")
+    return {
+        "format": FORMAT, "status": "error", "error": None, "measure": "measured",
+        "point": dict(point), "config": config, "iterations": [],
+        "tokens_per_s": None, "stall_count": None, "stall_seconds": None,
+        "bytes_per_tier": {"ssd": None, "host": None},
+        "peak_allocated_bytes": None, "peak_reserved_bytes": None, "capacity_bytes": None,
+        "unoffloaded_peak_bytes": None, "memory_pressure": None,
+        "plan_compile_seconds": None, "profile_seconds": None, "kvikio_mode": None,
+        "gpu_name": None, "versions": {}, "host": None, "started_at": None,
+        "finished_at": None, "wall_seconds": None, "artifacts": {},
+    }
+
+
+def summarize_iterations(result: dict) -> None:
+    """Fill the totals (tokens/s, stalls, bytes per tier) from ``result["iterations"]``."""
+    its = result["iterations"]
+    if not its:
+        return
+    result["tokens_per_s"] = sum(i["tokens"] for i in its) / sum(i["seconds"] for i in its)
+
+    def total(key: str):
+        vals = [i.get(key) for i in its]
+        return None if any(v is None for v in vals) else sum(vals)
+
+    result["stall_count"] = total("stall_count")
+    result["stall_seconds"] = total("stall_seconds")
+    for tier in ("ssd", "host"):
+        vals = [(i.get("bytes_offloaded") or {}).get(tier) for i in its] + \
+               [(i.get("bytes_prefetched") or {}).get(tier) for i in its]
+        result["bytes_per_tier"][tier] = None if any(v is None for v in vals) else sum(vals)
+
+
+def _json_safe(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def write_result(path: str | Path, result: dict) -> None:
+    """Write ``result`` to ``path`` atomically (temp file + rename).
+
+    Raises:
+        ValueError: status not in ``STATUSES``.
+        FileExistsError: ``path`` already holds an ``ok`` result (results are never
+            overwritten; a failed one may be replaced by a rerun).
+    """
+    if result.get("status") not in STATUSES:
+        raise ValueError(f"result status {result.get('status')!r} not in {STATUSES}")
+    path = Path(path)
+    if read_status(path) == "ok":
+        raise FileExistsError(f"{path} already holds an ok result; refusing to overwrite it")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(_json_safe(result), indent=1))
+    tmp.replace(path)
+
+
+def read_status(path: str | Path) -> str | None:
+    """The status stored in a result file, or None if absent or unreadable."""
+    try:
+        return json.loads(Path(path).read_text()).get("status")
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,152 @@
+"""The profiled tensor-lifetime trace of one training iteration (paper §3.1, PAPER.md §2.1).
+
+A :class:`Trace` is what the profiler emits and what the planner and simulator consume.
+It is plain data (numpy arrays and small records) so that it can be saved, reloaded and
+planned on a machine without a GPU.
+
+Conventions
+-----------
+* Time is the op index ``k`` in ``0 .. n_ops-1`` of one training iteration (forward,
+  backward, optimizer step, zero_grad), and ``op_seconds[k]`` is op k's measured duration
+  in **seconds**. Op k starts at ``op_start_seconds()[k]``.
+* A tensor record is one *storage* (all views of it share the record), of ``nbytes`` bytes.
+* ``uses`` are the sorted op indices that read or write the storage. For an intermediate
+  tensor (``persistent=False``) the first use is the op that allocated it and the last use
+  is its last reader; it occupies memory from ``uses[0]`` to ``uses[-1]`` inclusive.
+  A persistent tensor (parameter, optimizer state) occupies memory for the whole iteration
+  and its inactive period may wrap from its last use to its first use in the next
+  iteration.
+* Tensor ids (``tid``) are stable across iterations: persistent tensors are named by
+  ``name`` (``"param:<fqn>"``, ``"optim:<fqn>:<state key>"``); intermediates by
+  ``"op<k>:out<j>"``, the j-th output of op k, which the engine matches in later
+  iterations.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+TensorKind = Literal["param", "grad", "optim", "activation", "temp", "input"]
+TENSOR_KINDS: tuple[str, ...] = ("param", "grad", "optim", "activation", "temp", "input")
+
+
+@dataclasses.dataclass
+class TensorRecord:
+    """One storage seen during the profiled iteration.
+
+    Attributes:
+        tid: dense index into ``Trace.tensors``.
+        name: stable name (see module docstring).
+        nbytes: storage size in bytes.
+        kind: one of ``TENSOR_KINDS``.
+        persistent: True if the storage lives across iterations (params, optimizer state).
+        uses: sorted op indices touching the storage (non-empty).
+    """
+
+    tid: int
+    name: str
+    nbytes: int
+    kind: str
+    persistent: bool
+    uses: list[int]
+
+    def __post_init__(self) -> None:
+        if self.kind not in TENSOR_KINDS:
+            raise ValueError(f"tensor {self.name!r}: kind {self.kind!r} not in {TENSOR_KINDS}")
+        if not self.uses:
+            raise ValueError(f"tensor {self.name!r}: uses must be non-empty")
+        if self.nbytes < 0:
+            raise ValueError(f"tensor {self.name!r}: nbytes {self.nbytes} < 0")
+
+
+@dataclasses.dataclass
+class Trace:
+    """One iteration's ops and tensor lifetimes.
+
+    Attributes:
+        op_names: ``n_ops`` aten op names (e.g. ``"aten.mm.default"``).
+        op_seconds: float64 array ``[n_ops]``, op durations in seconds.
+        tensors: records, ``tensors[i].tid == i``.
+        meta: free-form facts (model, device, batch, seq_len, profiled iterations, ...).
+    """
+
+    op_names: list[str]
+    op_seconds: np.ndarray
+    tensors: list[TensorRecord]
+    meta: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.op_seconds = np.asarray(self.op_seconds, dtype=np.float64)
+        if self.op_seconds.shape != (len(self.op_names),):
+            raise ValueError(
+                f"op_seconds has shape {self.op_seconds.shape}, expected ({len(self.op_names)},)")
+        for i, t in enumerate(self.tensors):
+            if t.tid != i:
+                raise ValueError(f"tensors[{i}] has tid {t.tid}; tids must be dense 0..n-1")
+            if t.uses[0] < 0 or t.uses[-1] >= self.n_ops:
+                raise ValueError(f"tensor {t.name!r}: uses {t.uses[0]}..{t.uses[-1]} outside 0..{self.n_ops - 1}")
+
+    @property
+    def n_ops(self) -> int:
+        return len(self.op_names)
+
+    def op_start_seconds(self) -> np.ndarray:
+        """float64 ``[n_ops + 1]``: start time of each op (seconds), last entry = iteration time."""
+        return np.concatenate([[0.0], np.cumsum(self.op_seconds)])
+
+    def live_bytes(self) -> np.ndarray:
+        """int64 ``[n_ops]``: bytes resident during each op with no offloading.
+
+        Persistent tensors count everywhere; an intermediate counts from its first to its
+        last use, inclusive.
+        """
+        delta = np.zeros(self.n_ops + 1, dtype=np.int64)
+        for t in self.tensors:
+            if t.persistent:
+                delta[0] += t.nbytes
+            else:
+                delta[t.uses[0]] += t.nbytes
+                delta[t.uses[-1] + 1] -= t.nbytes
+        return np.cumsum(delta[:-1])
+
+    def peak_bytes(self) -> int:
+        return int(self.live_bytes().max()) if self.n_ops else 0
+
+    def active_bytes(self) -> np.ndarray:
+        """int64 ``[n_ops]``: bytes of the tensors op k itself touches (paper Fig. 1 "active")."""
+        out = np.zeros(self.n_ops, dtype=np.int64)
+        for t in self.tensors:
+            np.add.at(out, np.asarray(t.uses), t.nbytes)
+        return out
+
+    # ---- persistence -------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "format": "teraio.trace/1",
+            "op_names": self.op_names,
+            "op_seconds": self.op_seconds.tolist(),
+            "tensors": [dataclasses.asdict(t) for t in self.tensors],
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Trace":
+        if d.get("format") != "teraio.trace/1":
+            raise ValueError(f"not a TeraIO trace: format={d.get('format')!r}, expected 'teraio.trace/1'")
+        return cls(op_names=list(d["op_names"]), op_seconds=np.asarray(d["op_seconds"]),
+                   tensors=[TensorRecord(**t) for t in d["tensors"]], meta=dict(d.get("meta", {})))
+
+    def save(self, path: str | Path) -> None:
+        """Write JSON (``.json``) atomically: a crash never leaves a half-written trace."""
+        path = Path(path)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict()))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Trace":
+        return cls.from_dict(json.loads(Path(path).read_text()))
