@@ -1,0 +1,79 @@
+"""Measurement helpers every system shares: the emulated memory cap, device sync, peak
+memory, and the facts (versions, GPU name) that go into a result row."""
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import socket
+import time
+from contextlib import contextmanager
+
+import torch
+
+
+def apply_memory_cap(capacity_bytes: int | None, device: torch.device) -> None:
+    """Emulate a GPU of ``capacity_bytes`` (bytes) with
+    ``torch.cuda.set_per_process_memory_fraction``: allocations past it raise
+    ``torch.OutOfMemoryError`` as on a smaller GPU. No-op for None or a CPU device.
+
+    Raises:
+        ValueError: capacity larger than the GPU's total memory, or not positive.
+    """
+    if capacity_bytes is None or device.type != "cuda":
+        return
+    total = torch.cuda.get_device_properties(device).total_memory
+    if not 0 < capacity_bytes <= total:
+        raise ValueError(f"hardware.gpu_capacity_bytes={capacity_bytes} must be in (0, {total}] "
+                         f"(the total memory of {torch.cuda.get_device_name(device)})")
+    torch.cuda.set_per_process_memory_fraction(capacity_bytes / total, device)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device: torch.device) -> tuple[int | None, int | None]:
+    """(peak allocated, peak reserved) in bytes since the last reset; (None, None) on CPU."""
+    if device.type != "cuda":
+        return None, None
+    return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
+
+
+@contextmanager
+def timed(device: torch.device):
+    """Wall-clock seconds of the block, with the device synchronised at both ends.
+    Yields a dict whose ``"seconds"`` is set on exit."""
+    out: dict = {}
+    synchronize(device)
+    t0 = time.perf_counter()
+    try:
+        yield out
+    finally:
+        synchronize(device)
+        out["seconds"] = time.perf_counter() - t0
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def environment_facts(device: torch.device) -> dict:
+    """Versions, host and GPU name for a result row."""
+    return {
+        "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "host": socket.gethostname(),
+        "versions": {
+            "python": platform.python_version(), "torch": torch.__version__,
+            **{d: _version(d) for d in ("torchtitan", "deepspeed", "kvikio-cu13", "kvikio-cu12",
+                                        "hydra-core", "pandas", "seaborn")},
+        },
+    }
