@@ -1,0 +1,364 @@
+"""Migration engine: runs a :class:`~teraio.plan.MigrationPlan` during training (paper §3.3).
+
+The paper inserts offload/prefetch instructions into the compiled execution graph; we run
+in the same ``TorchDispatchMode`` position as the profiler, so op k of every iteration is
+op k of the profiled trace. Around each op k:
+
+* before k: for migrations whose ``free_before`` is k, wait for the offload write (a stall
+  if not done) and free the HBM with ``untyped_storage().resize_(0)``; for ``prefetch_before``
+  k, re-allocate with ``resize_(nbytes)`` and launch the read; for ``needed_by`` k, wait for
+  the read (a stall if not done). Anything op k touches that is still off the device and was
+  not planned is fetched at once ("urgent", paper §3.2) and counted.
+* after k: register the storages of planned intermediates that op k allocated, and launch
+  the offloads whose ``offload_after`` is k.
+
+Tensor objects and the autograd graph stay intact (the FSDP technique): only the storage's
+bytes come and go. Reads write through a fresh tensor set on the storage (inside the tier),
+so no tensor's autograd version counter moves. Ordering with CUDA events: an offload's I/O
+waits for an event recorded after its last op (no write-out before the producer finished);
+a prefetch's I/O waits for an event recorded after the re-allocation (the reused memory's
+earlier readers are done); the storage is freed only once the write completed.
+
+Everything is per engine instance (per process, per GPU): no module-level state.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from teraio.plan import Migration, MigrationPlan, cyclic_between
+from teraio.profiler import fresh_outputs, iter_tensors, storage_key
+from teraio.trace import Trace
+
+RESIDENT, OFFLOADING, OFFLOADED, PREFETCHING = "resident", "offloading", "offloaded", "prefetching"
+
+
+class ExecutionDivergedError(RuntimeError):
+    """The training step ran a different op sequence than the profiled trace."""
+
+
+@dataclass
+class _Tensor:
+    name: str
+    nbytes: int
+    persistent: bool
+    storage: torch.UntypedStorage | None = None
+    status: str = RESIDENT
+    job: Future | None = None
+    tier: str | None = None
+    transfer: dict | None = None  # the in-flight transfer's log row
+
+
+@dataclass
+class StepStats:
+    """What one iteration under the engine did. Seconds are wall time; bytes are bytes."""
+
+    step: int
+    stall_count: int = 0
+    stall_seconds: float = 0.0
+    urgent_count: int = 0
+    bytes_offloaded: dict = field(default_factory=lambda: {"ssd": 0, "host": 0})
+    bytes_prefetched: dict = field(default_factory=lambda: {"ssd": 0, "host": 0})
+    migration_seconds: float = 0.0
+    max_accounted_bytes: int = 0
+
+
+class MigrationEngine(TorchDispatchMode):
+    """Executes ``plan`` on the live tensors of one training process.
+
+    Args:
+        trace: the profiled trace the plan was made for.
+        plan: the migration plan (op indices into ``trace``).
+        persistent: name -> tensor for parameters, buffers and optimizer state
+            (``teraio.profiler.persistent_tensors``), matched to the trace by name.
+        tiers: ``{"ssd": SSDTier, "host": HostTier}`` (``teraio.storage``); only the tiers the
+            plan uses are needed.
+        device: the training device.
+        io_threads: concurrent transfers in flight.
+        log_ops: keep a per-op log (op start time and stall seconds) for the analysis.
+
+    Use :meth:`prime` once before the first step, run each step with :meth:`run_step`, and
+    :meth:`close` at the end (restores every offloaded tensor and frees the tiers).
+    """
+
+    def __init__(self, trace: Trace, plan: MigrationPlan, persistent: dict[str, torch.Tensor],
+                 tiers: dict, device: torch.device, io_threads: int = 4, log_ops: bool = True):
+        super().__init__()
+        if plan.n_ops != trace.n_ops:
+            raise ValueError(f"plan is for {plan.n_ops} ops but the trace has {trace.n_ops}")
+        missing = {m.tier for m in plan.migrations} - set(tiers)
+        if missing:
+            raise ValueError(f"plan uses tier(s) {sorted(missing)} but only {sorted(tiers)} were given")
+        self.trace, self.plan, self.tiers, self.device = trace, plan, tiers, device
+        self.n_ops = trace.n_ops
+        self.op_names = trace.op_names
+        self.live_bytes = trace.live_bytes()
+        self.log_ops = log_ops
+        self._pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="teraio-io")
+        self._func_names: dict = {}
+
+        self.tensors: dict[int, _Tensor] = {}
+        for m in plan.migrations:
+            rec = trace.tensors[m.tid]
+            if rec.name != m.name:
+                raise ValueError(f"plan names tensor {m.tid} {m.name!r} but the trace has {rec.name!r}")
+            if m.tid not in self.tensors:
+                self.tensors[m.tid] = _Tensor(rec.name, rec.nbytes, rec.persistent)
+        for t in self.tensors.values():
+            if t.persistent:
+                if t.name not in persistent:
+                    raise ValueError(f"plan migrates {t.name!r}, which the model/optimizer does not have")
+                t.storage = persistent[t.name].untyped_storage()
+
+        def by_op(attr: str) -> list[list[Migration]]:
+            out: list[list[Migration]] = [[] for _ in range(self.n_ops)]
+            for m in plan.migrations:
+                out[getattr(m, attr)].append(m)
+            return out
+
+        self.offload_after, self.free_before = by_op("offload_after"), by_op("free_before")
+        self.prefetch_before, self.needed_by = by_op("prefetch_before"), by_op("needed_by")
+        # Intermediates: which op allocates them (slot j of op k) and after which op the
+        # engine drops its reference, so autograd can free them as usual.
+        self.produced_at: dict[int, list[tuple[int, int]]] = {}
+        self.release_after: dict[int, list[int]] = {}
+        for tid, t in self.tensors.items():
+            if t.persistent:
+                continue
+            k, j = _parse_intermediate(t.name)
+            self.produced_at.setdefault(k, []).append((j, tid))
+            last = max(m.needed_by for m in plan.migrations if m.tid == tid)
+            self.release_after.setdefault(last, []).append(tid)
+
+        self._away: dict[int, int] = {}  # storage key -> tid, for storages freed right now
+        self._away_bytes = 0
+        self._k = 0
+        self._step_t0 = 0.0
+        self.step_index = -1
+        self.stats: StepStats | None = None
+        self.history: list[StepStats] = []
+        self.oplog: list[dict] = []
+        self.transfers: list[dict] = []
+        self._op_t = np.zeros(self.n_ops)
+        self._op_stall = np.zeros(self.n_ops)
+
+    # ---- public -----------------------------------------------------------------
+    def prime(self) -> None:
+        """Bring the persistent tensors into the state the plan assumes at op 0 of an
+        iteration: offloads whose write spans the iteration boundary are done now
+        (synchronously), and those planned to be off the device at op 0 are freed."""
+        for m in self.plan.migrations:
+            t = self.tensors[m.tid]
+            if not (m.wraps and cyclic_between(0, (m.offload_after + 1) % self.n_ops,
+                                               m.prefetch_before, self.n_ops)):
+                continue
+            t.tier = m.tier
+            self.tiers[m.tier].write(t.name, t.storage).wait()
+            t.status, t.job = OFFLOADING, _done_future()
+            if m.offloaded_at_iteration_start(self.n_ops):
+                self._free(m.tid, t)
+
+    def run_step(self, step_fn, step: int):
+        """Run one training step under the engine; returns ``step_fn()``'s value.
+
+        Raises:
+            ExecutionDivergedError: the step ran other ops than the profiled trace.
+        """
+        self.step_index = step
+        self.stats = StepStats(step=step)
+        self._k = 0
+        self._op_stall[:] = 0.0
+        self._step_t0 = time.perf_counter()
+        first_transfer = len(self.transfers)
+        with self:
+            out = step_fn()
+        if self._k != self.n_ops:
+            raise ExecutionDivergedError(
+                f"step {step} ran {self._k} ops; the profiled trace has {self.n_ops}")
+        leaked = [t.name for t in self.tensors.values() if not t.persistent and t.storage is not None]
+        if leaked:
+            raise RuntimeError(f"engine still holds intermediates after the step: {leaked[:5]}")
+        self.stats.migration_seconds = _union_seconds(
+            [(r["t_issued_s"], r["t_done_s"]) for r in self.transfers[first_transfer:] if r["step"] == step])
+        if self.log_ops:
+            self.oplog.append({"step": step, "t_start_s": self._op_t.copy(), "stall_s": self._op_stall.copy()})
+        self.history.append(self.stats)
+        return out
+
+    def close(self) -> None:
+        """Restore every offloaded tensor to the device, stop the I/O threads and close the
+        tiers (offload files deleted, pinned pool freed). Idempotent."""
+        if self._pool is None:
+            return
+        for tid, t in self.tensors.items():
+            if t.storage is not None and t.status != RESIDENT:
+                self._make_resident(tid, t, urgent=False)
+        self._pool.shutdown(wait=True)
+        self._pool = None
+        for tier in self.tiers.values():
+            tier.close()
+
+    # ---- dispatch ---------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        k = self._k
+        if k >= self.n_ops:
+            raise ExecutionDivergedError(f"step ran more ops than the {self.n_ops} profiled")
+        name = self._func_names.get(func)
+        if name is None:
+            name = self._func_names[func] = str(func)
+        if name != self.op_names[k]:
+            raise ExecutionDivergedError(
+                f"op {k} is {name}, but the profiled trace has {self.op_names[k]} there")
+        self._op_t[k] = time.perf_counter() - self._step_t0
+        self._before(k, args, kwargs)
+        out = func(*args, **(kwargs or {}))
+        self._after(k, args, kwargs, out)
+        self._k = k + 1
+        return out
+
+    def _before(self, k: int, args, kwargs) -> None:
+        for m in self.free_before[k]:
+            t = self.tensors[m.tid]
+            if t.status == OFFLOADING:
+                self._wait(t, k)
+                self._free(m.tid, t)
+        for m in self.prefetch_before[k]:
+            t = self.tensors[m.tid]
+            if t.status == OFFLOADED:
+                self._launch_prefetch(m.tid, t, k)
+        for m in self.needed_by[k]:
+            t = self.tensors[m.tid]
+            if t.status != RESIDENT:
+                self._make_resident(m.tid, t, urgent=False, k=k)
+        if self._away:
+            for x in iter_tensors(args, kwargs):
+                tid = self._away.get(storage_key(x))
+                if tid is not None:
+                    self._make_resident(tid, self.tensors[tid], urgent=True, k=k)
+        accounted = int(self.live_bytes[k]) - self._away_bytes
+        if accounted > self.stats.max_accounted_bytes:
+            self.stats.max_accounted_bytes = accounted
+
+    def _after(self, k: int, args, kwargs, out) -> None:
+        produced = self.produced_at.get(k)
+        if produced:
+            fresh = fresh_outputs(out, {storage_key(x) for x in iter_tensors(args, kwargs)})
+            for j, tid in produced:
+                self.tensors[tid].storage = fresh[j].untyped_storage()
+        for m in self.offload_after[k]:
+            t = self.tensors[m.tid]
+            if t.status == RESIDENT and t.storage is not None:
+                self._launch_offload(m, t, k)
+        for tid in self.release_after.get(k, ()):
+            t = self.tensors[tid]
+            if t.status != RESIDENT:
+                self._make_resident(tid, t, urgent=True, k=k)
+            t.storage = None
+
+    # ---- transfers --------------------------------------------------------------
+    def _event(self) -> torch.cuda.Event | None:
+        if self.device.type != "cuda":
+            return None
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(self.device))
+        return ev
+
+    def _submit(self, t: _Tensor, tier: str, direction: str, k: int, ev) -> None:
+        io = self.tiers[tier]
+        fn = io.write if direction == "offload" else io.read
+        storage = t.storage
+        row = {"step": self.step_index, "tensor": t.name, "tier": tier, "direction": direction,
+               "nbytes": t.nbytes, "op_issued": k, "op_done": None,
+               "t_issued_s": time.perf_counter() - self._step_t0, "t_done_s": None}
+        t0 = self._step_t0
+
+        def job():
+            if ev is not None:
+                ev.synchronize()
+            fn(t.name, storage).wait()
+            row["t_done_s"] = time.perf_counter() - t0
+
+        t.job, t.tier, t.transfer = self._pool.submit(job), tier, row
+        self.transfers.append(row)
+        (self.stats.bytes_offloaded if direction == "offload" else self.stats.bytes_prefetched)[tier] += t.nbytes
+
+    def _launch_offload(self, m: Migration, t: _Tensor, k: int) -> None:
+        self._submit(t, m.tier, "offload", k, self._event())
+        t.status = OFFLOADING
+
+    def _launch_prefetch(self, tid: int, t: _Tensor, k: int) -> None:
+        t.storage.resize_(t.nbytes)
+        self._away.pop(storage_key_of(t.storage), None)
+        self._away_bytes -= t.nbytes
+        self._submit(t, t.tier, "prefetch", k, self._event())
+        t.status = PREFETCHING
+
+    def _wait(self, t: _Tensor, k: int | None) -> None:
+        """Block until ``t``'s transfer completes; a wait on an unfinished one is a stall."""
+        job = t.job
+        if not job.done():
+            t0 = time.perf_counter()
+            job.result()
+            dt = time.perf_counter() - t0
+            if self.stats is not None:
+                self.stats.stall_count += 1
+                self.stats.stall_seconds += dt
+                if k is not None:
+                    self._op_stall[k] += dt
+        else:
+            job.result()  # re-raises an I/O error naming the tensor and path
+        if t.transfer is not None:
+            t.transfer["op_done"] = k
+        t.job = None
+
+    def _free(self, tid: int, t: _Tensor) -> None:
+        t.storage.resize_(0)
+        t.status = OFFLOADED
+        self._away[storage_key_of(t.storage)] = tid
+        self._away_bytes += t.nbytes
+
+    def _make_resident(self, tid: int, t: _Tensor, urgent: bool, k: int | None = None) -> None:
+        if t.status == OFFLOADED:
+            self._launch_prefetch(tid, t, k if k is not None else -1)
+        if urgent and self.stats is not None:
+            self.stats.urgent_count += 1
+        self._wait(t, k)
+        t.status = RESIDENT
+
+
+def storage_key_of(s: torch.UntypedStorage) -> int:
+    return s._cdata
+
+
+def _parse_intermediate(name: str) -> tuple[int, int]:
+    """``"op<k>:out<j>"`` -> (k, j)."""
+    op, out = name.split(":")
+    if not (op.startswith("op") and out.startswith("out")):
+        raise ValueError(f"{name!r} is not an intermediate tensor name (op<k>:out<j>)")
+    return int(op[2:]), int(out[3:])
+
+
+def _done_future() -> Future:
+    f: Future = Future()
+    f.set_result(None)
+    return f
+
+
+def _union_seconds(intervals: list[tuple[float, float | None]]) -> float:
+    """Total length of the union of [start, end] intervals (seconds)."""
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted((s, e) for s, e in intervals if e is not None):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
