@@ -2,16 +2,28 @@
 
 All systems (Ideal, TeraIO, ZeRO) build their model here, so they train the same
 network from the same initial weights for a given seed.
+
+Families:
+
+- ``llama3``: torchtitan's Llama3 ``Transformer`` as is (Llama 3.1 RoPE scaling).
+- ``granite``: Granite-code-base-8B (IBM, 2024; HF ``ibm-granite/granite-8b-code-base``,
+  a ``LlamaForCausalLM``): the same blocks with attention and MLP biases, tied
+  input/output embeddings and plain RoPE (``rope_scaling: null`` in its HF config).
+
+``ffn_hidden_dim``, ``attn_bias``, ``mlp_bias`` and ``tie_embeddings`` may also be set
+on a ``llama3`` model; ``granite`` implies the last three.
 """
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 from torch import nn
 from torchtitan.models.llama3 import Transformer, TransformerModelArgs
+from torchtitan.models.llama3.model.args import RoPEScalingArgs
 
 from teraio.config import ModelConfig
+
+# scaling_factor 1 makes torchtitan's Llama 3.1 RoPE scaling the identity (plain RoPE).
+NO_ROPE_SCALING = RoPEScalingArgs(scaling_factor=1.0)
 
 
 def llama3_args(cfg: ModelConfig, max_seq_len: int) -> TransformerModelArgs:
@@ -21,7 +33,71 @@ def llama3_args(cfg: ModelConfig, max_seq_len: int) -> TransformerModelArgs:
         vocab_size=cfg.vocab_size, multiple_of=cfg.multiple_of,
         ffn_dim_multiplier=cfg.ffn_dim_multiplier, norm_eps=cfg.norm_eps,
         rope_theta=cfg.rope_theta, max_seq_len=max_seq_len, attn_type="sdpa",
-        attn_mask_type="causal")
+        attn_mask_type="causal",
+        **({"rope_scaling_args": NO_ROPE_SCALING} if cfg.family == "granite" else {}))
+
+
+def _linear_like(old: nn.Linear, in_features: int, out_features: int, bias: bool) -> nn.Linear:
+    return nn.Linear(in_features, out_features, bias=bias, device=old.weight.device)
+
+
+class VariantTransformer(Transformer):
+    """torchtitan's Llama3 ``Transformer`` with an explicit FFN width, optional biases on
+    every attention (wq, wk, wv, wo) and MLP (w1, w2, w3) projection, and optional tied
+    embeddings (``output.weight is tok_embeddings.weight``).
+
+    Biases are initialised to zero (as in HF Llama). With tied embeddings the shared
+    matrix gets torchtitan's output init (truncated normal, std ``dim**-0.5``), which
+    runs after the embedding init and keeps the initial logits O(1).
+    """
+
+    def __init__(self, args: TransformerModelArgs, ffn_hidden_dim: int | None,
+                 attn_bias: bool, mlp_bias: bool, tie_embeddings: bool):
+        super().__init__(args)
+        self.tie_embeddings = tie_embeddings
+        for block in self.layers.values():
+            attn, ffn = block.attention, block.feed_forward
+            if attn_bias:
+                for name in ("wq", "wk", "wv", "wo"):
+                    old = getattr(attn, name)
+                    setattr(attn, name, _linear_like(old, old.in_features, old.out_features, True))
+            hidden = ffn_hidden_dim or ffn.w1.out_features
+            ffn.w1 = _linear_like(ffn.w1, args.dim, hidden, mlp_bias)
+            ffn.w3 = _linear_like(ffn.w3, args.dim, hidden, mlp_bias)
+            ffn.w2 = _linear_like(ffn.w2, hidden, args.dim, mlp_bias)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share the embedding matrix with the output projection (no-op when untied).
+        Call again after ``to_empty``, which gives each module its own new tensor."""
+        if self.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    def init_weights(self, buffer_device: torch.device | None = None) -> None:
+        super().init_weights(buffer_device=buffer_device)
+        for module in self.modules():
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+
+def _needs_variant(cfg: ModelConfig) -> bool:
+    return (cfg.family == "granite" or cfg.ffn_hidden_dim is not None or cfg.attn_bias
+            or cfg.mlp_bias or cfg.tie_embeddings)
+
+
+def build_meta_model(cfg: ModelConfig, max_seq_len: int) -> nn.Module:
+    """The model for ``cfg`` on the meta device (no memory), for shapes and counts."""
+    if cfg.ffn_hidden_dim is not None and cfg.ffn_hidden_dim <= 0:
+        raise ValueError(f"model.ffn_hidden_dim={cfg.ffn_hidden_dim}; must be a positive int or null")
+    args = llama3_args(cfg, max_seq_len)
+    granite = cfg.family == "granite"
+    with torch.device("meta"):
+        if not _needs_variant(cfg):
+            return Transformer(args)
+        return VariantTransformer(args, ffn_hidden_dim=cfg.ffn_hidden_dim,
+                                  attn_bias=cfg.attn_bias or granite,
+                                  mlp_bias=cfg.mlp_bias or granite,
+                                  tie_embeddings=cfg.tie_embeddings or granite)
 
 
 def build_model(cfg: ModelConfig, max_seq_len: int, device: torch.device | str = "cpu",
@@ -31,12 +107,10 @@ def build_model(cfg: ModelConfig, max_seq_len: int, device: torch.device | str =
     The model is built on the meta device and materialised once on ``device``, so an 8B
     model never exists twice in host memory.
     """
-    if cfg.family != "llama3":
-        raise ValueError(f"model.family={cfg.family!r} is not supported by build_model")
-    args = llama3_args(cfg, max_seq_len)
-    with torch.device("meta"):
-        model = Transformer(args)
+    model = build_meta_model(cfg, max_seq_len)
     model.to_empty(device=device)
+    if isinstance(model, VariantTransformer):
+        model.tie_weights()
     torch.manual_seed(seed)
     with torch.no_grad():
         model.init_weights(buffer_device=torch.device(device))
