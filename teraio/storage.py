@@ -1,0 +1,481 @@
+"""The offload tiers the migration engine moves tensor storages to (paper §3.3, Fig. 4):
+an SSD tier over one or more directories and a host tier of pinned memory.
+
+Both tiers work on whole ``torch.UntypedStorage`` objects, byte for byte: the engine
+offloads a storage, frees it with ``storage.resize_(0)``, later re-allocates it with
+``storage.resize_(nbytes)`` and reads the bytes back (as FSDP does), so every tensor
+viewing that storage (non-contiguous views, several tensors sharing one storage) is
+restored bit-exactly. Every tensor name gets a fixed slot of known size up front (from
+the migration plan), so no tier allocates after construction.
+
+Bytes are moved through a fresh ``uint8`` tensor ``set_`` on the storage: writing
+through it bumps only that tensor's autograd version counter, never the counter of a
+tensor saved for backward (``h.detach().copy_()`` would, and backward then fails with
+"modified by an inplace operation").
+
+Transfers are futures in the kvikio style (:class:`Transfer`: ``done()``, ``wait()``).
+Transfers of the same name run in the order they were issued (a read issued after a
+write returns the written bytes); transfers of different names may overlap.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import errno
+import os
+import shutil
+import tempfile
+import weakref
+
+import torch
+
+_FILE_ALIGN = 4096  # GDS needs 4 KiB-aligned file offsets (kvikio CuFile.pwrite notes)
+_HOST_ALIGN = 64  # cache line; also the CPU allocator's alignment
+_MAX_SYSCALL_BYTES = 1 << 30  # Linux moves at most 0x7ffff000 bytes per pread/pwrite anyway
+BACKENDS: tuple[str, ...] = ("auto", "kvikio", "posix")
+
+
+class TierIOError(RuntimeError):
+    """A transfer to or from a tier failed. ``name``: the tensor; ``path``: the file (or
+    ``"host pool"``). The underlying error is the ``__cause__``."""
+
+    def __init__(self, message: str, name: str, path: str):
+        super().__init__(message)
+        self.name = name
+        self.path = path
+
+
+class Transfer:
+    """Future of one tier transfer, in the style of kvikio's ``IOFuture``.
+
+    Backed by a ``concurrent.futures.Future`` (SSD tier), a CUDA event (host tier on
+    CUDA), or nothing (already complete). ``references`` are kept alive until the
+    transfer is waited on, so a buffer is never freed under an in-flight copy.
+    """
+
+    def __init__(self, name: str, path: str, what: str, nbytes: int, *,
+                 future: concurrent.futures.Future | None = None,
+                 event: torch.cuda.Event | None = None, references: tuple = ()):
+        self.name, self.path, self.nbytes = name, path, nbytes
+        self._what = what
+        self._future, self._event = future, event
+        self._references = references
+
+    def done(self) -> bool:
+        """True once the transfer finished (successfully or not); never blocks."""
+        if self._future is not None:
+            return self._future.done()
+        if self._event is not None:
+            return self._event.query()
+        return True
+
+    def wait(self) -> int:
+        """Block until the transfer finished; return the bytes moved.
+
+        Raises:
+            TierIOError: the transfer failed; the message names the tensor and the path.
+        """
+        try:
+            if self._future is not None:
+                self._future.result()
+            elif self._event is not None:
+                self._event.synchronize()
+        except Exception as e:
+            raise TierIOError(f"{self._what} failed: {e}", self.name, self.path) from e
+        self._references = ()
+        return self.nbytes
+
+
+def _byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
+    """A fresh 1-D uint8 tensor over all of ``storage`` (own autograd version counter)."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+def _ready_event(storage: torch.UntypedStorage) -> torch.cuda.Event | None:
+    """An event on the device's current stream: the ops queued so far that produce (for a
+    write) or last used the memory of (for a read) ``storage`` are done once it fires."""
+    if storage.device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(storage.device))
+    return event
+
+
+def _host_buffer(t: torch.Tensor) -> memoryview:
+    """A writable memoryview of a contiguous CPU uint8 tensor, without copying.
+    (``t.numpy()`` would do, but marks the storage non-resizable for good, and the engine
+    must ``resize_`` it.) The caller keeps ``t`` alive while the view is used."""
+    return memoryview((ctypes.c_uint8 * t.numel()).from_address(t.data_ptr())).cast("B")
+
+
+def _align(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+def _check_slots(slots: dict[str, int]) -> None:
+    for name, nbytes in slots.items():
+        if not isinstance(name, str) or not isinstance(nbytes, int) or nbytes < 0:
+            raise ValueError(f"slot {name!r}: {nbytes!r} — slots must map str names to int byte counts >= 0")
+
+
+def _check_storage(tier: str, slots: dict[str, int], name: str, storage: torch.UntypedStorage) -> int:
+    if name not in slots:
+        raise ValueError(f"{tier}: tensor {name!r} has no slot (known: {len(slots)} names from the plan)")
+    if storage.nbytes() != slots[name]:
+        raise ValueError(f"{tier}: storage of {name!r} has {storage.nbytes()} bytes, its slot "
+                         f"{slots[name]}; restore with storage.resize_({slots[name]}) before reading")
+    return slots[name]
+
+
+def _pwrite_all(fd: int, buf: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(buf):
+        n = os.pwrite(fd, buf[done:done + _MAX_SYSCALL_BYTES], offset + done)
+        if n <= 0:
+            raise OSError(errno.EIO, f"pwrite moved no bytes at file offset {offset + done}")
+        done += n
+
+
+def _pread_all(fd: int, buf: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(buf):
+        n = os.preadv(fd, [buf[done:done + _MAX_SYSCALL_BYTES]], offset + done)
+        if n <= 0:
+            raise OSError(errno.EIO, f"unexpected end of file at offset {offset + done}")
+        done += n
+
+
+def _delete_files(paths: list[str], handles: list) -> None:
+    for h in handles:  # kvikio.CuFile or a POSIX fd
+        if isinstance(h, int):
+            os.close(h)
+        else:
+            h.close()
+    handles.clear()
+    for p in paths:
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            pass
+    paths.clear()
+
+
+class SSDTier:
+    """The SSD tier: one preallocated file per directory (one directory per drive), each
+    tensor name a fixed 4 KiB-aligned slot in one of them. The paper (§3.3) moves tensors
+    between HBM and SSDs with GPUDirect Storage through cuFile and leaves the file layout
+    unstated; kvikio is the cuFile binding used here, and the fixed slots mean no
+    allocation, fragmentation or file growth while training.
+
+    Args:
+        dirs: directories, one per drive; slots are spread over them balanced by bytes
+            (largest first onto the least-filled directory), so each drive carries an
+            equal share of the traffic.
+        slots: tensor name -> storage size in bytes, from the migration plan.
+        backend: ``"kvikio"`` (``kvikio.CuFile``: GDS, or kvikio's POSIX compat mode when
+            GDS is unavailable; needs a CUDA driver, kvikio does no I/O without
+            ``libcuda.so.1``), ``"posix"`` (``os.pwrite``/``os.preadv`` on a thread
+            pool, through the page cache: no ``O_DIRECT``, which would need aligned
+            bounce buffers), or ``"auto"`` (kvikio iff ``torch.cuda.is_available()``).
+        threads: worker threads issuing transfers (kvikio splits each further into
+            ``kvikio.defaults`` ``task_size`` tasks on its own pool, ``KVIKIO_NTHREADS``).
+
+    Attributes:
+        mode: ``"gds"``, ``"compat"`` (kvikio compat mode: POSIX I/O with bounce buffers)
+            or ``"posix"``; goes into the result row.
+        placement: tensor name -> (file path, byte offset).
+
+    Raises:
+        ValueError: before any transfer, if a directory is missing, not a directory, not
+            writable, or has too little free space for its share (the message names the
+            path and the bytes needed), or on a bad backend / slot.
+    """
+
+    def __init__(self, dirs: list[str], slots: dict[str, int], backend: str = "auto", threads: int = 4):
+        if not dirs:
+            raise ValueError("SSDTier needs at least one offload directory, got none")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend={backend!r}; valid: {BACKENDS}")
+        if threads < 1:
+            raise ValueError(f"threads={threads}; need >= 1")
+        _check_slots(slots)
+        if backend == "auto":
+            backend = "kvikio" if torch.cuda.is_available() else "posix"
+        if backend == "kvikio" and not torch.cuda.is_available():
+            raise ValueError("backend='kvikio' needs a CUDA driver (kvikio does no I/O without "
+                             "libcuda.so.1); use backend='posix' on this machine")
+        self._slots = dict(slots)
+        dirs = [os.path.abspath(d) for d in dirs]
+        share = [0] * len(dirs)
+        where: dict[str, int] = {}
+        for name in sorted(slots, key=lambda n: -slots[n]):
+            i = min(range(len(dirs)), key=lambda j: share[j])
+            where[name] = i
+            share[i] += _align(slots[name], _FILE_ALIGN)
+        for d, need in zip(dirs, share):
+            if not os.path.exists(d):
+                raise ValueError(f"offload dir {d!r} does not exist (the plan needs {need} bytes there)")
+            if not os.path.isdir(d):
+                raise ValueError(f"offload dir {d!r} is not a directory (the plan needs {need} bytes there)")
+
+        # Owned by the finalizer, so the files go even if close() is never called.
+        self._paths: list[str] = []
+        self._handles: list = []
+        self._closed = weakref.finalize(self, _delete_files, self._paths, self._handles)
+        try:
+            for d, need in zip(dirs, share):
+                try:
+                    fd, path = tempfile.mkstemp(prefix="teraio-", suffix=".slots", dir=d)
+                except OSError as e:
+                    raise ValueError(f"offload dir {d!r} is not writable ({e}); "
+                                     f"the plan needs {need} bytes there") from e
+                os.close(fd)
+                self._paths.append(path)
+            self._check_free_space(dirs, share)
+            for path, need in zip(self._paths, share):
+                self._allocate(path, need)
+            self.placement: dict[str, tuple[str, int]] = {}
+            fill = [0] * len(dirs)
+            for name in slots:  # offsets in plan order within each file
+                i = where[name]
+                self.placement[name] = (self._paths[i], fill[i])
+                fill[i] += _align(slots[name], _FILE_ALIGN)
+            self.backend = backend
+            if backend == "kvikio":
+                import kvikio
+                import kvikio.defaults
+                self.mode = "compat" if kvikio.defaults.is_compat_mode_preferred() else "gds"
+                self._handles.extend(kvikio.CuFile(p, "r+") for p in self._paths)
+            else:
+                self.mode = "posix"
+                self._handles.extend(os.open(p, os.O_RDWR) for p in self._paths)
+        except BaseException:
+            self._closed()
+            raise
+        self._file_index = {p: i for i, p in enumerate(self._paths)}
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="teraio-ssd")
+        self._last: dict[str, concurrent.futures.Future] = {}  # last transfer per name
+        self._last_write: dict[str, concurrent.futures.Future] = {}
+
+    @staticmethod
+    def _check_free_space(dirs: list[str], share: list[int]) -> None:
+        need_by_fs: dict[int, int] = {}
+        for d, need in zip(dirs, share):
+            dev = os.stat(d).st_dev
+            need_by_fs[dev] = need_by_fs.get(dev, 0) + need
+        for d in dirs:
+            dev = os.stat(d).st_dev
+            free = shutil.disk_usage(d).free
+            if free < need_by_fs[dev]:
+                raise ValueError(f"offload dir {d!r} has {free} bytes free; the plan needs "
+                                 f"{need_by_fs[dev]} bytes on its filesystem")
+
+    @staticmethod
+    def _allocate(path: str, nbytes: int) -> None:
+        if nbytes == 0:
+            return
+        fd = os.open(path, os.O_RDWR)
+        try:
+            os.posix_fallocate(fd, 0, nbytes)
+        except OSError as e:
+            if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # filesystem without fallocate
+                os.ftruncate(fd, nbytes)
+            else:
+                raise ValueError(f"cannot allocate {nbytes} bytes for offload file {path!r}: {e}") from e
+        finally:
+            os.close(fd)
+
+    def write(self, name: str, storage: torch.UntypedStorage) -> Transfer:
+        """Launch the copy of all bytes of ``storage`` into ``name``'s slot.
+
+        Waits (off the calling thread) for the ops queued on the current CUDA stream, so
+        the bytes are those after the producing op. ``storage`` must not be freed or
+        changed until the transfer is done.
+        """
+        return self._submit("write", name, storage)
+
+    def read(self, name: str, storage: torch.UntypedStorage) -> Transfer:
+        """Launch the copy of ``name``'s slot into ``storage`` (already ``resize_``-d to
+        its slot size). Waits first for the ops queued on the current CUDA stream (the
+        memory may have just been reused by the caching allocator).
+
+        Raises:
+            ValueError: ``name`` was never written to this tier.
+        """
+        if name not in self._last_write:
+            raise ValueError(f"SSD tier: tensor {name!r} was never written, nothing to read")
+        return self._submit("read", name, storage)
+
+    def _submit(self, kind: str, name: str, storage: torch.UntypedStorage) -> Transfer:
+        if not self._closed.alive:
+            raise RuntimeError(f"SSD tier is closed; cannot {kind} {name!r}")
+        nbytes = _check_storage("SSD tier", self._slots, name, storage)
+        path, offset = self.placement[name]
+        where = "to" if kind == "write" else "from"
+        what = f"SSD {kind} of {name!r} ({nbytes} B) {where} {path} at offset {offset}"
+        view = _byte_view(storage)
+        future = self._pool.submit(self._run, kind, view, self._handles[self._file_index[path]],
+                                   offset, _ready_event(storage), self._last.get(name),
+                                   self._last_write.get(name))
+        self._last[name] = future
+        if kind == "write":
+            self._last_write[name] = future
+        return Transfer(name, path, what, nbytes, future=future)
+
+    def _run(self, kind: str, view: torch.Tensor, handle, offset: int, ready, previous, last_write) -> int:
+        if previous is not None:
+            concurrent.futures.wait([previous])
+        if kind == "read" and last_write.exception() is not None:
+            raise OSError(errno.EIO, f"the slot holds no valid data: its last write failed "
+                                     f"({last_write.exception()})")
+        if ready is not None:
+            ready.synchronize()
+        nbytes = view.numel()
+        if nbytes == 0:
+            return 0
+        if self.backend == "kvikio":
+            buf = view if view.is_cuda else _host_buffer(view)
+            io = handle.pwrite if kind == "write" else handle.pread
+            moved = io(buf, nbytes, offset).get()
+            if moved != nbytes:
+                raise OSError(errno.EIO, f"kvikio moved {moved} of {nbytes} bytes")
+            return moved
+        # POSIX: a CPU storage is used in place; a CUDA one goes through a host copy.
+        if kind == "write":
+            host = view.cpu()
+            _pwrite_all(handle, _host_buffer(host), offset)
+            return nbytes
+        host = torch.empty(nbytes, dtype=torch.uint8) if view.is_cuda else view
+        _pread_all(handle, _host_buffer(host), offset)
+        if view.is_cuda:
+            view.copy_(host)
+        return nbytes
+
+    def close(self) -> None:
+        """Wait for in-flight transfers, then close and delete the offload files.
+        Idempotent."""
+        if self._closed.alive:
+            self._pool.shutdown(wait=True)
+            self._closed()
+
+    def __enter__(self) -> SSDTier:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _unregister_pool(pool: list) -> None:
+    if pool and pool[0] is not None and pool[1]:
+        torch.cuda.cudart().cudaHostUnregister(pool[0].data_ptr())
+    pool[:] = [None, False]
+
+
+class HostTier:
+    """The host-memory tier: one pool allocated up front, each tensor name a fixed
+    64-byte-aligned slot in it, never growing past ``cap_bytes`` (paper §3.2: host memory
+    is used under a capacity limit once the SSD bandwidth is exhausted).
+
+    With a CUDA device the pool is page-locked with ``cudaHostRegister`` on exactly its
+    own bytes (the caching pinned allocator would round up to a power of two and keep
+    the block cached after close) and copies run ``non_blocking`` on two side streams
+    (one per direction, so offloads and prefetches overlap on the PCIe link), completion
+    tracked by CUDA events. On a CPU device copies are synchronous and the pool pageable.
+
+    Args:
+        cap_bytes: host-memory cap for offloaded tensors, bytes.
+        slots: tensor name -> storage size in bytes, from the migration plan.
+        device: the training device (``"cuda"``, ``"cuda:1"``, ``"cpu"``).
+
+    Attributes:
+        nbytes: pool size, bytes (sum of slot sizes, each rounded up to 64 B).
+        pinned: whether the pool is page-locked.
+
+    Raises:
+        ValueError: the slots need more than ``cap_bytes`` (message names both).
+    """
+
+    def __init__(self, cap_bytes: int, slots: dict[str, int], device):
+        _check_slots(slots)
+        self._slots = dict(slots)
+        self._device = torch.device(device)
+        self._offsets: dict[str, int] = {}
+        total = 0
+        for name, nbytes in slots.items():
+            self._offsets[name] = total
+            total += _align(nbytes, _HOST_ALIGN)
+        if total > cap_bytes:
+            raise ValueError(f"host tier: the plan's {len(slots)} host slots need {total} bytes, "
+                             f"above host_mem_cap_bytes={cap_bytes}")
+        self.nbytes = total
+        self.pinned = self._device.type == "cuda"
+        pool = torch.empty(total, dtype=torch.uint8)
+        if self.pinned and total:
+            err = torch.cuda.cudart().cudaHostRegister(pool.data_ptr(), total, 1)  # 1: cudaHostRegisterPortable
+            if int(err) != 0:
+                raise RuntimeError(f"host tier: cudaHostRegister of {total} bytes failed (cudaError {int(err)})")
+        self._pool = pool
+        self._registered = [pool, self.pinned and total > 0]
+        self._closed = weakref.finalize(self, _unregister_pool, self._registered)
+        if self._device.type == "cuda":
+            self._d2h = torch.cuda.Stream(self._device)
+            self._h2d = torch.cuda.Stream(self._device)
+        self._last: dict[str, torch.cuda.Event] = {}  # last transfer per name (CUDA)
+        self._written: set[str] = set()
+
+    def write(self, name: str, storage: torch.UntypedStorage) -> Transfer:
+        """Copy all bytes of ``storage`` into ``name``'s slot (after the ops queued so far
+        on the current stream). ``storage`` must not be freed until the transfer is done."""
+        transfer = self._copy("write", name, storage)
+        self._written.add(name)
+        return transfer
+
+    def read(self, name: str, storage: torch.UntypedStorage) -> Transfer:
+        """Copy ``name``'s slot into ``storage`` (already ``resize_``-d to its slot size).
+
+        Raises:
+            ValueError: ``name`` was never written to this tier.
+        """
+        if name not in self._written:
+            raise ValueError(f"host tier: tensor {name!r} was never written, nothing to read")
+        return self._copy("read", name, storage)
+
+    def _copy(self, kind: str, name: str, storage: torch.UntypedStorage) -> Transfer:
+        if not self._closed.alive:
+            raise RuntimeError(f"host tier is closed; cannot {kind} {name!r}")
+        nbytes = _check_storage("host tier", self._slots, name, storage)
+        offset = self._offsets[name]
+        slot = self._pool[offset:offset + nbytes]
+        view = _byte_view(storage)
+        src, dst = (view, slot) if kind == "write" else (slot, view)
+        what = f"host {kind} of {name!r} ({nbytes} B) at pool offset {offset}"
+        if not view.is_cuda:
+            dst.copy_(src)
+            return Transfer(name, "host pool", what, nbytes)
+        stream = self._d2h if kind == "write" else self._h2d
+        stream.wait_stream(torch.cuda.current_stream(storage.device))
+        if name in self._last:
+            stream.wait_event(self._last[name])
+        with torch.cuda.stream(stream):
+            dst.copy_(src, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(stream)
+        view.record_stream(stream)  # the caching allocator keeps the memory until the copy ran
+        self._last[name] = event
+        return Transfer(name, "host pool", what, nbytes, event=event, references=(view,))
+
+    def close(self) -> None:
+        """Wait for in-flight copies, then unpin and free the pool. Idempotent."""
+        if self._closed.alive:
+            if self._device.type == "cuda":
+                self._d2h.synchronize()
+                self._h2d.synchronize()
+            self._pool = None
+            self._last.clear()
+            self._closed()
+
+    def __enter__(self) -> HostTier:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

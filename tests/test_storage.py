@@ -1,0 +1,354 @@
+"""The offload tiers restore storages bit-exactly, clean up after themselves, and fail
+loudly (issue 2, acceptance 2-4 for teraio/storage.py)."""
+import errno
+import gc
+import os
+import re
+import shutil
+import time
+import weakref
+
+import pytest
+import torch
+
+from teraio.storage import HostTier, SSDTier, TierIOError
+
+CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+
+
+@pytest.fixture(params=["ssd", "ssd-posix", "host"])
+def make_tier(request, tmp_path):
+    """Factory: slots -> a tier of the parametrised kind, closed after the test."""
+    if request.param == "ssd-posix" and not CUDA:
+        pytest.skip("same as 'ssd' without CUDA (auto picks posix)")
+    made = []
+
+    def make(slots, n_dirs=1):
+        if request.param == "host":
+            tier = HostTier(sum(slots.values()) + 64 * len(slots), slots, DEVICE)
+        else:
+            dirs = [tmp_path / f"drive{i}" for i in range(n_dirs)]
+            for d in dirs:
+                d.mkdir()
+            backend = "posix" if request.param == "ssd-posix" else "auto"
+            tier = SSDTier([str(d) for d in dirs], slots, backend=backend, threads=4)
+        made.append(tier)
+        return tier
+
+    yield make
+    for tier in made:
+        tier.close()
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """A copy of the raw bytes of t's whole storage (integer copy: keeps NaN payloads)."""
+    s = t.untyped_storage()
+    return torch.empty(0, dtype=torch.uint8, device=s.device).set_(s).clone()
+
+
+def offload_and_restore(tier, name: str, t: torch.Tensor) -> None:
+    """What the engine does: write, free the storage, re-allocate it, poison it, read."""
+    storage = t.untyped_storage()
+    nbytes = storage.nbytes()
+    original = _bytes(t)
+    assert tier.write(name, storage).wait() == nbytes
+    storage.resize_(0)
+    storage.resize_(nbytes)
+    # The allocator may hand back the same memory with the old bytes still in it:
+    # overwrite every byte with a different value, so a read that did nothing fails.
+    torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage).copy_(~original)
+    assert tier.read(name, storage).wait() == nbytes
+
+
+def _float_bits(n: int, seed: int = 0) -> torch.Tensor:
+    """float32 values from random bit patterns (NaNs with payloads, infs, denormals),
+    plus -0.0 and a signalling NaN."""
+    g = torch.Generator().manual_seed(seed)
+    bits = torch.randint(-2**31, 2**31 - 1, (n,), dtype=torch.int32, generator=g)
+    bits[0] = -2**31  # -0.0
+    bits[1] = 0x7F800001  # signalling NaN
+    bits[2] = -0x7FFFFF  # negative quiet NaN with payload
+    return bits.view(torch.float32).to(DEVICE)
+
+
+@pytest.mark.parametrize("nbytes", [1, 511, 4097])
+def test_restore_is_bit_exact_for_odd_sizes(make_tier, nbytes):
+    t = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=DEVICE)
+    expected = t.clone()
+    tier = make_tier({"t": nbytes})
+    offload_and_restore(tier, "t", t)
+    assert torch.equal(t, expected)
+
+
+def test_restore_noncontiguous_view_keeps_nan_payloads_and_negative_zero(make_tier):
+    base = _float_bits(64 * 33).view(64, 33)
+    view = base.t()[3:30:2, ::3]  # transposed, sliced, strided
+    assert not view.is_contiguous()
+    expected = view.view(torch.int32).clone()
+    tier = make_tier({"view": view.untyped_storage().nbytes()})
+    offload_and_restore(tier, "view", view)
+    assert torch.equal(view.view(torch.int32), expected)
+    assert torch.equal(base.t()[3:30:2, ::3].view(torch.int32), expected)
+
+
+def test_restore_several_tensors_sharing_one_storage(make_tier):
+    base = _float_bits(1000, seed=1)
+    shared = {"head": base[:100], "square": base[100:200].view(10, 10).t(),
+              "as_int16": base.view(torch.int16)[500:900:3], "whole": base}
+    def bits(v):  # integers compare exactly; floats compare NaN != NaN
+        return v.view(torch.int32) if v.dtype == torch.float32 else v
+
+    expected = {k: bits(v).clone() for k, v in shared.items()}
+    assert len({v.untyped_storage().data_ptr() for v in shared.values()}) == 1
+    tier = make_tier({"base": base.untyped_storage().nbytes()})
+    offload_and_restore(tier, "base", base)
+    for k, v in shared.items():
+        assert torch.equal(bits(v), expected[k]), k
+
+
+def test_restore_does_not_bump_autograd_version_so_backward_runs(make_tier):
+    def step(offload_tier=None):
+        w = torch.linspace(-1, 1, 256, device=DEVICE).requires_grad_()
+        h = torch.tanh(w * 3)  # saved by the next op for backward
+        loss = (h * h).sum()
+        if offload_tier is not None:
+            version = h._version
+            offload_and_restore(offload_tier, "h", h)
+            assert h._version == version
+        loss.backward()  # raises "modified by an inplace operation" if the version moved
+        return loss.detach(), w.grad
+
+    tier = make_tier({"h": 256 * 4})
+    ref_loss, ref_grad = step()
+    loss, grad = step(tier)
+    assert torch.equal(loss, ref_loss) and torch.equal(grad, ref_grad)
+
+
+def test_many_transfers_in_flight_land_in_their_own_slots(make_tier):
+    sizes = [1, 4095, 4096, 4097, 10_000, 3, 70_000, 511] * 3
+    tensors = {f"t{i}": torch.randint(0, 256, (n,), dtype=torch.uint8, device=DEVICE)
+               for i, n in enumerate(sizes)}
+    expected = {k: v.clone() for k, v in tensors.items()}
+    tier = make_tier({k: v.numel() for k, v in tensors.items()}, n_dirs=3)
+    writes = [tier.write(k, v.untyped_storage()) for k, v in tensors.items()]
+    assert [w.wait() for w in writes] == sizes
+    for v in tensors.values():
+        v.untyped_storage().resize_(0)
+    for k, v in tensors.items():
+        v.untyped_storage().resize_(expected[k].numel())
+        v.copy_(~expected[k])
+    reads = [tier.read(k, tensors[k].untyped_storage()) for k in tensors]
+    assert all(r.wait() for r in reads)
+    for k in tensors:
+        assert torch.equal(tensors[k], expected[k]), k
+
+
+def test_transfers_of_one_name_run_in_issue_order(make_tier, monkeypatch):
+    def slowed(io):  # so a transfer that does not wait for the one before overtakes it
+        def slow(*args):
+            time.sleep(0.05)
+            return io(*args)
+        return slow
+
+    monkeypatch.setattr(os, "pwrite", slowed(os.pwrite))
+    monkeypatch.setattr(os, "preadv", slowed(os.preadv))
+    n = 1 << 20
+    src = torch.randint(0, 256, (n,), dtype=torch.uint8, device=DEVICE)
+    dst = torch.zeros(n, dtype=torch.uint8, device=DEVICE)
+    tier = make_tier({"x": n})
+    for _ in range(2):
+        old = src.clone()
+        w = tier.write("x", src.untyped_storage())
+        r = tier.read("x", dst.untyped_storage())  # read after write: sees the write
+        r.wait()
+        assert w.done() and torch.equal(dst, old)
+        dst.zero_()
+        r = tier.read("x", dst.untyped_storage())
+        new = old + 1
+        w = tier.write("x", new.untyped_storage())  # write after read: does not clobber it
+        r.wait()
+        w.wait()
+        assert torch.equal(dst, old)
+        src.copy_(new)
+
+
+def test_bad_names_and_sizes_are_rejected(make_tier):
+    tier = make_tier({"a": 16})
+    s = torch.zeros(16, dtype=torch.uint8, device=DEVICE).untyped_storage()
+    with pytest.raises(ValueError, match="'b'"):
+        tier.write("b", s)
+    with pytest.raises(ValueError, match="never written"):
+        tier.read("a", s)
+    with pytest.raises(ValueError, match="8 bytes.*16"):
+        tier.write("a", torch.zeros(8, dtype=torch.uint8, device=DEVICE).untyped_storage())
+    tier.close()
+    tier.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        tier.write("a", s)
+
+
+# --- SSD tier: files, placement, validation, failures -------------------------------------
+
+def _ssd(tmp_path, slots, n_dirs=1, **kw):
+    dirs = []
+    for i in range(n_dirs):
+        (tmp_path / f"d{i}").mkdir()
+        dirs.append(str(tmp_path / f"d{i}"))
+    return SSDTier(dirs, slots, **kw), dirs
+
+
+def test_ssd_slots_are_4k_aligned_disjoint_and_spread_over_dirs(tmp_path):
+    slots = {f"t{i}": n for i, n in enumerate([5000, 1, 4096, 9000, 300, 70000, 4097])}
+    tier, dirs = _ssd(tmp_path, slots, n_dirs=3)
+    with tier:
+        assert {os.path.dirname(p) for p, _ in tier.placement.values()} == set(dirs)
+        by_file: dict[str, list[tuple[int, int]]] = {}
+        for name, (path, off) in tier.placement.items():
+            assert off % 4096 == 0
+            by_file.setdefault(path, []).append((off, slots[name]))
+        for path, spans in by_file.items():
+            spans.sort()
+            for (o1, n1), (o2, _) in zip(spans, spans[1:]):
+                assert o1 + n1 <= o2
+            assert os.path.getsize(path) >= spans[-1][0] + spans[-1][1]
+        assert all(len(os.listdir(d)) == 1 for d in dirs)
+    assert all(os.listdir(d) == [] for d in dirs)
+
+
+def test_ssd_files_stay_flat_over_50_cycles_and_vanish_on_close(tmp_path):
+    t = torch.randint(0, 256, (12_345,), dtype=torch.uint8, device=DEVICE)
+    u = torch.randn(100, device=DEVICE)
+    tier, dirs = _ssd(tmp_path, {"t": t.numel(), "u": 400}, n_dirs=2)
+    before = {d: [(f, os.path.getsize(os.path.join(d, f))) for f in os.listdir(d)] for d in dirs}
+    for _ in range(50):
+        expected = (t.clone(), u.clone())
+        offload_and_restore(tier, "t", t)
+        offload_and_restore(tier, "u", u)
+        assert torch.equal(t, expected[0]) and torch.equal(u, expected[1])
+        t.add_(7)
+        u.mul_(1.5)
+    after = {d: [(f, os.path.getsize(os.path.join(d, f))) for f in os.listdir(d)] for d in dirs}
+    assert after == before
+    tier.close()
+    assert all(os.listdir(d) == [] for d in dirs)
+
+
+def test_ssd_files_are_deleted_when_the_tier_is_dropped_unclosed(tmp_path):
+    tier, dirs = _ssd(tmp_path, {"a": 10})
+    assert len(os.listdir(dirs[0])) == 1
+    del tier
+    gc.collect()
+    assert os.listdir(dirs[0]) == []
+
+
+def test_ssd_missing_dir_is_rejected_naming_path_and_bytes(tmp_path):
+    (tmp_path / "ok").mkdir()
+    missing = tmp_path / "no_such_drive"
+    with pytest.raises(ValueError, match=rf"{re.escape(str(missing))}.*does not exist.*8192 bytes"):
+        SSDTier([str(tmp_path / "ok"), str(missing)], {"a": 5000, "b": 4097})
+    assert os.listdir(tmp_path / "ok") == []
+
+
+def test_ssd_path_under_a_regular_file_is_rejected(tmp_path):
+    (tmp_path / "file").write_bytes(b"x")
+    with pytest.raises(ValueError, match=r"file.*not a directory.*4096 bytes"):
+        SSDTier([str(tmp_path / "file")], {"a": 1})
+    with pytest.raises(ValueError, match=r"file/sub.*does not exist.*4096 bytes"):
+        SSDTier([str(tmp_path / "file" / "sub")], {"a": 1})
+
+
+def test_ssd_unwritable_dir_is_rejected_and_nothing_is_left_behind(tmp_path):
+    # procfs refuses new files to everyone, root included (chmod would not stop root).
+    (tmp_path / "ok").mkdir()
+    with pytest.raises(ValueError, match=r"'/proc'.*not writable.*4096 bytes"):
+        SSDTier([str(tmp_path / "ok"), "/proc"], {"a": 10, "b": 20})
+    assert os.listdir(tmp_path / "ok") == []
+
+
+def test_ssd_too_little_free_space_is_rejected_naming_path_and_bytes(tmp_path, monkeypatch):
+    (tmp_path / "d").mkdir()
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=10_000))
+    with pytest.raises(ValueError, match=rf"{re.escape(str(tmp_path / 'd'))}.*10000 bytes free.*12288 bytes"):
+        SSDTier([str(tmp_path / "d")], {"a": 4096, "b": 4097})
+    assert os.listdir(tmp_path / "d") == []
+
+
+def test_ssd_failed_write_raises_naming_tensor_and_path_and_poisons_the_slot(tmp_path, monkeypatch):
+    tier, dirs = _ssd(tmp_path, {"layers.3.w": 100}, backend="posix")
+    with tier:
+        s = torch.arange(25, dtype=torch.float32, device=DEVICE).untyped_storage()
+
+        def full_disk(fd, data, offset):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(os, "pwrite", full_disk)
+        transfer = tier.write("layers.3.w", s)
+        with pytest.raises(TierIOError, match=rf"'layers.3.w'.*{re.escape(dirs[0])}.*No space left") as info:
+            transfer.wait()
+        assert info.value.name == "layers.3.w" and info.value.path.startswith(dirs[0])
+        assert transfer.done()
+        monkeypatch.undo()
+        # The slot holds no valid data now: a read must fail, not return stale bytes.
+        with pytest.raises(TierIOError, match="last write failed"):
+            tier.read("layers.3.w", s).wait()
+        tier.write("layers.3.w", s).wait()  # a new write makes it valid again
+        tier.read("layers.3.w", s).wait()
+
+
+def test_ssd_failed_read_raises_naming_tensor_and_path(tmp_path):
+    tier, dirs = _ssd(tmp_path, {"opt.exp_avg": 5000}, backend="posix")
+    with tier:
+        s = torch.ones(1250, device=DEVICE).untyped_storage()
+        tier.write("opt.exp_avg", s).wait()
+        path, _ = tier.placement["opt.exp_avg"]
+        os.truncate(path, 100)  # the drive lost the data behind the tier's back
+        with pytest.raises(TierIOError, match=rf"'opt.exp_avg'.*{re.escape(path)}.*end of file"):
+            tier.read("opt.exp_avg", s).wait()
+
+
+def test_ssd_rejects_bad_backend(tmp_path):
+    with pytest.raises(ValueError, match="'nvme'.*valid"):
+        SSDTier([str(tmp_path)], {"a": 1}, backend="nvme")
+    if not CUDA:
+        with pytest.raises(ValueError, match="CUDA driver"):
+            SSDTier([str(tmp_path)], {"a": 1}, backend="kvikio")
+        with SSDTier([str(tmp_path)], {}) as tier:
+            assert tier.mode == "posix"
+
+
+# --- host tier ------------------------------------------------------------------------
+
+def test_host_pool_is_capped_aligned_and_freed_on_close():
+    slots = {"a": 1, "b": 100, "c": 64}
+    with pytest.raises(ValueError, match=r"256 bytes.*host_mem_cap_bytes=255"):
+        HostTier(255, slots, DEVICE)
+    tier = HostTier(256, slots, DEVICE)
+    assert tier.nbytes == 256 and tier.pinned == CUDA
+    pool = weakref.ref(tier._pool)
+    tier.close()
+    gc.collect()
+    assert pool() is None
+
+
+# --- GPU only ---------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("kind", ["ssd", "host"])
+def test_restore_over_2_gib_is_bit_exact(kind, tmp_path):
+    nbytes = 2**31 + 4097
+    t = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device="cuda")
+    expected = t.clone()
+    tier = (SSDTier([str(tmp_path)], {"big": nbytes}) if kind == "ssd"
+            else HostTier(nbytes + 64, {"big": nbytes}, "cuda"))
+    with tier:
+        if kind == "ssd":
+            assert tier.mode in ("gds", "compat")
+        else:
+            assert tier._pool.is_pinned()
+        offload_and_restore(tier, "big", t)
+        assert torch.equal(t, expected)
+    assert os.listdir(tmp_path) == []
