@@ -14,15 +14,17 @@ op k of the profiled trace. Around each op k:
 
 Tensor objects and the autograd graph stay intact (the FSDP technique): only the storage's
 bytes come and go. Reads write through a fresh tensor set on the storage (inside the tier),
-so no tensor's autograd version counter moves. Ordering with CUDA events: an offload's I/O
-waits for an event recorded after its last op (no write-out before the producer finished);
-a prefetch's I/O waits for an event recorded after the re-allocation (the reused memory's
+so no tensor's autograd version counter moves. Ordering with CUDA events (recorded by the
+tier on the compute stream when the engine calls it, right after op k): an offload's I/O
+waits for the ops queued before it (no write-out before the producer finished); a
+prefetch's I/O waits for the ops queued before the re-allocation (the reused memory's
 earlier readers are done); the storage is freed only once the write completed.
 
 Everything is per engine instance (per process, per GPU): no module-level state.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -79,7 +81,8 @@ class MigrationEngine(TorchDispatchMode):
         tiers: ``{"ssd": SSDTier, "host": HostTier}`` (``teraio.storage``); only the tiers the
             plan uses are needed.
         device: the training device.
-        io_threads: concurrent transfers in flight.
+        io_threads: threads that wait on in-flight transfers to timestamp them (the tiers
+            have their own I/O threads); at least the transfers expected in flight at once.
         log_ops: keep a per-op log (op start time and stall seconds) for the analysis.
 
     Use :meth:`prime` once before the first step, run each step with :meth:`run_step`, and
@@ -87,7 +90,7 @@ class MigrationEngine(TorchDispatchMode):
     """
 
     def __init__(self, trace: Trace, plan: MigrationPlan, persistent: dict[str, torch.Tensor],
-                 tiers: dict, device: torch.device, io_threads: int = 4, log_ops: bool = True):
+                 tiers: dict, device: torch.device, io_threads: int = 64, log_ops: bool = True):
         super().__init__()
         if plan.n_ops != trace.n_ops:
             raise ValueError(f"plan is for {plan.n_ops} ops but the trace has {trace.n_ops}")
@@ -195,13 +198,26 @@ class MigrationEngine(TorchDispatchMode):
         tiers (offload files deleted, pinned pool freed). Idempotent."""
         if self._pool is None:
             return
+        # Restores after the last step are not part of any step's statistics.
+        self.step_index, self.stats = -1, StepStats(step=-1)
+        errors = []
         for tid, t in self.tensors.items():
-            if t.storage is not None and t.status != RESIDENT:
+            if t.storage is None or t.status == RESIDENT:
+                continue
+            if t.status == OFFLOADING:  # the bytes never left the device: a failed write loses nothing
+                concurrent.futures.wait([t.job])
+                t.status, t.job = RESIDENT, None
+                continue
+            try:
                 self._make_resident(tid, t, urgent=False)
+            except Exception as e:  # keep restoring the others, then report
+                errors.append(e)
         self._pool.shutdown(wait=True)
         self._pool = None
         for tier in self.tiers.values():
             tier.close()
+        if errors:
+            raise errors[0]
 
     # ---- dispatch ---------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -261,41 +277,36 @@ class MigrationEngine(TorchDispatchMode):
             t.storage = None
 
     # ---- transfers --------------------------------------------------------------
-    def _event(self) -> torch.cuda.Event | None:
-        if self.device.type != "cuda":
-            return None
-        ev = torch.cuda.Event()
-        ev.record(torch.cuda.current_stream(self.device))
-        return ev
-
-    def _submit(self, t: _Tensor, tier: str, direction: str, k: int, ev) -> None:
+    def _submit(self, t: _Tensor, tier: str, direction: str, k: int) -> None:
+        # The tier call happens here, on the training thread, so the tier's ready event is
+        # recorded on the compute stream right after op k; a waiter thread only timestamps
+        # completion for the transfer log.
         io = self.tiers[tier]
-        fn = io.write if direction == "offload" else io.read
-        storage = t.storage
+        transfer = (io.write if direction == "offload" else io.read)(t.name, t.storage)
         row = {"step": self.step_index, "tensor": t.name, "tier": tier, "direction": direction,
                "nbytes": t.nbytes, "op_issued": k, "op_done": None,
                "t_issued_s": time.perf_counter() - self._step_t0, "t_done_s": None}
         t0 = self._step_t0
 
-        def job():
-            if ev is not None:
-                ev.synchronize()
-            fn(t.name, storage).wait()
-            row["t_done_s"] = time.perf_counter() - t0
+        def waiter():
+            try:
+                transfer.wait()
+            finally:
+                row["t_done_s"] = time.perf_counter() - t0
 
-        t.job, t.tier, t.transfer = self._pool.submit(job), tier, row
+        t.job, t.tier, t.transfer = self._pool.submit(waiter), tier, row
         self.transfers.append(row)
         (self.stats.bytes_offloaded if direction == "offload" else self.stats.bytes_prefetched)[tier] += t.nbytes
 
     def _launch_offload(self, m: Migration, t: _Tensor, k: int) -> None:
-        self._submit(t, m.tier, "offload", k, self._event())
+        self._submit(t, m.tier, "offload", k)
         t.status = OFFLOADING
 
     def _launch_prefetch(self, tid: int, t: _Tensor, k: int) -> None:
         t.storage.resize_(t.nbytes)
         self._away.pop(storage_key_of(t.storage), None)
         self._away_bytes -= t.nbytes
-        self._submit(t, t.tier, "prefetch", k, self._event())
+        self._submit(t, t.tier, "prefetch", k)
         t.status = PREFETCHING
 
     def _wait(self, t: _Tensor, k: int | None) -> None:

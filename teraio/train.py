@@ -16,10 +16,11 @@ tokens at the same step):
   ``min_tensor_bytes``   smallest tensor considered for offloading, bytes (default 1 MiB)
   ``headroom_fraction``  fraction of the capacity kept out of the plan for allocator
                          rounding, fragmentation and workspaces (default 0.0 on CPU, 0.08 on CUDA)
-  ``io_threads``         concurrent transfers (default 4)
+  ``io_threads``         SSD tier I/O threads (default 4)
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import time
@@ -63,7 +64,7 @@ def tier_bandwidth(cfg: RunConfig) -> TierBandwidth:
                          host_d2h_gbps=hw.host_d2h_gbps, host_h2d_gbps=hw.host_h2d_gbps)
 
 
-def open_tiers(plan, cfg: RunConfig, job_dir: Path, device: torch.device) -> dict:
+def open_tiers(plan, cfg: RunConfig, job_dir: Path, device: torch.device, io_threads: int = 4) -> dict:
     """The tiers the plan uses, with one slot per migrated tensor. SSD files go in a
     per-job subdirectory of each drive's directory, so concurrent runs never collide."""
     slots: dict[str, dict[str, int]] = {"ssd": {}, "host": {}}
@@ -79,10 +80,22 @@ def open_tiers(plan, cfg: RunConfig, job_dir: Path, device: torch.device) -> dic
                                  f"(the plan needs {sum(slots['ssd'].values())} bytes on the SSD tier)")
             sub.mkdir()
             dirs.append(str(sub))
-        tiers["ssd"] = SSDTier(dirs, slots["ssd"])
+        tiers["ssd"] = SSDTier(dirs, slots["ssd"], threads=io_threads)
     if slots["host"]:
         tiers["host"] = HostTier(cfg.hardware.host_mem_cap_bytes, slots["host"], device)
     return tiers
+
+
+@contextlib.contextmanager
+def compute_stream(device: torch.device):
+    """Run the step on a non-blocking CUDA stream: kvikio's compat-mode copies run on its
+    own streams, and on the legacy default stream every one of them would serialize with
+    the training kernels."""
+    if device.type != "cuda":
+        yield
+        return
+    with torch.cuda.stream(torch.cuda.Stream(device)):
+        yield
 
 
 def _remove_job_dirs(tiers: dict) -> None:
@@ -145,31 +158,31 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
                       "bytes_per_tier": plan.bytes_per_tier()}
     result["artifacts"].update(trace="trace.json", plan="plan.json")
 
-    tiers = open_tiers(plan, cfg, job_dir, device)
+    tiers = open_tiers(plan, cfg, job_dir, device, opts.io_threads)
     result["kvikio_mode"] = tiers["ssd"].mode if "ssd" in tiers else None
-    engine = MigrationEngine(trace, plan, persistent_tensors(model, optimizer), tiers, device,
-                             io_threads=opts.io_threads)
+    engine = MigrationEngine(trace, plan, persistent_tensors(model, optimizer), tiers, device)
     try:
         engine.prime()
         if device.type == "cuda":
             torch.cuda.empty_cache()
         apply_memory_cap(capacity, device)
         reset_peak_memory(device)
-        for step in range(2, w.warmup_steps + w.measure_steps):
-            with timed(device) as t:
-                loss = engine.run_step(step_fn(step), step)
-            losses.append(loss)
-            print(f"step {step} {t['seconds']:.3f}s {w.tokens_per_step / t['seconds']:.1f} tokens/s "
-                  f"loss {loss:.6f} stalls {engine.stats.stall_count}", flush=True)
-            if step >= w.warmup_steps:
-                s = engine.stats
-                result["iterations"].append({
-                    "step": step, "seconds": t["seconds"], "tokens": w.tokens_per_step,
-                    "tokens_per_s": w.tokens_per_step / t["seconds"], "loss": loss,
-                    "stall_count": s.stall_count, "stall_seconds": s.stall_seconds,
-                    "urgent_count": s.urgent_count, "migration_seconds": s.migration_seconds,
-                    "bytes_offloaded": dict(s.bytes_offloaded), "bytes_prefetched": dict(s.bytes_prefetched),
-                    "max_accounted_bytes": s.max_accounted_bytes})
+        with compute_stream(device):
+            for step in range(2, w.warmup_steps + w.measure_steps):
+                with timed(device) as t:
+                    loss = engine.run_step(step_fn(step), step)
+                losses.append(loss)
+                print(f"step {step} {t['seconds']:.3f}s {w.tokens_per_step / t['seconds']:.1f} tokens/s "
+                      f"loss {loss:.6f} stalls {engine.stats.stall_count}", flush=True)
+                if step >= w.warmup_steps:
+                    s = engine.stats
+                    result["iterations"].append({
+                        "step": step, "seconds": t["seconds"], "tokens": w.tokens_per_step,
+                        "tokens_per_s": w.tokens_per_step / t["seconds"], "loss": loss,
+                        "stall_count": s.stall_count, "stall_seconds": s.stall_seconds,
+                        "urgent_count": s.urgent_count, "migration_seconds": s.migration_seconds,
+                        "bytes_offloaded": dict(s.bytes_offloaded), "bytes_prefetched": dict(s.bytes_prefetched),
+                        "max_accounted_bytes": s.max_accounted_bytes})
         synchronize(device)
         result["peak_allocated_bytes"], result["peak_reserved_bytes"] = peak_memory(device)
     finally:
