@@ -1,0 +1,136 @@
+"""The worker: one run of one system on one point, in its own process.
+
+    python -m teraio.run <job dir>/resolved.yaml
+
+Reads the resolved run config (never Hydra), trains with the system's runner, and writes
+``<job dir>/result.json`` (``teraio.result``) whatever happens: ``ok``, ``oom`` (the GPU,
+or the emulated capacity, ran out of memory), or ``error`` with the traceback. Exits 0
+once the row is written; a non-zero exit means no row (the sweep then writes one).
+
+Runners (``run(cfg, job_dir, result, device)``, filling ``result`` and raising on
+failure) are imported by system name only when needed, so a broken or missing one fails
+its own points and nothing else:
+
+=================================  ==============================
+``ideal``                          ``baselines.ideal``
+``teraio_ssd``, ``teraio_mixed``   ``teraio.train``
+``zero_offload``, ``zero_infinity``  ``baselines.zero``
+=================================  ==============================
+
+Under torchrun (``hardware.n_gpus`` > 1) every rank trains on ``cuda:<LOCAL_RANK>`` and
+rank 0 alone writes the row.
+"""
+from __future__ import annotations
+
+import datetime
+import importlib
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from teraio.config import RunConfig, load_run_config
+from teraio.measure import environment_facts
+from teraio.result import empty_result, summarize_iterations, write_result
+
+RUNNER_MODULES: dict[str, str] = {
+    "ideal": "baselines.ideal",
+    "teraio_ssd": "teraio.train",
+    "teraio_mixed": "teraio.train",
+    "zero_offload": "baselines.zero",
+    "zero_infinity": "baselines.zero",
+}
+
+Runner = Callable[[RunConfig, Path, dict, torch.device], None]
+
+
+def load_runner(system: str) -> Runner:
+    """The ``run`` function of ``system``'s runner module.
+
+    Raises:
+        ValueError: unknown system.
+        RuntimeError: the runner module (or its ``run``) does not exist yet in this checkout.
+    """
+    if system not in RUNNER_MODULES:
+        raise ValueError(f"system.name={system!r}; valid: {sorted(RUNNER_MODULES)}")
+    name = RUNNER_MODULES[system]
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name != name:  # the runner exists but one of its imports is missing
+            raise
+        label = "TeraIO engine" if name == "teraio.train" else f"runner {name}"
+        raise RuntimeError(f"{label} not available: {e} (system {system!r} cannot run "
+                           "in this checkout)") from e
+    run = getattr(module, "run", None)
+    if not callable(run):
+        raise RuntimeError(f"runner {name} not available: it defines no run() function")
+    return run
+
+
+def run_device(cfg: RunConfig) -> torch.device:
+    """``hardware.device``, with the rank's GPU under torchrun (``LOCAL_RANK``)."""
+    device = torch.device(cfg.hardware.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return device
+
+
+def is_oom(e: BaseException) -> bool:
+    """True for torch's OOM error and for the 'out of memory' RuntimeErrors that CUDA,
+    cuBLAS and DeepSpeed raise without using it."""
+    return isinstance(e, torch.OutOfMemoryError) or (
+        isinstance(e, RuntimeError) and "out of memory" in str(e).lower())
+
+
+def iso_time(t: float | None = None) -> str:
+    """``t`` (seconds since the epoch; default now) as an ISO 8601 UTC timestamp."""
+    t = time.time() if t is None else t
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def run_point(cfg: RunConfig, job_dir: Path, runner: Runner | None = None) -> dict:
+    """Train ``cfg`` and return its filled result row (never raises for a failed run:
+    the failure is the row's status and message)."""
+    device = run_device(cfg)
+    result = empty_result(cfg.point(), cfg.to_dict())
+    result["started_at"] = iso_time()
+    t0 = time.perf_counter()
+    try:
+        result.update(environment_facts(device))
+        (runner or load_runner(cfg.system.name))(cfg, job_dir, result, device)
+        summarize_iterations(result)
+        if not result["iterations"]:
+            raise RuntimeError(f"{cfg.system.name} measured no iteration "
+                               f"(workload.measure_steps={cfg.workload.measure_steps})")
+        result["status"], result["error"] = "ok", None
+    except Exception as e:  # every failure becomes the row's status and message
+        result["status"] = "oom" if is_oom(e) else "error"
+        result["error"] = traceback.format_exc()
+    result["finished_at"] = iso_time()
+    result["wall_seconds"] = time.perf_counter() - t0
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m teraio.run <job dir>/resolved.yaml", file=sys.stderr)
+        return 2
+    resolved = Path(argv[0])
+    cfg = load_run_config(resolved)
+    result = run_point(cfg, resolved.parent)
+    if int(os.environ.get("RANK", 0)) == 0:
+        write_result(resolved.parent / "result.json", result)
+    tps = result["tokens_per_s"]
+    print(f"{result['status']}" + (f": {tps:.1f} tokens/s" if tps else "")
+          + (f"\n{result['error']}" if result["error"] else ""), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

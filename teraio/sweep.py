@@ -1,0 +1,437 @@
+"""The sweep: Hydra 1.3 multirun as a thin orchestrator over worker processes.
+
+    python -m teraio.sweep +experiment=smoke            # all points of conf/experiment/smoke.yaml
+    python -m teraio.sweep +experiment=fig7 system=ideal trial=0   # a slice of a sweep
+
+Before the first run, every point of the sweep is composed and checked
+(:class:`SweepCallback`); bad input stops the sweep naming the key and what is valid.
+Then, per point (:func:`run_point_job`), in ``<runs_dir>/<name>/<point>/`` — a directory
+named after the point keys, so a rerun finds it:
+
+* ``result.json`` already ``ok``: skipped (resume), never overwritten;
+* an earlier failed ``result.json`` (oom, error, timeout) is kept as ``result.<n>.json``
+  and the point runs again;
+* ``resolved.yaml`` is written and ``python -m teraio.run resolved.yaml`` runs as a
+  subprocess (``torchrun`` for ``hardware.n_gpus`` > 1), its output streamed to the
+  terminal and appended to ``worker.log``; past ``timeout_s`` its process group is killed
+  and a ``timeout`` row written; a worker that dies without a row gets an ``error`` row.
+
+A failed point is a row, and the sweep goes on. After the last point,
+``python -m analysis <sweep dir>`` makes the tables and figures.
+
+Test hook: the environment variable ``TERAIO_WORKER_CMD`` (a shell-quoted command)
+replaces ``python -m teraio.run``; the tests use it to run small scripted workers. It is
+not meant for real runs.
+"""
+from __future__ import annotations
+
+import collections
+import importlib.util
+import itertools
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+import yaml
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.markup import escape
+
+from teraio.config import RunConfig, run_config_from_dict
+from teraio.result import empty_result, read_status, write_result
+from teraio.run import iso_time
+
+RUN_KEYS = ("model", "workload", "system", "hardware", "trial", "seed", "timeout_s")
+SSD_SYSTEMS = ("teraio_ssd", "teraio_mixed", "zero_infinity")
+KILL_GRACE_S = 10.0
+LOG_TAIL_LINES = 40
+
+console = Console(highlight=False, emoji=False)
+
+
+# ---------------------------------------------------------------- config → RunConfig
+
+def register_resolvers() -> None:
+    """OmegaConf resolvers the experiment configs use:
+
+    ``${gb:X}``        X GB (1e9 bytes) as an int of bytes
+    ``${div:A,B}``     A // B, refusing a remainder (e.g. micro-batch from tokens per micro-batch)
+    ``${take:L,N}``    the first N items of list L (e.g. N of the SSD directories)
+    """
+    def div(a: int, b: int) -> int:
+        if b <= 0 or a % b:
+            raise ValueError(f"${{div:{a},{b}}}: {a} is not a positive multiple of {b}")
+        return a // b
+
+    def take(items, n: int):
+        items = list(items)
+        if not 0 < n <= len(items):
+            raise ValueError(f"${{take:...,{n}}}: only {len(items)} item(s): {items}")
+        return items[:n]
+
+    OmegaConf.register_new_resolver("gb", lambda x: int(round(float(x) * 1e9)), replace=True)
+    OmegaConf.register_new_resolver("div", div, replace=True)
+    OmegaConf.register_new_resolver("take", take, replace=True)
+
+
+def run_config(cfg: DictConfig) -> RunConfig:
+    """The worker's :class:`RunConfig` from a composed point config.
+
+    ``sweep.system_options[<system name>]`` is merged over ``system.options`` (an
+    experiment that sweeps several systems sets per-system options there), and
+    ``hardware.ssd_dirs`` are made absolute (the worker may start elsewhere).
+
+    Raises:
+        ValueError: an unknown key or a bad value, naming it (``teraio.config``).
+    """
+    d = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
+         for k in RUN_KEYS if k in cfg}
+    extra = OmegaConf.select(cfg, f"sweep.system_options.{d['system']['name']}", default=None)
+    if extra is not None:
+        d["system"]["options"] = {**(d["system"].get("options") or {}),
+                                  **OmegaConf.to_container(extra, resolve=True)}
+    hw = d.get("hardware") or {}
+    if "ssd_dirs" in hw:
+        hw["ssd_dirs"] = [str(Path(p).expanduser().absolute()) for p in hw["ssd_dirs"]]
+    return run_config_from_dict(d)
+
+
+def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool = False) -> None:
+    """Check what the workers would only find out mid-run, on this machine.
+
+    * ``hardware.gpu_capacity_bytes``: positive; on a CUDA device, at most the GPU's
+      memory (checked only when ``check_device`` and a GPU is visible; a ``cuda`` device
+      with no GPU here is itself an error unless ``check_device`` is false);
+    * ``hardware.ssd_dirs`` of systems that offload to SSDs: each exists (created first
+      when ``make_ssd_dirs``), is a directory, and takes a new file;
+    * TeraIO-Mixed needs a host tier: ``hardware.host_mem_cap_bytes`` > 0;
+    * ``timeout_s`` > 0, ``workload.measure_steps`` >= 1, ``hardware.n_gpus`` >= 1.
+
+    Raises:
+        ValueError: naming the bad key, its value and what would be valid.
+    """
+    hw, w = run.hardware, run.workload
+    if not run.timeout_s > 0:
+        raise ValueError(f"timeout_s={run.timeout_s} must be > 0 (seconds)")
+    if w.measure_steps < 1 or w.warmup_steps < 0:
+        raise ValueError(f"workload.measure_steps={w.measure_steps} must be >= 1 and "
+                         f"workload.warmup_steps={w.warmup_steps} >= 0")
+    if hw.n_gpus < 1:
+        raise ValueError(f"hardware.n_gpus={hw.n_gpus} must be >= 1")
+    try:
+        device = torch.device(hw.device)
+    except RuntimeError as e:
+        raise ValueError(f"hardware.device={hw.device!r} is not a device: {e}; valid: cpu, cuda, cuda:N") from e
+    cap = hw.gpu_capacity_bytes
+    if cap is not None and not cap > 0:
+        raise ValueError(f"hardware.gpu_capacity_bytes={cap} must be > 0 (bytes), or null for no cap")
+    if device.type != "cuda" and hw.n_gpus > 1:
+        raise ValueError(f"hardware.n_gpus={hw.n_gpus} needs hardware.device=cuda, not {hw.device!r}")
+    if check_device and device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"hardware.device={hw.device!r} but this machine has no CUDA GPU; "
+                             "use hardware=cpu_ci here, or sweep.check_device=false when the "
+                             "workers run on other machines")
+        if hw.n_gpus > torch.cuda.device_count():
+            raise ValueError(f"hardware.n_gpus={hw.n_gpus} but {torch.cuda.device_count()} GPU(s) here")
+        total = torch.cuda.get_device_properties(device.index or 0).total_memory
+        if cap is not None and cap > total:
+            raise ValueError(f"hardware.gpu_capacity_bytes={cap} is larger than the GPU "
+                             f"({torch.cuda.get_device_name(device.index or 0)}: {total} bytes); "
+                             f"valid: 1..{total}")
+    if run.system.name in SSD_SYSTEMS:
+        check_ssd_dirs(hw.ssd_dirs, run.system.name, make=make_ssd_dirs)
+    if run.system.name == "teraio_mixed" and not hw.host_mem_cap_bytes > 0:
+        raise ValueError(f"hardware.host_mem_cap_bytes={hw.host_mem_cap_bytes}: teraio_mixed "
+                         "offloads to host memory too and needs a cap > 0 (bytes); "
+                         "teraio_ssd uses SSDs only")
+
+
+def check_ssd_dirs(dirs: list[str], system: str, make: bool = False) -> None:
+    """Each SSD directory exists (made first when ``make``), is a directory, and takes a
+    new file. Raises ValueError naming ``hardware.ssd_dirs[i]``."""
+    if not dirs:
+        raise ValueError(f"hardware.ssd_dirs is empty; {system} offloads to SSDs: "
+                         "give one directory per drive")
+    for i, d in enumerate(dirs):
+        key, p = f"hardware.ssd_dirs[{i}]={d}", Path(d)
+        if make:
+            try:
+                p.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ValueError(f"{key} cannot be created: {e}") from e
+        if not p.exists():
+            raise ValueError(f"{key} does not exist ({system} writes tensors there); create it "
+                             "or mount the drive, or set hardware.ssd_dirs=[dir,...]")
+        if not p.is_dir():
+            raise ValueError(f"{key} is not a directory")
+        try:
+            with tempfile.TemporaryFile(dir=p):
+                pass
+        except OSError as e:
+            raise ValueError(f"{key} is not writable: {e}") from e
+
+
+def job_overrides(config: DictConfig) -> list[list[str]]:
+    """The override list of every job of this multirun, in launch order: the sweeper's
+    ``hydra.sweeper.params`` then the command line, expanded as Hydra's BasicSweeper
+    expands them (a later value for a key replaces an earlier one; discrete sweeps form
+    a cartesian product)."""
+    params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
+    args = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    parsed = OverridesParser.create().parse_overrides(args)
+    axes: dict[str, list[str]] = {}
+    for o in parsed:
+        key = o.get_key_element()
+        if o.is_sweep_override():
+            if not o.is_discrete_sweep():
+                raise ValueError(f"{key}: only discrete sweeps (a,b,c) are supported")
+            axes[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
+        else:
+            axes[key] = [f"{key}={o.get_value_element_as_str()}"]
+    return [list(job) for job in itertools.product(*axes.values())]
+
+
+# ---------------------------------------------------------------- one point
+
+def history_path(result_path: Path) -> Path:
+    """The first free ``result.<n>.json`` (n = 1, 2, ...) beside ``result_path``."""
+    for n in itertools.count(1):
+        p = result_path.with_name(f"{result_path.stem}.{n}{result_path.suffix}")
+        if not p.exists():
+            return p
+    raise AssertionError("unreachable")
+
+
+def config_diff(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested dicts."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [k for key in sorted(set(a) | set(b), key=str)
+                for k in config_diff(a.get(key), b.get(key), f"{prefix}{key}.")]
+    return [] if a == b else [prefix.rstrip(".")]
+
+
+def worker_command(run: RunConfig, resolved: Path) -> list[str]:
+    """``python -m teraio.run <resolved>``; under ``torchrun`` (one process per GPU,
+    which also serves DeepSpeed: it reads the same environment) for ``hardware.n_gpus``
+    > 1; or the test hook ``$TERAIO_WORKER_CMD``."""
+    if os.environ.get("TERAIO_WORKER_CMD"):
+        return shlex.split(os.environ["TERAIO_WORKER_CMD"]) + [str(resolved)]
+    if run.hardware.n_gpus > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc-per-node={run.hardware.n_gpus}", "-m", "teraio.run", str(resolved)]
+    return [sys.executable, "-m", "teraio.run", str(resolved)]
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: its own process group (killed whole on timeout), and
+    SIGKILL if the sweep dies, so that no orphan worker writes into a rerun's job dir."""
+    import ctypes
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def launch_worker(run: RunConfig, job_dir: Path, resolved: Path) -> tuple[int | None, list[str]]:
+    """Run the worker, streaming its lines to the terminal and to ``worker.log``.
+
+    Returns:
+        (exit code, or None when killed after ``timeout_s``; its last output lines).
+    """
+    tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(job_dir / "worker.log", "a") as log:
+        log.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(worker_command(run, resolved))}\n")
+        log.flush()
+        proc = subprocess.Popen(worker_command(run, resolved), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                                env=env, start_new_session=True, preexec_fn=_die_with_parent)
+
+        def pump() -> None:
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                tail.append(line.rstrip("\n"))
+                console.print(f"  │ {line.rstrip()}", markup=False)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            rc = proc.wait(timeout=run.timeout_s)
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:
+            if proc.poll() is None:  # timeout, or the sweep itself interrupted
+                _kill_group(proc)
+        reader.join()
+    return rc, list(tail)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def failure_row(run: RunConfig, status: str, error: str, started: float) -> dict:
+    """A row for a point whose worker wrote none (killed, crashed, or never started)."""
+    row = empty_result(run.point(), run.to_dict())
+    row.update(status=status, error=error, wall_seconds=time.time() - started,
+               started_at=iso_time(started), finished_at=iso_time())
+    return row
+
+
+def run_point_job(cfg: DictConfig, job_dir: Path, label: str = "") -> str:
+    """Validate, resume-check and run one point in ``job_dir``; returns its final status,
+    or ``"skip"`` for a point already ok. Never raises for a failed point: the failure is
+    written as its row, so that the sweep goes on."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    result_path = job_dir / "result.json"
+    started = time.time()
+    console.print(f"[bold]▶ {label}{job_dir.name}[/bold]")
+    try:
+        run = run_config(cfg)
+    except ValueError as e:  # the pre-pass catches this in a multirun
+        console.print(f"[red]✗ invalid config:[/red] {escape(str(e))}")
+        return "invalid"
+    if read_status(result_path) == "ok":
+        old = json.loads(result_path.read_text()).get("config")
+        changed = config_diff(old, run.to_dict())
+        console.print("  skip (ok)" + (f" — made with a different {', '.join(changed)}; "
+                                       "move its job dir away to run it again" if changed else ""))
+        return "skip"
+    if result_path.exists():
+        result_path.rename(history_path(result_path))
+    try:
+        validate(run, check_device=cfg.sweep.check_device, make_ssd_dirs=cfg.sweep.make_ssd_dirs)
+        resolved = job_dir / "resolved.yaml"
+        resolved.write_text(yaml.safe_dump(run.to_dict(), sort_keys=False))
+        rc, tail = launch_worker(run, job_dir, resolved)
+    except ValueError as e:  # a check that only the machine running the job can make
+        write_result(result_path, failure_row(run, "error", f"invalid config: {e}", started))
+        rc, tail = 0, []
+    status = read_status(result_path)
+    log_tail = "\n".join(tail)
+    if rc is None and status != "ok":
+        write_result(result_path, failure_row(
+            run, "timeout", f"killed after timeout_s={run.timeout_s} s; last output:\n{log_tail}", started))
+    elif status is None:
+        why = f"exit code {rc}" + (" (killed by a signal: the host OOM killer?)" if rc and rc < 0 else "")
+        write_result(result_path, failure_row(
+            run, "error", f"worker ended ({why}) without writing result.json; last output:\n{log_tail}",
+            started))
+    row = json.loads(result_path.read_text())
+    if row["status"] == "ok":
+        console.print(f"[green]✓ ok[/green] {row['tokens_per_s']:.1f} tokens/s "
+                      f"({time.time() - started:.1f} s)")
+    else:
+        last = [ln for ln in (row["error"] or "").strip().splitlines() if ln.strip()][-1:]
+        console.print(f"[red]✗ {row['status']}[/red] {escape(last[0]) if last else ''}")
+    return row["status"]
+
+
+# ---------------------------------------------------------------- the multirun
+
+class SweepCallback(Callback):
+    """Hydra callback (``hydra.callbacks.teraio`` in ``conf/config.yaml``): checks every
+    point before the first runs, and runs the analysis after the last.
+
+    Hydra 1.3 turns an ``Exception`` raised by a callback into a warning and goes on, so
+    a refusal here is a ``SystemExit`` (message on stderr, exit status 1).
+    """
+
+    def __init__(self) -> None:
+        self.job_dirs: list[Path] = []
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Compose every point as the launcher will, build and validate its RunConfig,
+        and refuse two points that share a job dir.
+
+        Raises:
+            SystemExit: for the first bad point, with its overrides and the reason.
+        """
+        loader = GlobalHydra.instance().config_loader()
+        seen: dict[Path, str] = {}
+        counts: collections.Counter[str] = collections.Counter()
+        for overrides in job_overrides(config):
+            where = " ".join(overrides)
+            try:
+                point = loader.load_sweep_config(config, list(overrides))
+                validate(run_config(point), check_device=point.sweep.check_device,
+                         make_ssd_dirs=point.sweep.make_ssd_dirs)
+            except Exception as e:
+                raise SystemExit(f"teraio.sweep: invalid point [{where}]: {e}\nNothing was run.") from e
+            job_dir = Path(point.hydra.sweep.dir) / str(point.hydra.sweep.subdir)
+            if job_dir in seen:
+                raise SystemExit(f"points [{seen[job_dir]}] and [{where}] share the job dir {job_dir}: "
+                                 "the dir name is built from the point keys; make the "
+                                 "swept keys change one of them (e.g. hardware.name). "
+                                 "Nothing was run.")
+            seen[job_dir] = where
+            counts[read_status(job_dir / "result.json") or "new"] += 1
+        self.job_dirs = list(seen)
+        console.print(f"[bold]{len(seen)} points[/bold] in {config.hydra.sweep.dir}: "
+                      + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+                      + (" (ok ones are skipped)" if counts["ok"] else ""))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        statuses = collections.Counter(read_status(d / "result.json") or "missing"
+                                       for d in self.job_dirs)
+        console.print("[bold]sweep done:[/bold] " + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())))
+        if config.sweep.analyze:
+            analyze(Path(config.hydra.sweep.dir))
+
+
+def analyze(sweep_dir: Path) -> None:
+    """``python -m analysis <sweep_dir>`` (tables and figures).
+
+    Raises:
+        SystemExit: the analysis failed (the rows stay as they are).
+    """
+    try:
+        found = importlib.util.find_spec("analysis.__main__") is not None
+    except ModuleNotFoundError:
+        found = False
+    if not found:
+        console.print("[yellow]analysis package not available in this checkout: no tables "
+                      f"or figures; run `python -m analysis {sweep_dir}` once it is[/yellow]")
+        return
+    rc = subprocess.call([sys.executable, "-m", "analysis", str(sweep_dir)])
+    if rc:
+        raise SystemExit(f"teraio.sweep: `python -m analysis {sweep_dir}` failed (exit {rc}); "
+                         "the result rows are intact")
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def _hydra_main(cfg: DictConfig) -> str:
+    hc = HydraConfig.get()
+    label = f"#{hc.job.num} " if hc.mode.name == "MULTIRUN" else ""
+    return run_point_job(cfg, Path(hc.runtime.output_dir), label)
+
+
+def main() -> None:
+    register_resolvers()
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()
