@@ -1,0 +1,206 @@
+"""The numbers behind the tables and figures: per-group statistics over trials, the best
+micro-batch per system, % of Ideal, and speedups of TeraIO over ZeRO.
+
+A *group* is one point of the sweep less its trial: ``GROUP_KEYS``. Groups are formed with
+``groupby(..., dropna=False)`` so a row missing a key is kept as its own group. Failed
+trials (status ≠ ok) never enter a mean or CI; they are counted in ``n_failed``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from .stats import mean_ci
+
+SYSTEM_ORDER = ("zero_infinity", "zero_offload", "teraio_ssd", "teraio_mixed", "ideal")  # Fig. 7
+SYSTEM_LABELS = {"ideal": "Ideal", "teraio_ssd": "TeraIO-SSD", "teraio_mixed": "TeraIO-Mixed",
+                 "zero_offload": "ZeRO-Offload", "zero_infinity": "ZeRO-Infinity"}
+TERAIO = ("teraio_ssd", "teraio_mixed")
+ZERO = ("zero_offload", "zero_infinity")
+
+WORKLOAD_KEYS = ["model", "hardware", "batch_size", "seq_len"]
+VARIANT_KEYS = ["host_mem_cap_bytes", "n_ssd"]
+COMPARE_KEYS = WORKLOAD_KEYS + VARIANT_KEYS
+GROUP_KEYS = COMPARE_KEYS + ["micro_batch_size", "system", "measure"]
+
+
+def system_label(system) -> str:
+    return SYSTEM_LABELS.get(system, "?" if system is None or pd.isna(system) else str(system))
+
+
+def system_rank(system) -> int:
+    return SYSTEM_ORDER.index(system) if system in SYSTEM_ORDER else len(SYSTEM_ORDER)
+
+
+def _failures(status: pd.Series) -> str:
+    """``"oom"`` or ``"oom×2, timeout"``: the failed statuses of a group."""
+    counts = status[status != "ok"].fillna("?").value_counts(sort=False)
+    return ", ".join(s if c == 1 else f"{s}×{c}" for s, c in counts.sort_index().items())
+
+
+def _first(series: pd.Series):
+    s = series.dropna()
+    return s.iloc[0] if len(s) else None
+
+
+def _ci_columns(out: dict, name: str, values) -> None:
+    mean, half, n = mean_ci(values)
+    out[f"{name}_mean"], out[f"{name}_ci95"] = mean, half
+
+
+def sort_groups(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows in the paper's order: model, hardware, batch, sequence, variant, system."""
+    keys = [k for k in COMPARE_KEYS + ["micro_batch_size"] if k in df.columns]
+    return (df.assign(_rank=df["system"].map(system_rank))
+            .sort_values(keys + ["_rank"], na_position="last", kind="stable")
+            .drop(columns="_rank").reset_index(drop=True))
+
+
+def summarize_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per group (``GROUP_KEYS``) of the per-run frame.
+
+    Columns: the keys, ``config``, ``n_runs``, ``n`` (ok trials), ``n_failed``, ``failures``
+    (e.g. ``"oom"``), ``error`` (first error text), ``tokens_per_s_mean``/``_ci95``
+    (tokens/s; 95 % t half-width, NaN for n < 2), ``stall_count_per_iter_mean``/``_ci95``,
+    ``stall_seconds_per_iter_mean``/``_ci95`` (s), ``peak_allocated_bytes``,
+    ``peak_reserved_bytes`` (means over ok trials, bytes), ``capacity_bytes``,
+    ``unoffloaded_peak_bytes``, ``memory_pressure`` (M as a fraction, from any trial
+    that has it: M is a property of the model and workload, known even for an OOM),
+    ``peak_fraction`` (peak allocated ÷ capacity), ``transfers_path``/``oplog_path``/
+    ``job_dir`` of the first ok trial.
+    """
+    rows = []
+    for _, g in runs.groupby(GROUP_KEYS, dropna=False, sort=False):
+        ok = g[~g["failed"]]
+        first = g.iloc[0]
+        out = {k: first[k] for k in GROUP_KEYS}
+        out.update(config=first["config"], n_runs=len(g), n=len(ok), n_failed=int(g["failed"].sum()),
+                   failures=_failures(g["status"]), error=_first(g["error"]))
+        for name in ("tokens_per_s", "stall_count_per_iter", "stall_seconds_per_iter"):
+            _ci_columns(out, name, ok[name])
+        for name in ("peak_allocated_bytes", "peak_reserved_bytes", "peak_fraction"):
+            out[name] = ok[name].mean() if len(ok) else math.nan
+        for name in ("capacity_bytes", "unoffloaded_peak_bytes", "memory_pressure"):
+            out[name] = g[name].median()
+        ok_sorted = ok.sort_values("trial", na_position="last")
+        for name in ("job_dir", "transfers_path", "oplog_path"):
+            out[name] = _first(ok_sorted[name])
+        rows.append(out)
+    return sort_groups(pd.DataFrame(rows))
+
+
+def select_best(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per (``COMPARE_KEYS``, system): the micro-batch group with the highest mean tokens/s,
+    as the paper picks "the best hyperparameter" per baseline (§4.1). Measured beats
+    modeled; a group with no ok trial is kept only if the system has nothing better, so
+    that an all-OOM point still shows as failed."""
+    ranked = summary.assign(
+        _has_ok=summary["n"] > 0, _measured=summary["measure"] == "measured",
+        _mean=summary["tokens_per_s_mean"].fillna(-np.inf))
+    ranked = ranked.sort_values(["_has_ok", "_measured", "_mean"], ascending=False, kind="stable")
+    best = ranked.groupby(COMPARE_KEYS + ["system"], dropna=False, sort=False).head(1)
+    return sort_groups(best.drop(columns=["_has_ok", "_measured", "_mean"]))
+
+
+def add_pct_of_ideal(summary: pd.DataFrame) -> pd.DataFrame:
+    """Add ``ideal_tokens_per_s``, ``ideal_measure`` and ``pct_of_ideal`` (percent) to each
+    group: Ideal of the same model, workload (batch, sequence) and hardware, its best
+    micro-batch (measured preferred over modeled). NaN where Ideal has no ok trial."""
+    ideal = select_best(summary[summary["system"] == "ideal"])
+    ideal = ideal[ideal["n"] > 0].assign(_m=lambda d: d["measure"] == "measured")
+    ideal = (ideal.sort_values(["_m", "tokens_per_s_mean"], ascending=False, kind="stable")
+             .groupby(WORKLOAD_KEYS, dropna=False, sort=False).head(1))
+    ideal = ideal[WORKLOAD_KEYS + ["tokens_per_s_mean", "measure"]].rename(
+        columns={"tokens_per_s_mean": "ideal_tokens_per_s", "measure": "ideal_measure"})
+    out = summary.drop(columns=[c for c in ("ideal_tokens_per_s", "ideal_measure", "pct_of_ideal")
+                                if c in summary.columns])
+    out = out.merge(ideal, on=WORKLOAD_KEYS, how="left")
+    out["pct_of_ideal"] = 100.0 * out["tokens_per_s_mean"] / out["ideal_tokens_per_s"]
+    return out
+
+
+def speedups(best: pd.DataFrame) -> pd.DataFrame:
+    """Speedup of each TeraIO variant over each ZeRO baseline, per (``COMPARE_KEYS``), from
+    the best-micro-batch groups of :func:`select_best`.
+
+    Columns: ``COMPARE_KEYS``, ``config``, ``teraio``, ``zero``, ``teraio_tokens_per_s``,
+    ``zero_tokens_per_s``, ``speedup`` (ratio of means; NaN unless both have ok trials),
+    ``note`` (``""``, ``"<system> failed (<statuses>)"`` or ``"<system> not run"``).
+    """
+    rows = []
+    for keys, g in best.groupby(COMPARE_KEYS, dropna=False, sort=False):
+        by_sys = {s: r for s, r in zip(g["system"], g.to_dict("records"))}
+        for t in TERAIO:
+            for z in ZERO:
+                if t not in by_sys and z not in by_sys:
+                    continue
+                notes = []
+                for s in (t, z):
+                    r = by_sys.get(s)
+                    if r is None:
+                        notes.append(f"{system_label(s)} not run")
+                    elif r["n"] == 0:
+                        notes.append(f"{system_label(s)} failed ({r['failures']})")
+                tr, zr = by_sys.get(t), by_sys.get(z)
+                t_mean = tr["tokens_per_s_mean"] if tr else math.nan
+                z_mean = zr["tokens_per_s_mean"] if zr else math.nan
+                rows.append({**dict(zip(COMPARE_KEYS, keys)), "config": g["config"].iloc[0],
+                             "teraio": t, "zero": z, "teraio_tokens_per_s": t_mean,
+                             "zero_tokens_per_s": z_mean, "speedup": t_mean / z_mean,
+                             "note": "; ".join(notes)})
+    cols = COMPARE_KEYS + ["config", "teraio", "zero", "teraio_tokens_per_s", "zero_tokens_per_s",
+                           "speedup", "note"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def speedup_summary(sp: pd.DataFrame) -> pd.DataFrame:
+    """Arithmetic mean, geometric mean and max of the speedups per (teraio, zero) pair and
+    per TeraIO variant over both ZeRO baselines (the paper's "ZeRO series", claims C1/C3),
+    over the points where both ran ok. Columns: ``teraio``, ``zero`` (``"both"`` for the
+    series), ``n_points``, ``mean``, ``geomean``, ``max``."""
+    valid = sp[np.isfinite(sp["speedup"])]
+    rows = []
+    for t in TERAIO:
+        for z in (*ZERO, "both"):
+            pair = (sp["teraio"] == t) & ((sp["zero"] == z) if z != "both" else True)
+            if not pair.any():
+                continue
+            s = valid.loc[pair[pair].index.intersection(valid.index), "speedup"].to_numpy(float)
+            rows.append({"teraio": t, "zero": z, "n_points": len(s),
+                         "mean": s.mean() if len(s) else math.nan,
+                         "geomean": float(np.exp(np.log(s).mean())) if len(s) else math.nan,
+                         "max": s.max() if len(s) else math.nan})
+    return pd.DataFrame(rows, columns=["teraio", "zero", "n_points", "mean", "geomean", "max"])
+
+
+def summarize_iterations(iterations: pd.DataFrame) -> pd.DataFrame:
+    """Per group (``GROUP_KEYS``), from ok runs' measured iterations: per-run means first,
+    then mean ± 95 % t half-width over trials of ``seconds``, ``stall_count``,
+    ``stall_seconds``, ``migration_seconds``, ``overlapped_seconds``, ``compute_seconds``
+    (s per iteration) and the four byte counts (bytes per iteration); ``n`` trials,
+    ``n_iterations`` in all, ``instrumented`` (stall and migration times known for every
+    iteration), ``stall_share`` (Σ stall ÷ Σ seconds) and ``migration_gbps`` (all bytes
+    moved ÷ all seconds, GB/s with GB = 1e9 bytes)."""
+    ok = iterations[~iterations["failed"]]
+    value_cols = ["seconds", "stall_count", "stall_seconds", "migration_seconds",
+                  "overlapped_seconds", "compute_seconds", "bytes_offloaded_ssd",
+                  "bytes_offloaded_host", "bytes_prefetched_ssd", "bytes_prefetched_host"]
+    byte_cols = value_cols[-4:]
+    rows = []
+    for _, g in ok.groupby(GROUP_KEYS, dropna=False, sort=False):
+        first = g.iloc[0]
+        per_run = g.groupby("job_dir", dropna=False)[value_cols].mean()
+        out = {k: first[k] for k in GROUP_KEYS}
+        out.update(config=first["config"], n=len(per_run), n_iterations=len(g),
+                   instrumented=bool(g[["stall_seconds", "migration_seconds"]].notna().all().all()))
+        for c in value_cols:
+            _ci_columns(out, c, per_run[c])
+        total_s = g["seconds"].sum()
+        out["stall_share"] = (g["stall_seconds"].sum(min_count=len(g)) / total_s
+                              if total_s else math.nan)
+        moved = g[byte_cols].sum(axis=1, min_count=len(byte_cols)).sum(min_count=len(g))
+        out["migration_gbps"] = moved / total_s / 1e9 if total_s else math.nan
+        rows.append(out)
+    return sort_groups(pd.DataFrame(rows)) if rows else pd.DataFrame(columns=GROUP_KEYS)

@@ -1,0 +1,152 @@
+"""Migration bandwidth over op index (paper Fig. 10(2) / v1 Fig. 8, claim C11) from the
+engine's side files of one run.
+
+``transfers.csv`` (``artifacts["transfers"]``): one row per transfer, columns ``step``,
+``tier``, ``direction`` (``offload`` | ``prefetch``), ``nbytes`` (bytes), ``op_issued``,
+``op_done``, ``t_issued_s``, ``t_done_s`` (seconds from the start of the step).
+``oplog.csv`` (``artifacts["oplog"]``): one row per op, columns ``step``, ``op``,
+``op_name``, ``t_start_s``, ``seconds``, ``stall_s``.
+
+A transfer's bytes are spread uniformly over [t_issued, t_done]; op k's bin is
+[t_start_k, t_start_{k+1}) (the last op's ends at its t_start + seconds), so bins tile the
+step and gaps between ops count toward the op before. GB = 1e9 bytes.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+TRANSFER_COLUMNS = ("step", "tier", "direction", "nbytes", "op_issued", "op_done",
+                    "t_issued_s", "t_done_s")
+OPLOG_COLUMNS = ("step", "op", "op_name", "t_start_s", "seconds", "stall_s")
+DIRECTIONS = ("offload", "prefetch")
+
+
+def read_csv_checked(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
+    """Read ``path`` and check it has ``columns``.
+
+    Raises:
+        ValueError: a column is missing (names the file, the missing and expected columns).
+    """
+    df = pd.read_csv(path)
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {missing}; expected {list(columns)}")
+    return df
+
+
+class _Rate:
+    """The bytes-in-flight rate of a set of transfers as a function of time: cumulative
+    bytes ``B(t)`` (piecewise linear) and rate ``r(t)`` (piecewise constant, bytes/s)."""
+
+    def __init__(self, nbytes, t0, t1):
+        nbytes, t0, t1 = (np.asarray(a, float) for a in (nbytes, t0, t1))
+        if np.any(t1 < t0):
+            bad = int(np.flatnonzero(t1 < t0)[0])
+            raise ValueError(f"transfer {bad} ends (t_done_s={t1[bad]}) before it is issued "
+                             f"(t_issued_s={t0[bad]})")
+        span = t1 - t0
+        spread = span > 0
+        self.r = np.where(spread, nbytes / np.where(spread, span, 1.0), 0.0)
+        self.a_order, self.b_order = np.argsort(t0), np.argsort(t1)
+        self.a, self.b = t0[self.a_order], t1[self.b_order]
+        ra, rb = self.r[self.a_order], self.r[self.b_order]
+        self.cum_ra, self.cum_rat = np.cumsum(ra), np.cumsum(ra * self.a)
+        self.cum_rb, self.cum_rbt = np.cumsum(rb), np.cumsum(rb * self.b)
+        # zero-length transfers land whole at their issue time
+        inst = ~spread
+        self.inst_t = np.sort(t0[inst])
+        self.inst_cum = np.cumsum(nbytes[inst][np.argsort(t0[inst])])
+
+    @staticmethod
+    def _prefix(cum, idx):
+        return np.where(idx > 0, cum[np.maximum(idx - 1, 0)] if len(cum) else 0.0, 0.0)
+
+    def cumulative(self, t) -> np.ndarray:
+        """B(t): bytes moved by time ``t`` (seconds)."""
+        t = np.asarray(t, float)
+        ia = np.searchsorted(self.a, t, side="right")
+        ib = np.searchsorted(self.b, t, side="right")
+        started = t * self._prefix(self.cum_ra, ia) - self._prefix(self.cum_rat, ia)
+        finished = t * self._prefix(self.cum_rb, ib) - self._prefix(self.cum_rbt, ib)
+        inst = self._prefix(self.inst_cum, np.searchsorted(self.inst_t, t, side="right"))
+        return started - finished + inst
+
+    def rate(self, t) -> np.ndarray:
+        """r(t): bytes/s in flight at ``t`` (right-continuous)."""
+        t = np.asarray(t, float)
+        return (self._prefix(self.cum_ra, np.searchsorted(self.a, t, side="right"))
+                - self._prefix(self.cum_rb, np.searchsorted(self.b, t, side="right")))
+
+
+def op_bins(oplog: pd.DataFrame, step: int) -> pd.DataFrame:
+    """Ops of ``step`` sorted by index with their bin [``t0``, ``t1``) in seconds.
+
+    Raises:
+        ValueError: the step has no ops.
+    """
+    ops = oplog[oplog["step"] == step].sort_values("op")
+    if ops.empty:
+        raise ValueError(f"oplog has no ops for step {step}; steps present: "
+                         f"{sorted(oplog['step'].unique().tolist())}")
+    t0 = ops["t_start_s"].to_numpy(float)
+    t1 = np.append(t0[1:], t0[-1] + float(ops["seconds"].iloc[-1]))
+    return pd.DataFrame({"op": ops["op"].to_numpy(), "op_name": ops["op_name"].to_numpy(),
+                         "t0": t0, "t1": np.maximum(t1, t0)})
+
+
+def op_bandwidth(transfers: pd.DataFrame, oplog: pd.DataFrame, step: int) -> pd.DataFrame:
+    """Migration bandwidth per op of ``step``: columns ``op``, ``op_name``, ``t0``, ``t1``
+    (s), ``offload_gbps``, ``prefetch_gbps`` (GB/s: bytes in the bin ÷ its length; for a
+    zero-length bin, the rate at its start).
+
+    Raises:
+        ValueError: an unknown direction, or a transfer that ends before it starts.
+    """
+    bad = sorted(set(transfers["direction"].dropna()) - set(DIRECTIONS))
+    if bad:
+        raise ValueError(f"transfers: direction(s) {bad} not in {DIRECTIONS}")
+    bins = op_bins(oplog, step)
+    tr = transfers[transfers["step"] == step]
+    width = (bins["t1"] - bins["t0"]).to_numpy()
+    for d in DIRECTIONS:
+        x = tr[tr["direction"] == d]
+        rate = _Rate(x["nbytes"], x["t_issued_s"], x["t_done_s"])
+        moved = rate.cumulative(bins["t1"]) - rate.cumulative(bins["t0"])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            bw = np.where(width > 0, moved / np.where(width > 0, width, 1.0), rate.rate(bins["t0"]))
+        bins[f"{d}_gbps"] = bw / 1e9
+    return bins
+
+
+def share_above(transfers: pd.DataFrame, t_start: float, t_end: float, step: int,
+                threshold_gbps: float = 16.0) -> float:
+    """Fraction of [``t_start``, ``t_end``) during which offload + prefetch bandwidth exceeds
+    ``threshold_gbps`` (paper C11: > 16 GB/s for > 64 % / 82.3 % of the time), exact on the
+    piecewise-constant rate."""
+    tr = transfers[transfers["step"] == step]
+    if t_end <= t_start:
+        return float("nan")
+    rate = _Rate(tr["nbytes"], tr["t_issued_s"], tr["t_done_s"])
+    edges = np.unique(np.clip(np.r_[t_start, t_end, rate.a, rate.b], t_start, t_end))
+    r = rate.rate(edges[:-1])
+    return float(np.diff(edges)[r > threshold_gbps * 1e9].sum() / (t_end - t_start))
+
+
+def run_bandwidth(root: Path, transfers_path: str, oplog_path: str,
+                  step: int | None = None) -> tuple[pd.DataFrame, int, float]:
+    """Load one run's side files (paths relative to the sweep dir ``root``) and return
+    (:func:`op_bandwidth` frame, the step used, share of the step above 16 GB/s). ``step``
+    None takes the last step present in both files (a measured iteration)."""
+    transfers = read_csv_checked(root / transfers_path, TRANSFER_COLUMNS)
+    oplog = read_csv_checked(root / oplog_path, OPLOG_COLUMNS)
+    if step is None:
+        common = sorted(set(oplog["step"]) & set(transfers["step"])) or sorted(set(oplog["step"]))
+        if not common:
+            raise ValueError(f"{root / oplog_path}: no steps")
+        step = int(common[-1])
+    bins = op_bandwidth(transfers, oplog, step)
+    share = share_above(transfers, float(bins["t0"].iloc[0]), float(bins["t1"].iloc[-1]), step)
+    return bins, step, share

@@ -1,0 +1,335 @@
+"""The paper's evaluation figures (seaborn 0.13 + matplotlib), one function per figure.
+
+Each function takes a loaded :class:`load.Sweep` and returns a matplotlib ``Figure`` (not
+attached to pyplot, so nothing global is touched), or raises :class:`NoData` saying why
+the sweep cannot draw it. Every title carries :func:`load.describe` (sweep, trials,
+hardware). Artists carry a ``gid`` so tests and readers can find them: ``"bar"`` (Fig. 7
+bars), ``"failed"`` (× marks), ``"stall"``/``"overlapped"``/``"compute"``/``"total"``
+(Fig. 8 segments), ``"series"``/``"ideal"`` (Fig. 9 lines), ``"offload"``/``"prefetch"``
+(Fig. 10 lines).
+
+- Fig. 7: tokens/s per config (x) and system (hue), bars = mean of ok trials at the
+  system's best micro-batch, error bars = 95 % t interval, × = every trial failed, M under
+  each config; one panel per model × hardware (× host-memory cap × SSD count when the
+  sweep varies them).
+- Fig. 8: mean iteration time split into stall / migration overlapped with compute /
+  compute, from the per-iteration frame; systems that report no stall or migration time
+  are drawn as the total only, labelled "not instrumented".
+- Fig. 9: tokens/s vs host-memory cap (``hardware.host_mem_cap_bytes``, GiB), one line per
+  system and SSD count (``len(hardware.ssd_dirs)``); Ideal as a dashed line.
+- Fig. 10: migration GB/s over op index, offload and prefetch, from ``transfers.csv`` and
+  ``oplog.csv`` of the first ok trial (see :mod:`analysis.bandwidth`).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from . import aggregate as agg
+from .bandwidth import run_bandwidth
+from .load import Sweep, config_label, describe
+from .stats import t_interval
+
+BAR_WIDTH = 0.8  # seaborn's default; bars of n hue levels sit at i + (j - (n-1)/2) * 0.8/n
+GIB = 2**30
+SEGMENTS = (("stall", "migration stall"), ("overlapped", "migration overlapped with compute"),
+            ("compute", "compute"))
+SEGMENT_COLORS = {"stall": "#d62728", "overlapped": "#ff7f0e", "compute": "#1f77b4"}
+
+
+class NoData(Exception):
+    """The sweep holds no data for this figure; the message says what is missing."""
+
+
+def system_palette(systems) -> dict[str, tuple]:
+    """A fixed colour per system (by the paper's series order), so figures agree."""
+    base = sns.color_palette("colorblind", len(agg.SYSTEM_ORDER) + len(systems))
+    extra = iter(base[len(agg.SYSTEM_ORDER):])
+    return {s: base[agg.SYSTEM_ORDER.index(s)] if s in agg.SYSTEM_ORDER else next(extra)
+            for s in systems}
+
+
+def slot(i: int, j: int, n: int) -> float:
+    """x centre of hue level ``j`` of ``n`` at category ``i`` (seaborn's dodge geometry)."""
+    return i + (j - (n - 1) / 2) * BAR_WIDTH / n
+
+
+def _systems(df: pd.DataFrame) -> list[str]:
+    return sorted(df["system"].dropna().unique(), key=lambda s: (agg.system_rank(s), s))
+
+
+def _facets(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """Panels per model × hardware, split further by (host cap, SSDs) only where a
+    model × hardware has more than one."""
+    out = []
+    for (model, hw), g in df.groupby(["model", "hardware"], dropna=False, sort=True):
+        variants = list(g.groupby(agg.VARIANT_KEYS, dropna=False, sort=True))
+        for (cap, n_ssd), v in variants:
+            title = f"{model} · {hw}"
+            if len(variants) > 1:
+                cap_text = "n/a" if pd.isna(cap) else f"{cap / GIB:g} GiB"
+                ssd_text = "n/a" if pd.isna(n_ssd) else str(int(n_ssd))
+                title += f" · host cap {cap_text}, {ssd_text} SSD(s)"
+            out.append((title, v))
+    return out
+
+
+def _configs(g: pd.DataFrame) -> list[str]:
+    order = g.sort_values(["batch_size", "seq_len"], na_position="last")["config"]
+    return list(dict.fromkeys(order))
+
+
+def _failed_mark(ax, x: float, color) -> None:
+    ax.plot([x], [0], marker="x", markersize=9, markeredgewidth=2, color=color, ls="none",
+            gid="failed", clip_on=False, zorder=5)
+
+
+def _new_figure(n_panels: int, width: float, height: float = 3.4) -> tuple[Figure, list]:
+    fig = Figure(figsize=(width, height * n_panels + 0.8), layout="constrained")
+    return fig, list(fig.subplots(n_panels, 1, squeeze=False)[:, 0])
+
+
+def fig7_throughput(sweep: Sweep) -> Figure:
+    """Fig. 7: grouped bars of tokens/s per config and system (see module doc).
+
+    Raises:
+        NoData: no run has a system.
+    """
+    best = agg.select_best(agg.summarize_runs(sweep.runs))
+    best = best[best["system"].notna()]
+    if best.empty:
+        raise NoData("no run names a system")
+    systems = _systems(best)
+    palette = system_palette(systems)
+    ok = sweep.runs[~sweep.runs["failed"]].merge(best[agg.GROUP_KEYS], on=agg.GROUP_KEYS)
+    facets = _facets(best)
+    n_cfg = max(len(_configs(g)) for _, g in facets)
+    fig, axes = _new_figure(len(facets), max(6.0, 0.45 * n_cfg * len(systems) + 2))
+    n_sys = len(systems)
+    with sns.axes_style("whitegrid"), sns.plotting_context("paper"):
+        for k, (ax, (title, g)) in enumerate(zip(axes, facets)):
+            configs = _configs(g)
+            data = ok.merge(g[agg.GROUP_KEYS], on=agg.GROUP_KEYS)
+            if len(data):
+                sns.barplot(data=data, x="config", y="tokens_per_s", hue="system", order=configs,
+                            hue_order=systems, palette=palette, errorbar=t_interval, capsize=0.15,
+                            err_kws={"linewidth": 1}, legend=False, ax=ax)
+            by_slot = {(configs.index(r["config"]), systems.index(r["system"])): r
+                       for _, r in g.iterrows()}
+            for p in ax.patches:
+                centre = p.get_x() + p.get_width() / 2
+                for (i, j), r in by_slot.items():
+                    if abs(centre - slot(i, j, n_sys)) < 1e-6 and r["n"] > 0:
+                        p.set_gid("bar")
+                        if r["measure"] == "modeled":
+                            p.set_hatch("//")
+            for (i, j), r in by_slot.items():
+                if r["n"] == 0:
+                    _failed_mark(ax, slot(i, j, n_sys), palette[systems[j]])
+            m = g.groupby("config")["memory_pressure"].median()
+            ax.set_xticks(range(len(configs)))
+            ax.set_xticklabels([f"{c}\nM={100 * m.get(c):.0f}%" if pd.notna(m.get(c)) else
+                                f"{c}\nM=n/a" for c in configs])
+            ax.set_xlim(-0.5, len(configs) - 0.5)
+            ax.set_ylim(bottom=0)
+            ax.set_xlabel("")
+            ax.set_ylabel("tokens/s")
+            ax.set_title(title)
+        handles = [Patch(facecolor=palette[s], label=agg.system_label(s)) for s in systems]
+        handles.append(Line2D([], [], marker="x", color="k", ls="none", label="failed (OOM/error/timeout)"))
+        if (best["measure"] == "modeled").any():
+            handles.append(Patch(facecolor="white", edgecolor="k", hatch="//", label="modeled"))
+        axes[0].legend(handles=handles, fontsize=7, ncols=min(len(handles), 4), loc="upper left")
+    fig.suptitle("Fig. 7 — average training throughput (bars: mean of ok trials; error bars: "
+                 f"95% t-CI; M: memory pressure)\n{describe(sweep)}", fontsize=9)
+    return fig
+
+
+def fig8_breakdown(sweep: Sweep) -> Figure:
+    """Fig. 8: per-iteration time split into stall / overlapped migration / compute.
+
+    Raises:
+        NoData: no ok run recorded a measured iteration.
+    """
+    its = agg.summarize_iterations(sweep.iterations)
+    if its.empty or "n" not in its.columns:
+        raise NoData("no ok run recorded a measured iteration")
+    best = agg.select_best(agg.summarize_runs(sweep.runs))
+    best = best[best["system"].notna()]
+    its = its.merge(best[agg.GROUP_KEYS], on=agg.GROUP_KEYS)
+    if its.empty:
+        raise NoData("no measured iteration at a system's best micro-batch")
+    failed = best[best["n"] == 0]
+    systems = _systems(best)
+    palette = system_palette(systems)
+    facets = _facets(pd.concat([its, failed], ignore_index=True))
+    n_cfg = max(len(_configs(g)) for _, g in facets)
+    n_sys = len(systems)
+    fig, axes = _new_figure(len(facets), max(6.0, 0.5 * n_cfg * n_sys + 2), 3.8)
+    with sns.axes_style("whitegrid"), sns.plotting_context("paper"):
+        for ax, (title, g) in zip(axes, facets):
+            configs = _configs(g)
+            ticks, labels = [], []
+            for _, r in g.iterrows():
+                i, j = configs.index(r["config"]), systems.index(r["system"])
+                x, w = slot(i, j, n_sys), BAR_WIDTH / n_sys
+                ticks.append(x)
+                labels.append(f"{r['config']}\n{agg.system_label(r['system'])}")
+                if pd.isna(r.get("n")) or r.get("n", 0) == 0 or pd.isna(r.get("seconds_mean")):
+                    _failed_mark(ax, x, palette[r["system"]])
+                elif r["instrumented"]:
+                    bottom = 0.0
+                    for seg, _ in SEGMENTS:
+                        h = max(0.0, float(r[f"{seg}_seconds_mean"]))
+                        ax.bar(x, h, w, bottom=bottom, color=SEGMENT_COLORS[seg],
+                               edgecolor=palette[r["system"]], linewidth=1.5, gid=seg)
+                        bottom += h
+                else:
+                    ax.bar(x, r["seconds_mean"], w, color="0.8", edgecolor=palette[r["system"]],
+                           linewidth=1.5, hatch="..", gid="total")
+                    ax.text(x, r["seconds_mean"], "not instrumented", rotation=90, ha="center",
+                            va="bottom", fontsize=6)
+            order = np.argsort(ticks)
+            ax.set_xticks(np.asarray(ticks)[order])
+            ax.set_xticklabels(np.asarray(labels, dtype=object)[order], rotation=90, fontsize=6)
+            ax.set_xlim(-0.5, len(configs) - 0.5)
+            ax.set_ylim(bottom=0)
+            ax.set_ylabel("seconds per iteration")
+            ax.set_title(title)
+        handles = [Patch(facecolor=SEGMENT_COLORS[s], label=lab) for s, lab in SEGMENTS]
+        handles.append(Patch(facecolor="0.8", hatch="..", label="total only (not instrumented)"))
+        handles.append(Line2D([], [], marker="x", color="k", ls="none", label="failed"))
+        axes[0].legend(handles=handles, fontsize=7, loc="upper left")
+    fig.suptitle("Fig. 8 — latency breakdown of a training iteration (mean over ok trials)\n"
+                 f"{describe(sweep)}", fontsize=9)
+    return fig
+
+
+def fig9_host_memory(sweep: Sweep) -> Figure:
+    """Fig. 9: tokens/s vs host-memory cap, one line per system and SSD count.
+
+    Raises:
+        NoData: no system was run at two or more host-memory caps of one workload.
+    """
+    best = agg.select_best(agg.summarize_runs(sweep.runs))
+    best = best[best["system"].notna() & best["host_mem_cap_bytes"].notna()]
+    series_keys = ["model", "hardware", "batch_size", "seq_len", "system", "n_ssd"]
+    others = best[best["system"] != "ideal"]
+    caps = others.groupby(series_keys, dropna=False)["host_mem_cap_bytes"].nunique()
+    panels = caps[caps >= 2].reset_index()[["model", "hardware", "batch_size", "seq_len"]]
+    panels = panels.drop_duplicates()
+    if panels.empty:
+        raise NoData("no system was run at two or more host-memory caps (hardware."
+                     "host_mem_cap_bytes) of one model and workload")
+    ideal = agg.select_best(agg.summarize_runs(sweep.runs))
+    ideal = ideal[(ideal["system"] == "ideal") & (ideal["n"] > 0)]
+    palette = system_palette(_systems(best))
+    styles = {"teraio_mixed": "-", "teraio_ssd": "--"}
+    fig, axes = _new_figure(len(panels), 6.5)
+    with sns.axes_style("whitegrid"), sns.plotting_context("paper"):
+        for ax, (_, p) in zip(axes, panels.iterrows()):
+            keys = p.to_dict()
+            sel = others.merge(panels.loc[[p.name]], on=list(keys))
+            n_ssds = sorted(sel["n_ssd"].dropna().unique())
+            shades = sns.color_palette("crest", max(len(n_ssds), 1))
+            for (system, n_ssd), s in sel.groupby(["system", "n_ssd"], dropna=False, sort=False):
+                s = s.sort_values("host_mem_cap_bytes")
+                x = (s["host_mem_cap_bytes"] / GIB).to_numpy(float)
+                good = (s["n"] > 0).to_numpy()
+                color = (shades[n_ssds.index(n_ssd)] if system in styles and pd.notna(n_ssd)
+                         else palette[system])
+                ssd_text = "n/a" if pd.isna(n_ssd) else str(int(n_ssd))
+                if good.any():
+                    bars = ax.errorbar(
+                        x[good], s["tokens_per_s_mean"].to_numpy(float)[good],
+                        yerr=np.nan_to_num(s["tokens_per_s_ci95"].to_numpy(float)[good]),
+                        marker="o", capsize=3, ls=styles.get(system, ":"), color=color,
+                        label=f"{agg.system_label(system)}, {ssd_text} SSD(s)")
+                    bars.lines[0].set_gid("series")
+                for xf in x[~good]:
+                    _failed_mark(ax, xf, color)
+            row = ideal.merge(panels.loc[[p.name]], on=list(keys))
+            if len(row):
+                ax.axhline(float(row["tokens_per_s_mean"].max()), ls="--", color="0.4",
+                           label="Ideal", gid="ideal")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("available host memory (GiB)")
+            ax.set_ylabel("tokens/s")
+            ax.set_ylim(bottom=0)
+            ax.set_title(f"{keys['model']} · {keys['hardware']} · "
+                         f"{config_label(keys['batch_size'], keys['seq_len'])}")
+            ax.legend(fontsize=7)
+    fig.suptitle("Fig. 9 — throughput vs host-memory capacity and SSDs (error bars: 95% t-CI; "
+                 f"× failed)\n{describe(sweep)}", fontsize=9)
+    return fig
+
+
+def fig10_bandwidth(sweep: Sweep) -> tuple[Figure, pd.DataFrame]:
+    """Fig. 10: migration bandwidth over op index per run with an engine log, and a frame of
+    (model, hardware, config, system, job_dir, step, share_above_16gbps).
+
+    Raises:
+        NoData: no ok run lists both ``transfers`` and ``oplog`` artifacts.
+    """
+    best = agg.select_best(agg.summarize_runs(sweep.runs))
+    cand = best[(best["n"] > 0) & best["transfers_path"].notna() & best["oplog_path"].notna()]
+    if cand.empty:
+        raise NoData("no ok run lists both a 'transfers' and an 'oplog' artifact "
+                     "(the TeraIO engine's transfer and op logs)")
+    panels, rows = [], []
+    for _, r in cand.iterrows():
+        try:
+            bins, step, share = run_bandwidth(sweep.root, r["transfers_path"], r["oplog_path"])
+        except (OSError, ValueError) as e:
+            warnings.warn(f"Fig. 10: skipping {r['job_dir']}: {e}", stacklevel=2)
+            continue
+        panels.append((r, bins, step, share))
+        rows.append({"model": r["model"], "hardware": r["hardware"], "config": r["config"],
+                     "host_mem_cap_bytes": r["host_mem_cap_bytes"], "n_ssd": r["n_ssd"],
+                     "system": r["system"], "job_dir": r["job_dir"], "step": step,
+                     "share_above_16gbps": share})
+    if not panels:
+        raise NoData("every run's transfer/op log was unreadable (see warnings)")
+    fig, axes = _new_figure(len(panels), 7.0, 3.0)
+    with sns.axes_style("whitegrid"), sns.plotting_context("paper"):
+        for ax, (r, bins, step, share) in zip(axes, panels):
+            ax.plot(bins["op"], bins["offload_gbps"], lw=0.8, label="offload (eviction from GPU)",
+                    gid="offload")
+            ax.plot(bins["op"], bins["prefetch_gbps"], lw=0.8, label="prefetch (fetching to GPU)",
+                    gid="prefetch")
+            ax.set_xlabel("op index in one training iteration")
+            ax.set_ylabel("migration GB/s")
+            ax.set_ylim(bottom=0)
+            ax.set_title(f"{r['model']} · {r['hardware']} · {r['config']} · "
+                         f"{agg.system_label(r['system'])} · {r['job_dir']} step {step} · "
+                         f"> 16 GB/s for {100 * share:.1f}% of the step", fontsize=8)
+            ax.legend(fontsize=7, loc="upper right")
+    fig.suptitle(f"Fig. 10 — migration bandwidth over one iteration\n{describe(sweep)}", fontsize=9)
+    return fig, pd.DataFrame(rows)
+
+
+def save_figure(fig: Figure, stem: Path) -> list[Path]:
+    """Write ``<stem>.png`` (200 dpi) and ``<stem>.pdf``; return both paths."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
+    for p in paths:
+        fig.savefig(p, dpi=200)
+    return paths
+
+
+def share_table_rows(shares: pd.DataFrame) -> pd.DataFrame:
+    """Display rows for the C11 table: share of a step above 16 GB/s per Fig. 10 run."""
+    return pd.DataFrame({
+        "Model": shares["model"], "Hardware": shares["hardware"], "Config": shares["config"],
+        "System": shares["system"].map(agg.system_label), "run": shares["job_dir"],
+        "step": shares["step"].astype(str),
+        "time > 16 GB/s %": shares["share_above_16gbps"].map(
+            lambda v: "n/a" if math.isnan(v) else f"{100 * v:.1f}")}).astype(object)

@@ -1,0 +1,237 @@
+"""Load a sweep's ``result.json`` rows (format ``teraio.result/1``, see ``teraio.result``)
+into two tidy pandas frames.
+
+``runs``: one row per run (one ``result.json``). Columns:
+
+- identity: ``sweep``, ``job_dir`` (relative to the sweep dir), ``model``, ``system``,
+  ``hardware``, ``batch_size``, ``micro_batch_size``, ``seq_len``, ``trial``, ``config``
+  (the paper's label, ``bs{batch_size}_seq{seq_len}``), ``host_mem_cap_bytes`` and ``n_ssd``
+  (``len(hardware.ssd_dirs)``), both from the run config (the Fig. 9 axes);
+- outcome: ``status`` (ok | oom | error | timeout), ``error``, ``failed`` (status ≠ ok),
+  ``measure`` (measured | modeled);
+- throughput: ``tokens_per_s`` (tokens/s), ``n_iterations``, ``iteration_seconds`` (mean, s);
+- stalls: ``stall_count``, ``stall_seconds`` (totals over measured iterations, s),
+  ``stall_count_per_iter``, ``stall_seconds_per_iter``;
+- bytes: ``bytes_ssd``, ``bytes_host`` (offloaded + prefetched over measured iterations);
+- memory: ``peak_allocated_bytes``, ``peak_reserved_bytes``, ``capacity_bytes``,
+  ``unoffloaded_peak_bytes``, ``memory_pressure`` (M, a fraction: unoffloaded peak ÷
+  capacity, computed from those two when the row leaves it null), ``peak_fraction``
+  (peak allocated ÷ capacity);
+- one-time costs and facts: ``plan_compile_seconds``, ``profile_seconds``, ``kvikio_mode``,
+  ``gpu_name``, ``n_gpus``, ``wall_seconds``, ``started_at``, ``finished_at``;
+- side files: ``prices_json`` (the run config's ``hardware.prices`` as JSON, "{}" if none),
+  ``transfers_path``, ``oplog_path`` (relative to the sweep dir, null if absent).
+
+``iterations``: one row per measured iteration of every run, with the identity and outcome
+columns above plus ``step``, ``seconds``, ``tokens``, ``tokens_per_s``, ``loss``,
+``stall_count``, ``stall_seconds``, ``migration_seconds``, ``overlapped_seconds``
+(migration overlapped with compute: ``max(0, migration - stall)``), ``compute_seconds``
+(``seconds - stall - overlapped``), ``bytes_offloaded_ssd``, ``bytes_offloaded_host``,
+``bytes_prefetched_ssd``, ``bytes_prefetched_host``. Null in the row is NaN/NA here.
+
+Integer keys are nullable ``Int64`` and text is pandas' ``str`` dtype, so a key missing
+from a row is NA and survives ``groupby(..., dropna=False)``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+RESULT_NAME = "result.json"
+FORMAT_PREFIX = "teraio.result/"
+POINT_KEYS = ("model", "system", "hardware", "batch_size", "micro_batch_size", "seq_len", "trial")
+INT_KEYS = ("batch_size", "micro_batch_size", "seq_len", "trial", "host_mem_cap_bytes", "n_ssd",
+            "n_gpus")
+TEXT_KEYS = ("sweep", "job_dir", "model", "system", "hardware", "config", "status", "error",
+             "measure", "kvikio_mode", "gpu_name", "started_at", "finished_at", "prices_json",
+             "transfers_path", "oplog_path")
+ID_COLUMNS = ("sweep", "job_dir", *POINT_KEYS, "config", "host_mem_cap_bytes", "n_ssd",
+              "status", "error", "failed", "measure")
+
+
+@dataclasses.dataclass
+class Sweep:
+    """A loaded sweep. ``skipped``: (path, reason) for each ``result.json`` not loaded."""
+
+    name: str
+    root: Path
+    runs: pd.DataFrame
+    iterations: pd.DataFrame
+    skipped: list[tuple[str, str]]
+
+
+def _num(x) -> float:
+    if isinstance(x, bool) or x is None:
+        return math.nan
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _div(a: float, b: float) -> float:
+    return a / b if b and math.isfinite(a) and math.isfinite(b) else math.nan
+
+
+def config_label(batch_size, seq_len) -> str:
+    """The paper's Fig. 7 label, e.g. ``bs32_seq2048``; ``?`` for a missing value."""
+    def part(v):
+        return "?" if v is None or pd.isna(v) else str(int(v))
+    return f"bs{part(batch_size)}_seq{part(seq_len)}"
+
+
+def _artifact(job_rel: Path, artifacts: dict, name: str) -> str | None:
+    rel = (artifacts or {}).get(name)
+    return None if not rel else str(job_rel / rel)
+
+
+def _rows(result: dict, sweep: str, job_rel: Path) -> tuple[dict, list[dict]]:
+    point = result.get("point") or {}
+    hw = ((result.get("config") or {}).get("hardware")) or {}
+    ssd_dirs = hw.get("ssd_dirs")
+    ident = {k: point.get(k) for k in POINT_KEYS}
+    ident.update(
+        sweep=sweep, job_dir=str(job_rel),
+        config=config_label(point.get("batch_size"), point.get("seq_len")),
+        host_mem_cap_bytes=hw.get("host_mem_cap_bytes"),
+        n_ssd=len(ssd_dirs) if isinstance(ssd_dirs, list) else None,
+        status=result.get("status"), error=result.get("error"),
+        failed=result.get("status") != "ok", measure=result.get("measure"))
+
+    its = result.get("iterations") or []
+    iter_rows = []
+    for it in its:
+        off, pre = it.get("bytes_offloaded") or {}, it.get("bytes_prefetched") or {}
+        seconds, stall = _num(it.get("seconds")), _num(it.get("stall_seconds"))
+        migration = _num(it.get("migration_seconds"))
+        overlapped = max(0.0, migration - stall) if math.isfinite(migration + stall) else math.nan
+        iter_rows.append({
+            **ident, "step": it.get("step"), "seconds": seconds, "tokens": _num(it.get("tokens")),
+            "tokens_per_s": _num(it.get("tokens_per_s")), "loss": _num(it.get("loss")),
+            "stall_count": _num(it.get("stall_count")), "stall_seconds": stall,
+            "migration_seconds": migration, "overlapped_seconds": overlapped,
+            "compute_seconds": seconds - stall - overlapped,
+            "bytes_offloaded_ssd": _num(off.get("ssd")), "bytes_offloaded_host": _num(off.get("host")),
+            "bytes_prefetched_ssd": _num(pre.get("ssd")),
+            "bytes_prefetched_host": _num(pre.get("host")),
+        })
+
+    n_it = len(its)
+    tiers = result.get("bytes_per_tier") or {}
+    peak, cap = _num(result.get("peak_allocated_bytes")), _num(result.get("capacity_bytes"))
+    unoff = _num(result.get("unoffloaded_peak_bytes"))
+    m = _num(result.get("memory_pressure"))
+    artifacts = result.get("artifacts") or {}
+    run = {
+        **ident,
+        "tokens_per_s": _num(result.get("tokens_per_s")), "n_iterations": n_it,
+        "iteration_seconds": (float(np.mean([_num(i.get("seconds")) for i in its]))
+                              if its else math.nan),
+        "stall_count": _num(result.get("stall_count")),
+        "stall_seconds": _num(result.get("stall_seconds")),
+        "stall_count_per_iter": _div(_num(result.get("stall_count")), n_it),
+        "stall_seconds_per_iter": _div(_num(result.get("stall_seconds")), n_it),
+        "bytes_ssd": _num(tiers.get("ssd")), "bytes_host": _num(tiers.get("host")),
+        "peak_allocated_bytes": peak, "peak_reserved_bytes": _num(result.get("peak_reserved_bytes")),
+        "capacity_bytes": cap, "unoffloaded_peak_bytes": unoff,
+        "memory_pressure": m if math.isfinite(m) else _div(unoff, cap),
+        "peak_fraction": _div(peak, cap),
+        "plan_compile_seconds": _num(result.get("plan_compile_seconds")),
+        "profile_seconds": _num(result.get("profile_seconds")),
+        "kvikio_mode": result.get("kvikio_mode"), "gpu_name": result.get("gpu_name"),
+        "n_gpus": hw.get("n_gpus"), "wall_seconds": _num(result.get("wall_seconds")),
+        "started_at": result.get("started_at"), "finished_at": result.get("finished_at"),
+        "prices_json": json.dumps(hw.get("prices") or {}, sort_keys=True),
+        "transfers_path": _artifact(job_rel, artifacts, "transfers"),
+        "oplog_path": _artifact(job_rel, artifacts, "oplog"),
+    }
+    return run, iter_rows
+
+
+def _typed(rows: list[dict], columns: list[str]) -> pd.DataFrame:
+    df = pd.DataFrame(rows, columns=columns)
+    for c in columns:
+        if c in INT_KEYS:
+            df[c] = pd.array([None if v is None or (isinstance(v, float) and math.isnan(v))
+                              else int(v) for v in df[c]], dtype="Int64")
+        elif c in TEXT_KEYS:
+            df[c] = df[c].astype("str").where(df[c].notna())
+        elif c == "failed":
+            df[c] = df[c].astype(bool)
+        elif c in ("step", "n_iterations"):
+            df[c] = pd.to_numeric(df[c]).astype("Int64")
+        else:
+            df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
+    return df
+
+
+RUN_COLUMNS = list(ID_COLUMNS) + [
+    "tokens_per_s", "n_iterations", "iteration_seconds", "stall_count", "stall_seconds",
+    "stall_count_per_iter", "stall_seconds_per_iter", "bytes_ssd", "bytes_host",
+    "peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes", "unoffloaded_peak_bytes",
+    "memory_pressure", "peak_fraction", "plan_compile_seconds", "profile_seconds", "kvikio_mode",
+    "gpu_name", "n_gpus", "wall_seconds", "started_at", "finished_at", "prices_json",
+    "transfers_path", "oplog_path"]
+ITERATION_COLUMNS = list(ID_COLUMNS) + [
+    "step", "seconds", "tokens", "tokens_per_s", "loss", "stall_count", "stall_seconds",
+    "migration_seconds", "overlapped_seconds", "compute_seconds", "bytes_offloaded_ssd",
+    "bytes_offloaded_host", "bytes_prefetched_ssd", "bytes_prefetched_host"]
+
+
+def load_sweep(sweep_dir: str | Path, exclude: str | Path | None = None) -> Sweep:
+    """Read every ``result.json`` under ``sweep_dir`` (recursively) into a :class:`Sweep`.
+
+    Files that are unreadable or not of format ``teraio.result/*`` are skipped with a
+    warning and listed in ``Sweep.skipped``; files under ``exclude`` are ignored.
+
+    Raises:
+        FileNotFoundError: ``sweep_dir`` is not a directory.
+        ValueError: no loadable ``result.json`` under it.
+    """
+    root = Path(sweep_dir).resolve()
+    if not root.is_dir():
+        raise FileNotFoundError(f"sweep dir {root} is not a directory")
+    excl = Path(exclude).resolve() if exclude else None
+    runs, iters, skipped = [], [], []
+    for path in sorted(root.rglob(RESULT_NAME)):
+        if excl is not None and excl in path.parents:
+            continue
+        try:
+            result = json.loads(path.read_text())
+            fmt = result.get("format", "")
+            if not str(fmt).startswith(FORMAT_PREFIX):
+                raise ValueError(f"format {fmt!r} is not {FORMAT_PREFIX}*")
+            run, its = _rows(result, root.name, path.parent.relative_to(root))
+        except (OSError, ValueError, AttributeError, TypeError) as e:
+            skipped.append((str(path), str(e)))
+            warnings.warn(f"skipping {path}: {e}", stacklevel=2)
+            continue
+        runs.append(run)
+        iters.extend(its)
+    if not runs:
+        raise ValueError(f"no loadable {RESULT_NAME} under {root} "
+                         f"({len(skipped)} skipped); is this a sweep dir?")
+    return Sweep(name=root.name, root=root, runs=_typed(runs, RUN_COLUMNS),
+                 iterations=_typed(iters, ITERATION_COLUMNS), skipped=skipped)
+
+
+def describe(sweep: Sweep) -> str:
+    """One line naming the sweep, its runs and trials, and the hardware: every table
+    caption and figure title carries it."""
+    r = sweep.runs
+    n_ok = int((~r["failed"]).sum())
+    point = [k for k in POINT_KEYS if k != "trial"] + ["host_mem_cap_bytes", "n_ssd"]
+    trials = r.groupby(point, dropna=False)["trial"].size()
+    tmin, tmax = int(trials.min()), int(trials.max())
+    trial_text = f"{tmax}" if tmin == tmax else f"{tmin}–{tmax}"
+    hw = ", ".join(sorted(r["hardware"].dropna().unique()))
+    gpus = ", ".join(sorted(r["gpu_name"].dropna().unique()))
+    return (f"sweep {sweep.name}: {len(r)} runs ({n_ok} ok, {len(r) - n_ok} failed), "
+            f"{trial_text} trial(s) per point; hardware {hw or '?'}"
+            + (f" ({gpus})" if gpus else ""))

@@ -1,0 +1,454 @@
+"""Issue 4 acceptance 1, 2 and 4: tables from hand-made result rows hold exactly the expected
+numbers; figures are written with the expected bars and lines; pandas 3 + seaborn 0.13
+split grouped data correctly."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import seaborn as sns
+from matplotlib.figure import Figure
+
+from analysis import aggregate as agg
+from analysis import analyze, load_sweep
+from analysis.__main__ import main
+from analysis.bandwidth import op_bandwidth, share_above
+from analysis.cost import cost_efficiency, cost_frame, cost_saving, resolve_prices
+from analysis.figures import (NoData, fig7_throughput, fig8_breakdown, fig9_host_memory,
+                              fig10_bandwidth, slot)
+from analysis.stats import mean_ci, t_interval, t_quantile
+from teraio.result import empty_result, write_result
+
+GIB = 2**30
+T1 = math.tan(math.pi * 0.475)                 # t_{0.975, df=1}, closed form
+T2 = 0.95 / math.sqrt(2 * 0.975 * 0.025)       # t_{0.975, df=2}, closed form
+PRICES = {"server_base": 1000.0, "server_1tb": 1500.0, "ssd_each": 100.0, "n_ssd": 2,
+          "pure_gpu_servers": 9000.0, "source": "test prices"}
+INSTRUMENTED = {"ideal", "teraio_ssd", "teraio_mixed"}
+
+
+def write_run(root, name, *, system, batch, seq, micro, trial, tps=None, status="ok",
+              host_cap=8 * GIB, n_ssd=2, m=1.5, artifacts=None, hardware="cpu_test"):
+    """One hand-made result.json: two measured iterations at ``tps`` tokens/s; TeraIO and
+    Ideal report stalls (10 % of the time) and migration (50 %), ZeRO reports neither."""
+    point = {"model": "tiny", "system": system, "hardware": hardware, "batch_size": batch,
+             "micro_batch_size": micro, "seq_len": seq, "trial": trial}
+    config = {"hardware": {"name": hardware, "host_mem_cap_bytes": host_cap,
+                           "ssd_dirs": [f"/ssd{i}" for i in range(n_ssd)], "prices": PRICES,
+                           "n_gpus": 1}}
+    r = empty_result(point, config)
+    r["status"] = status
+    r["memory_pressure"] = m
+    r["capacity_bytes"] = 4 * GIB
+    if status != "ok":
+        r["error"] = f"{status}: hand-made failure"
+    else:
+        tokens = batch * seq
+        s = tokens / tps
+        inst = system in INSTRUMENTED
+        r["iterations"] = [{
+            "step": k, "seconds": s, "tokens": tokens, "tokens_per_s": tps, "loss": 1.0,
+            "stall_count": 2 if inst else None, "stall_seconds": 0.1 * s if inst else None,
+            "migration_seconds": 0.5 * s if inst else None,
+            "bytes_offloaded": {"ssd": 1e9 if inst else None, "host": 2e9 if inst else None},
+            "bytes_prefetched": {"ssd": 1e9 if inst else None, "host": 2e9 if inst else None},
+        } for k in (3, 4)]
+        r["tokens_per_s"] = tps
+        r["stall_count"] = 4 if inst else None
+        r["stall_seconds"] = 0.2 * s if inst else None
+        r["peak_allocated_bytes"] = 3 * GIB
+        r["peak_reserved_bytes"] = 3.5 * GIB
+        r["artifacts"] = artifacts or {}
+    job = root / name
+    job.mkdir(parents=True)
+    write_result(job / "result.json", r)
+    return job
+
+
+def make_sweep(root):
+    """Config A (bs4_seq64) with every system, one teraio_ssd trial failed; config B
+    (bs8_seq64) with ZeRO-Offload OOM in every trial, ZeRO-Infinity not run, and
+    TeraIO-SSD rows that lack micro_batch_size."""
+    A = dict(batch=4, seq=64, micro=1)
+    B = dict(batch=8, seq=64, micro=2, m=1.8)
+    for sysname, vals in {"ideal": [100, 110], "teraio_mixed": [90, 96, 93],
+                          "zero_offload": [60, 64], "zero_infinity": [50, 55]}.items():
+        for t, v in enumerate(vals):
+            arts = ({"transfers": "transfers.csv", "oplog": "oplog.csv"}
+                    if sysname == "teraio_mixed" and t == 0 else None)
+            job = write_run(root, f"A_{sysname}_{t}", system=sysname, trial=t, tps=v,
+                            artifacts=arts, **A)
+            if arts:
+                write_engine_logs(job)
+    write_run(root, "A_teraio_ssd_0", system="teraio_ssd", trial=0, tps=80, **A)
+    write_run(root, "A_teraio_ssd_1", system="teraio_ssd", trial=1, tps=84, **A)
+    write_run(root, "A_teraio_ssd_2", system="teraio_ssd", trial=2, status="error", **A)
+    for sysname, vals in {"ideal": [200, 210], "teraio_mixed": [150, 160]}.items():
+        for t, v in enumerate(vals):
+            write_run(root, f"B_{sysname}_{t}", system=sysname, trial=t, tps=v, **B)
+    for t, v in enumerate([120, 130]):
+        write_run(root, f"B_teraio_ssd_{t}", system="teraio_ssd", trial=t, tps=v,
+                  **{**B, "micro": None})
+    for t in (0, 1):
+        write_run(root, f"B_zero_offload_{t}", system="zero_offload", trial=t, status="oom", **B)
+    return root
+
+
+def write_engine_logs(job):
+    pd.DataFrame({"step": [4] * 4, "op": [0, 1, 2, 3], "op_name": ["mm", "add", "mm", "relu"],
+                  "t_start_s": [0.0, 1.0, 2.0, 3.0], "seconds": [1.0] * 4,
+                  "stall_s": [0.0] * 4}).to_csv(job / "oplog.csv", index=False)
+    pd.DataFrame({"step": [4, 4, 4, 3], "tier": ["ssd", "host", "ssd", "ssd"],
+                  "direction": ["offload", "prefetch", "prefetch", "offload"],
+                  "nbytes": [2e9, 3e9, 1e9, 9e9], "op_issued": [0, 1, 3, 0],
+                  "op_done": [1, 2, 3, 0], "t_issued_s": [0.0, 1.5, 3.5, 0.0],
+                  "t_done_s": [2.0, 3.0, 3.5, 1.0]}).to_csv(job / "transfers.csv", index=False)
+
+
+@pytest.fixture
+def sweep_dir(tmp_path):
+    return make_sweep(tmp_path / "sweepA")
+
+
+def row(df, **keys):
+    sel = np.ones(len(df), bool)
+    for k, v in keys.items():
+        sel &= (df[k].isna() if v is None else df[k] == v).to_numpy(bool)
+    assert sel.sum() == 1, f"{keys}: {sel.sum()} rows"
+    return df[sel].iloc[0]
+
+
+# ---- statistics ------------------------------------------------------------------------
+
+def test_t_quantile_matches_closed_forms_and_table():
+    assert t_quantile(0.975, 1) == pytest.approx(T1, rel=1e-12)
+    assert t_quantile(0.975, 2) == pytest.approx(T2, rel=1e-12)
+    table = [3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+             2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+             2.052, 2.048, 2.045, 2.042]
+    assert [round(t_quantile(0.975, df), 3) for df in range(3, 31)] == table
+    assert t_quantile(0.975, 1e7) == pytest.approx(1.959964, abs=1e-6)
+    assert t_quantile(0.025, 5) == -t_quantile(0.975, 5)
+    with pytest.raises(ValueError, match="p=1.5"):
+        t_quantile(1.5, 3)
+
+
+def test_mean_ci_excludes_nan_and_needs_two_values():
+    mean, half, n = mean_ci([90.0, 96.0, float("nan"), 93.0])
+    assert (mean, n) == (93.0, 3)
+    assert half == pytest.approx(T2 * 3.0 / math.sqrt(3), rel=1e-12)
+    assert math.isnan(mean_ci([5.0])[1]) and mean_ci([])[2] == 0
+
+
+# ---- loading ---------------------------------------------------------------------------
+
+def test_load_frames_keep_failed_and_missing_keys(sweep_dir):
+    (sweep_dir / "junk").mkdir()
+    (sweep_dir / "junk" / "result.json").write_text("{not json")
+    with pytest.warns(UserWarning, match="junk"):
+        sweep = load_sweep(sweep_dir)
+    runs, its = sweep.runs, sweep.iterations
+    assert sweep.name == "sweepA" and len(sweep.skipped) == 1
+    assert len(runs) == 20
+    assert runs["status"].value_counts().to_dict() == {"ok": 17, "oom": 2, "error": 1}
+    assert runs["micro_batch_size"].isna().sum() == 2
+    assert str(runs["batch_size"].dtype) == "Int64"
+    assert set(runs["config"]) == {"bs4_seq64", "bs8_seq64"}
+    assert (runs["n_ssd"] == 2).all() and (runs["host_mem_cap_bytes"] == 8 * GIB).all()
+    assert len(its) == 2 * 17
+    mixed = its[(its["system"] == "teraio_mixed") & (its["trial"] == 0) & (its["batch_size"] == 4)]
+    s = 256 / 90
+    assert mixed["overlapped_seconds"].tolist() == pytest.approx([0.4 * s] * 2)
+    assert mixed["compute_seconds"].tolist() == pytest.approx([0.5 * s] * 2)
+    zero = its[its["system"] == "zero_offload"]
+    assert zero["stall_seconds"].isna().all() and zero["compute_seconds"].isna().all()
+
+
+def test_load_rejects_empty_dir(tmp_path):
+    with pytest.raises(ValueError, match="no loadable result.json"):
+        load_sweep(tmp_path)
+
+
+# ---- tables: acceptance 1 --------------------------------------------------------------
+
+def test_throughput_numbers_exact(sweep_dir):
+    sweep = load_sweep(sweep_dir)
+    s = agg.add_pct_of_ideal(agg.summarize_runs(sweep.runs))
+    assert len(s) == 9                                  # 5 systems in A, 4 in B (one lacks µbatch)
+    mixed = row(s, system="teraio_mixed", batch_size=4)
+    assert (mixed["n"], mixed["n_failed"]) == (3, 0)
+    assert mixed["tokens_per_s_mean"] == 93.0
+    assert mixed["tokens_per_s_ci95"] == pytest.approx(T2 * 3.0 / math.sqrt(3), rel=1e-12)
+    assert mixed["pct_of_ideal"] == pytest.approx(100 * 93 / 105, rel=1e-12)
+    assert mixed["ideal_measure"] == "measured"
+    ssd = row(s, system="teraio_ssd", batch_size=4)     # the failed trial is excluded
+    assert (ssd["n"], ssd["n_failed"], ssd["failures"]) == (2, 1, "error")
+    assert ssd["tokens_per_s_mean"] == 82.0
+    assert ssd["tokens_per_s_ci95"] == pytest.approx(T1 * 2.0, rel=1e-12)  # sd·t/√2, sd = 2√2
+    oom = row(s, system="zero_offload", batch_size=8)
+    assert (oom["n"], oom["n_failed"], oom["failures"]) == (0, 2, "oom×2")
+    assert math.isnan(oom["tokens_per_s_mean"]) and math.isnan(oom["pct_of_ideal"])
+    nokey = row(s, system="teraio_ssd", batch_size=8, micro_batch_size=None)
+    assert nokey["n"] == 2 and nokey["tokens_per_s_mean"] == 125.0
+    assert nokey["pct_of_ideal"] == pytest.approx(100 * 125 / 205)
+    assert oom["memory_pressure"] == 1.8
+    assert ((s["system"] == "zero_infinity") & (s["batch_size"] == 8)).sum() == 0
+
+
+def test_speedups_exact(sweep_dir):
+    sweep = load_sweep(sweep_dir)
+    sp = agg.speedups(agg.select_best(agg.summarize_runs(sweep.runs)))
+    assert len(sp) == 8
+    get = lambda t, z, b: row(sp, teraio=t, zero=z, batch_size=b)
+    assert get("teraio_ssd", "zero_offload", 4)["speedup"] == pytest.approx(82 / 62)
+    assert get("teraio_ssd", "zero_infinity", 4)["speedup"] == pytest.approx(82 / 52.5)
+    assert get("teraio_mixed", "zero_offload", 4)["speedup"] == pytest.approx(93 / 62)
+    assert get("teraio_mixed", "zero_infinity", 4)["speedup"] == pytest.approx(93 / 52.5)
+    b_off = get("teraio_mixed", "zero_offload", 8)
+    assert math.isnan(b_off["speedup"]) and b_off["note"] == "ZeRO-Offload failed (oom×2)"
+    assert get("teraio_ssd", "zero_infinity", 8)["note"] == "ZeRO-Infinity not run"
+    summ = agg.speedup_summary(sp)
+    both = row(summ, teraio="teraio_mixed", zero="both")
+    assert both["n_points"] == 2
+    assert both["mean"] == pytest.approx((93 / 62 + 93 / 52.5) / 2)
+    assert both["geomean"] == pytest.approx(math.sqrt(93 / 62 * 93 / 52.5))
+    assert both["max"] == pytest.approx(93 / 52.5)
+
+
+def test_iteration_summary_exact(sweep_dir):
+    its = agg.summarize_iterations(load_sweep(sweep_dir).iterations)
+    mixed = row(its, system="teraio_mixed", batch_size=4)
+    secs = [256 / v for v in (90, 96, 93)]
+    assert mixed["n"] == 3 and mixed["n_iterations"] == 6 and mixed["instrumented"]
+    assert mixed["stall_seconds_mean"] == pytest.approx(0.1 * np.mean(secs))
+    assert mixed["stall_seconds_ci95"] == pytest.approx(
+        T2 * 0.1 * np.std(secs, ddof=1) / math.sqrt(3))
+    assert mixed["stall_share"] == pytest.approx(0.1)
+    assert mixed["migration_gbps"] == pytest.approx(6e9 * 6 / (2 * sum(secs)) / 1e9)
+    zero = row(its, system="zero_offload", batch_size=4)
+    assert not zero["instrumented"] and math.isnan(zero["stall_seconds_mean"])
+
+
+def test_written_tables_show_values_failures_and_missing_keys(sweep_dir, tmp_path):
+    paths = analyze(sweep_dir, tmp_path / "out")
+    md = paths["tables/throughput.md"].read_text()
+    assert "sweep sweepA: 20 runs (17 ok, 3 failed), 2–3 trial(s) per point; hardware cpu_test" in md
+    lines = {tuple(c.strip() for c in ln.strip("|").split("|")) for ln in md.splitlines()
+             if ln.startswith("| tiny")}
+    assert ("tiny", "cpu_test", "bs4_seq64", "8.00", "2", "1", "TeraIO-Mixed", "measured", "3",
+            "0", f"93.00 ± {T2 * math.sqrt(3):.2f}", "88.6", "measured") in lines
+    assert ("tiny", "cpu_test", "bs4_seq64", "8.00", "2", "1", "TeraIO-SSD", "measured", "2",
+            "1 (error)", f"82.00 ± {2 * T1:.2f}", f"{100 * 82 / 105:.1f}", "measured") in lines
+    assert ("tiny", "cpu_test", "bs8_seq64", "8.00", "2", "2", "ZeRO-Offload", "measured", "0",
+            "2 (oom×2)", "×", "×", "measured") in lines
+    assert ("tiny", "cpu_test", "bs8_seq64", "8.00", "2", "n/a", "TeraIO-SSD", "measured", "2",
+            "0", f"125.0 ± {T1 * 5 * math.sqrt(2) / math.sqrt(2):.2f}", f"{100 * 125 / 205:.1f}",
+            "measured") in lines
+    tex = paths["tables/throughput.tex"].read_text()
+    assert r"93.00 $\pm$ 7.45" in tex and r"$\times$" in tex and r"\caption{" in tex
+    sp = paths["tables/speedup.md"].read_text()
+    assert f"{93 / 52.5:.2f}×" in sp and "ZeRO-Offload failed (oom×2)" in sp
+    mem = paths["tables/memory.md"].read_text()
+    assert "180.00" in mem and "75.0" in mem          # M = 180 %, peak 3 GiB of 4 GiB
+    for name in ("stalls", "bytes", "speedup_summary", "cost", "cost_saving",
+                 "cost_efficiency", "migration_bandwidth"):
+        assert paths[f"tables/{name}.md"].stat().st_size > 0
+        assert paths[f"tables/{name}.tex"].stat().st_size > 0
+    runs = pd.read_parquet(paths["runs.parquet"])
+    assert len(runs) == 20 and runs["micro_batch_size"].isna().sum() == 2
+    assert len(pd.read_csv(paths["iterations.csv"])) == 34
+
+
+# ---- cost ------------------------------------------------------------------------------
+
+def test_cost_ratios(sweep_dir):
+    sweep = load_sweep(sweep_dir)
+    costs = cost_frame(sweep)
+    cost = {s: row(costs, system=s, batch_size=4)["cost_usd"]
+            for s in ("teraio_ssd", "teraio_mixed", "zero_offload", "zero_infinity")}
+    assert cost == {"teraio_ssd": 1200.0, "teraio_mixed": 1700.0, "zero_offload": 1500.0,
+                    "zero_infinity": 1700.0}
+    sv = cost_saving(sweep)
+    assert row(sv, teraio="teraio_ssd")["saving"] == pytest.approx(7.5)
+    assert row(sv, teraio="teraio_ssd")["paper_table3"] == pytest.approx(
+        499_591.4 / 85_499.9)                          # 5.84×, not the paper's 5.88×
+    eff = cost_efficiency(costs)
+    assert row(eff, teraio="teraio_mixed", zero="zero_offload")["ratio"] == pytest.approx(
+        (93 / 1700) / (62 / 1500))
+    assert row(eff, teraio="teraio_mixed", zero="zero_infinity")["ratio"] == pytest.approx(93 / 52.5)
+    assert len(eff) == 4                                # config B has no ok ZeRO
+
+
+def test_prices_fallback_and_validation():
+    p, src = resolve_prices({})
+    assert src == "paper Table 3 (fallback)"
+    assert p["pure_gpu_servers"] / (p["server_1tb"] + p["n_ssd"] * p["ssd_each"]) == pytest.approx(
+        5.406, abs=1e-3)
+    p, src = resolve_prices({"server_base": 1.0})
+    assert "paper Table 3 for server_1tb" in src and p["server_base"] == 1.0
+    with pytest.raises(ValueError, match="unknown key.*'gpu'"):
+        resolve_prices({"gpu": 3.0})
+    with pytest.raises(ValueError, match="ssd_each=-1"):
+        resolve_prices({"ssd_each": -1})
+
+
+# ---- figures: acceptance 2 -------------------------------------------------------------
+
+def gids(ax, gid, kind="patches"):
+    return [a for a in getattr(ax, kind) if a.get_gid() == gid]
+
+
+def test_fig7_bars_errorbars_and_failures(sweep_dir):
+    fig = fig7_throughput(load_sweep(sweep_dir))
+    assert isinstance(fig, Figure) and len(fig.axes) == 1
+    ax = fig.axes[0]
+    bars = gids(ax, "bar")
+    assert len(bars) == 8                               # 5 systems in A + 3 ok in B
+    order = ["zero_infinity", "zero_offload", "teraio_ssd", "teraio_mixed", "ideal"]
+    heights = {round(b.get_x() + b.get_width() / 2, 6): b.get_height() for b in bars}
+    assert heights[round(slot(0, order.index("teraio_mixed"), 5), 6)] == pytest.approx(93.0)
+    assert heights[round(slot(1, order.index("teraio_ssd"), 5), 6)] == pytest.approx(125.0)
+    failed = gids(ax, "failed", "lines")
+    assert len(failed) == 1
+    assert failed[0].get_xdata()[0] == pytest.approx(slot(1, order.index("zero_offload"), 5))
+    assert round(slot(1, order.index("zero_infinity"), 5), 6) not in heights  # not run: nothing
+    # seaborn draws one error bar (with caps) per bar; its extent is our t interval
+    err = [ln for ln in ax.lines if ln.get_gid() is None]
+    assert len(err) == 8
+    x_mixed = slot(0, order.index("teraio_mixed"), 5)
+    mixed = [ln for ln in err if np.nanmean(ln.get_xdata()) == pytest.approx(x_mixed)]
+    assert len(mixed) == 1
+    y = mixed[0].get_ydata()
+    assert [np.nanmin(y), np.nanmax(y)] == pytest.approx(list(t_interval([90, 96, 93])))
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels == ["bs4_seq64\nM=150%", "bs8_seq64\nM=180%"]
+    assert "sweepA" in fig.texts[0].get_text() and "cpu_test" in fig.texts[0].get_text()
+
+
+def test_fig8_segments_and_not_instrumented(sweep_dir):
+    fig = fig8_breakdown(load_sweep(sweep_dir))
+    ax = fig.axes[0]
+    for seg in ("stall", "overlapped", "compute"):
+        assert len(gids(ax, seg)) == 6                 # ideal, TeraIO-SSD, TeraIO-Mixed × A, B
+    assert len(gids(ax, "total")) == 2                 # ZeRO-Offload and ZeRO-Infinity in A
+    assert len(gids(ax, "failed", "lines")) == 1       # ZeRO-Offload OOM in B
+    assert sum(t.get_text() == "not instrumented" for t in ax.texts) == 2
+    x = slot(0, 3, 5)                                  # TeraIO-Mixed, config A
+    seg = {g: [p for p in gids(ax, g) if abs(p.get_x() + p.get_width() / 2 - x) < 1e-9][0]
+           for g in ("stall", "overlapped", "compute")}
+    mean_s = np.mean([256 / v for v in (90, 96, 93)])
+    assert seg["stall"].get_height() == pytest.approx(0.1 * mean_s)
+    assert seg["overlapped"].get_height() == pytest.approx(0.4 * mean_s)
+    assert seg["compute"].get_height() == pytest.approx(0.5 * mean_s)
+    assert seg["compute"].get_y() == pytest.approx(0.5 * mean_s)
+
+
+def test_fig9_lines_per_ssd_count(tmp_path):
+    root = tmp_path / "sweep9"
+    wl = dict(batch=4, seq=64, micro=1)
+    for n_ssd in (2, 4):
+        for cap in (16, 32, 64):
+            for t in (0, 1):
+                write_run(root, f"m_{n_ssd}_{cap}_{t}", system="teraio_mixed", trial=t,
+                          tps=10 * cap + n_ssd + t, host_cap=cap * GIB, n_ssd=n_ssd, **wl)
+    write_run(root, "zi_16", system="zero_infinity", trial=0, status="oom", host_cap=16 * GIB,
+              n_ssd=4, **wl)
+    for cap in (32, 64):
+        write_run(root, f"zi_{cap}", system="zero_infinity", trial=0, tps=cap, host_cap=cap * GIB,
+                  n_ssd=4, **wl)
+    write_run(root, "ideal", system="ideal", trial=0, tps=1000, **wl)
+    fig = fig9_host_memory(load_sweep(root))
+    ax = fig.axes[0]
+    assert len(gids(ax, "series", "lines")) == 3
+    series = {c.get_label(): c.lines[0] for c in ax.containers}
+    assert sorted(series) == [
+        "TeraIO-Mixed, 2 SSD(s)", "TeraIO-Mixed, 4 SSD(s)", "ZeRO-Infinity, 4 SSD(s)"]
+    two = series["TeraIO-Mixed, 2 SSD(s)"]
+    assert list(two.get_xdata()) == [16, 32, 64]
+    assert list(two.get_ydata()) == pytest.approx([162.5, 322.5, 642.5])
+    assert len(gids(ax, "ideal", "lines")) == 1
+    assert len(gids(ax, "failed", "lines")) == 1
+
+
+def test_fig9_skipped_without_host_cap_sweep(sweep_dir):
+    with pytest.raises(NoData, match="two or more host-memory caps"):
+        fig9_host_memory(load_sweep(sweep_dir))
+
+
+def test_fig10_bandwidth_lines(sweep_dir):
+    fig, shares = fig10_bandwidth(load_sweep(sweep_dir))
+    ax = fig.axes[0]
+    off, pre = gids(ax, "offload", "lines"), gids(ax, "prefetch", "lines")
+    assert len(off) == len(pre) == 1
+    assert list(off[0].get_ydata()) == pytest.approx([1.0, 1.0, 0.0, 0.0])
+    assert list(pre[0].get_ydata()) == pytest.approx([0.0, 1.0, 2.0, 1.0])
+    assert shares["step"].tolist() == [4]
+    assert shares["share_above_16gbps"].tolist() == [0.0]
+
+
+def test_bandwidth_binning_and_share():
+    ops = pd.DataFrame({"step": 1, "op": [0, 1, 2], "op_name": "x", "t_start_s": [0.0, 0.5, 0.5],
+                        "seconds": [0.5, 0.0, 1.5], "stall_s": 0.0})
+    tr = pd.DataFrame({"step": 1, "tier": "ssd", "direction": ["offload", "offload", "prefetch"],
+                       "nbytes": [1e9, 4e9, 5e8], "op_issued": 0, "op_done": 1,
+                       "t_issued_s": [0.0, 0.25, 1.0], "t_done_s": [1.0, 0.75, 1.0]})
+    bw = op_bandwidth(tr, ops, 1)
+    # op 0 [0, .5): 1 GB/s + 8 GB/s over [.25, .5) -> (0.5 + 2) GB / 0.5 s = 5 GB/s
+    assert bw["offload_gbps"].tolist() == pytest.approx([5.0, 9.0, (0.5 + 2) / 1.5])
+    assert bw["prefetch_gbps"].tolist() == pytest.approx([0.0, 0.0, 0.5 / 1.5])
+    assert share_above(tr, 0.0, 2.0, 1, threshold_gbps=4.0) == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="direction"):
+        op_bandwidth(tr.assign(direction="evict"), ops, 1)
+
+
+# ---- end to end ------------------------------------------------------------------------
+
+def test_analyze_writes_everything_and_names_skips(sweep_dir, capsys):
+    main([str(sweep_dir)])
+    out = sweep_dir / "analysis"
+    for stem in ("fig7_throughput", "fig8_breakdown", "fig10_bandwidth"):
+        for ext in ("png", "pdf"):
+            assert (out / "figures" / f"{stem}.{ext}").stat().st_size > 1000
+    assert not (out / "figures" / "fig9_host_memory.png").exists()
+    index = (out / "index.md").read_text()
+    assert "fig9_host_memory: no system was run at two or more host-memory caps" in index
+    assert "fig7_throughput.png" in capsys.readouterr().out
+    # a second run re-reads the sweep, not its own outputs
+    paths = analyze(sweep_dir)
+    assert len(pd.read_parquet(paths["runs.parquet"])) == 20
+
+
+# ---- acceptance 4: pandas 3 + seaborn 0.13 ---------------------------------------------
+
+def test_pinned_versions():
+    assert int(pd.__version__.split(".")[0]) == 3
+    assert sns.__version__.startswith("0.13.")
+
+
+@pytest.mark.parametrize("dtype", ["str", "string", "category"])
+def test_seaborn_barplot_splits_pandas3_dtypes(dtype):
+    """Grouped bars with a callable errorbar over pandas 3 string / categorical columns
+    (categories ordered unlike hue_order) must put each group's data in its own slot;
+    seaborn #3893 / #3922 are this kind of mis-split."""
+    df = pd.DataFrame({"x": ["a", "a", "a", "a", "b", "b", "b"],
+                       "h": ["z", "z", "y", "y", "z", "y", "y"],
+                       "v": [1.0, 3.0, 10.0, 12.0, 5.0, 20.0, 22.0]})
+    if dtype == "category":
+        df["x"] = pd.Categorical(df["x"], categories=["b", "a"])
+        df["h"] = pd.Categorical(df["h"], categories=["z", "y", "w"])
+    else:
+        df = df.astype({"x": dtype, "h": dtype})
+    fig = Figure()
+    ax = fig.subplots()
+    sns.barplot(data=df, x="x", y="v", hue="h", order=["a", "b"], hue_order=["w", "y", "z"],
+                errorbar=t_interval, legend=False, ax=ax)
+    bars = {round(p.get_x() + p.get_width() / 2, 6): p.get_height() for p in ax.patches}
+    assert bars == pytest.approx({round(slot(0, 1, 3), 6): 11.0, round(slot(0, 2, 3), 6): 2.0,
+                                  round(slot(1, 1, 3), 6): 21.0, round(slot(1, 2, 3), 6): 5.0})
+    ends = sorted(tuple(np.round(ln.get_ydata(), 9)) for ln in ax.lines
+                  if np.isfinite(ln.get_ydata()).all())
+    expect = sorted(tuple(np.round(t_interval(v), 9)) for v in ([10.0, 12.0], [20.0, 22.0], [1.0, 3.0]))
+    assert ends == expect                              # b/z has n = 1: no interval
