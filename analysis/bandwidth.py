@@ -9,7 +9,8 @@ engine's side files of one run.
 
 A transfer's bytes are spread uniformly over [t_issued, t_done]; op k's bin is
 [t_start_k, t_start_{k+1}) (the last op's ends at its t_start + seconds), so bins tile the
-step and gaps between ops count toward the op before. GB = 1e9 bytes.
+step and gaps between ops count toward the op before (a last op logged without a duration
+gets a zero-length bin). GB = 1e9 bytes.
 """
 from __future__ import annotations
 
@@ -92,7 +93,8 @@ def op_bins(oplog: pd.DataFrame, step: int) -> pd.DataFrame:
         raise ValueError(f"oplog has no ops for step {step}; steps present: "
                          f"{sorted(oplog['step'].unique().tolist())}")
     t0 = ops["t_start_s"].to_numpy(float)
-    t1 = np.append(t0[1:], t0[-1] + float(ops["seconds"].iloc[-1]))
+    last = float(ops["seconds"].iloc[-1])  # an engine may log NaN for an op it did not time
+    t1 = np.append(t0[1:], t0[-1] + (last if np.isfinite(last) else 0.0))
     return pd.DataFrame({"op": ops["op"].to_numpy(), "op_name": ops["op_name"].to_numpy(),
                          "t0": t0, "t1": np.maximum(t1, t0)})
 

@@ -121,6 +121,7 @@ def fig7_throughput(sweep: Sweep) -> Figure:
             if len(data):
                 sns.barplot(data=data, x="config", y="tokens_per_s", hue="system", order=configs,
                             hue_order=systems, palette=palette, errorbar=t_interval, capsize=0.15,
+                            dodge=True,  # else seaborn widens bars where a config has one system
                             err_kws={"linewidth": 1}, legend=False, ax=ax)
             by_slot = {(configs.index(r["config"]), systems.index(r["system"])): r
                        for _, r in g.iterrows()}
@@ -147,7 +148,7 @@ def fig7_throughput(sweep: Sweep) -> Figure:
         handles.append(Line2D([], [], marker="x", color="k", ls="none", label="failed (OOM/error/timeout)"))
         if (best["measure"] == "modeled").any():
             handles.append(Patch(facecolor="white", edgecolor="k", hatch="//", label="modeled"))
-        axes[0].legend(handles=handles, fontsize=7, ncols=min(len(handles), 4), loc="upper left")
+        fig.legend(handles=handles, fontsize=7, ncols=min(len(handles), 4), loc="outside lower center")
     fig.suptitle("Fig. 7 — average training throughput (bars: mean of ok trials; error bars: "
                  f"95% t-CI; M: memory pressure)\n{describe(sweep)}", fontsize=9)
     return fig
@@ -195,8 +196,8 @@ def fig8_breakdown(sweep: Sweep) -> Figure:
                 else:
                     ax.bar(x, r["seconds_mean"], w, color="0.8", edgecolor=palette[r["system"]],
                            linewidth=1.5, hatch="..", gid="total")
-                    ax.text(x, r["seconds_mean"], "not instrumented", rotation=90, ha="center",
-                            va="bottom", fontsize=6)
+                    ax.text(x, r["seconds_mean"] / 2, "not instrumented", rotation=90,
+                            ha="center", va="center", fontsize=6)
             order = np.argsort(ticks)
             ax.set_xticks(np.asarray(ticks)[order])
             ax.set_xticklabels(np.asarray(labels, dtype=object)[order], rotation=90, fontsize=6)
@@ -207,7 +208,7 @@ def fig8_breakdown(sweep: Sweep) -> Figure:
         handles = [Patch(facecolor=SEGMENT_COLORS[s], label=lab) for s, lab in SEGMENTS]
         handles.append(Patch(facecolor="0.8", hatch="..", label="total only (not instrumented)"))
         handles.append(Line2D([], [], marker="x", color="k", ls="none", label="failed"))
-        axes[0].legend(handles=handles, fontsize=7, loc="upper left")
+        fig.legend(handles=handles, fontsize=7, ncols=3, loc="outside lower center")
     fig.suptitle("Fig. 8 — latency breakdown of a training iteration (mean over ok trials)\n"
                  f"{describe(sweep)}", fontsize=9)
     return fig
@@ -309,7 +310,7 @@ def fig10_bandwidth(sweep: Sweep) -> tuple[Figure, pd.DataFrame]:
             ax.set_ylabel("migration GB/s")
             ax.set_ylim(bottom=0)
             ax.set_title(f"{r['model']} · {r['hardware']} · {r['config']} · "
-                         f"{agg.system_label(r['system'])} · {r['job_dir']} step {step} · "
+                         f"{agg.system_label(r['system'])}\n{r['job_dir']}, step {step}: "
                          f"> 16 GB/s for {100 * share:.1f}% of the step", fontsize=8)
             ax.legend(fontsize=7, loc="upper right")
     fig.suptitle(f"Fig. 10 — migration bandwidth over one iteration\n{describe(sweep)}", fontsize=9)

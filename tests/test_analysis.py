@@ -371,6 +371,13 @@ def test_fig9_lines_per_ssd_count(tmp_path):
     assert list(two.get_ydata()) == pytest.approx([162.5, 322.5, 642.5])
     assert len(gids(ax, "ideal", "lines")) == 1
     assert len(gids(ax, "failed", "lines")) == 1
+    # Fig. 7 of the same sweep: a panel per (host cap, SSDs), most with a single system,
+    # whose bars must still sit in that system's slot
+    fig7 = fig7_throughput(load_sweep(root))
+    assert len(fig7.axes) == 7
+    bars = [p for ax in fig7.axes for p in gids(ax, "bar")]
+    assert len(bars) == 9 and all(p.get_width() == pytest.approx(0.8 / 3) for p in bars)
+    assert sum(len(gids(ax, "failed", "lines")) for ax in fig7.axes) == 1
 
 
 def test_fig9_skipped_without_host_cap_sweep(sweep_dir):
@@ -390,15 +397,17 @@ def test_fig10_bandwidth_lines(sweep_dir):
 
 
 def test_bandwidth_binning_and_share():
-    ops = pd.DataFrame({"step": 1, "op": [0, 1, 2], "op_name": "x", "t_start_s": [0.0, 0.5, 0.5],
-                        "seconds": [0.5, 0.0, 1.5], "stall_s": 0.0})
+    ops = pd.DataFrame({"step": 1, "op": [0, 1, 2, 3], "op_name": "x",
+                        "t_start_s": [0.0, 0.5, 0.5, 2.0], "seconds": [0.5, 0.0, 1.5, np.nan],
+                        "stall_s": 0.0})
     tr = pd.DataFrame({"step": 1, "tier": "ssd", "direction": ["offload", "offload", "prefetch"],
                        "nbytes": [1e9, 4e9, 5e8], "op_issued": 0, "op_done": 1,
                        "t_issued_s": [0.0, 0.25, 1.0], "t_done_s": [1.0, 0.75, 1.0]})
     bw = op_bandwidth(tr, ops, 1)
     # op 0 [0, .5): 1 GB/s + 8 GB/s over [.25, .5) -> (0.5 + 2) GB / 0.5 s = 5 GB/s
-    assert bw["offload_gbps"].tolist() == pytest.approx([5.0, 9.0, (0.5 + 2) / 1.5])
-    assert bw["prefetch_gbps"].tolist() == pytest.approx([0.0, 0.0, 0.5 / 1.5])
+    # op 3 was logged without a duration: a zero-length bin at t = 2 s, nothing in flight
+    assert bw["offload_gbps"].tolist() == pytest.approx([5.0, 9.0, (0.5 + 2) / 1.5, 0.0])
+    assert bw["prefetch_gbps"].tolist() == pytest.approx([0.0, 0.0, 0.5 / 1.5, 0.0])
     assert share_above(tr, 0.0, 2.0, 1, threshold_gbps=4.0) == pytest.approx(0.25)
     with pytest.raises(ValueError, match="direction"):
         op_bandwidth(tr.assign(direction="evict"), ops, 1)
