@@ -12,7 +12,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("sweep_dir", help="directory holding the sweep's result.json files (searched recursively)")
     ap.add_argument("--out", default=None, help="output directory (default: <sweep dir>/analysis)")
     args = ap.parse_args(argv)
-    paths = analyze(args.sweep_dir, args.out)
+    try:
+        paths = analyze(args.sweep_dir, args.out)
+    except (FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"python -m analysis: {e}") from e
     for rel in paths:
         print(rel)
     index = paths.get("index.md")

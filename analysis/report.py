@@ -34,10 +34,10 @@ def analyze(sweep_dir: str | Path, out_dir: str | Path | None = None) -> dict[st
     """
     sweep_dir = Path(sweep_dir).resolve()
     out = Path(out_dir).resolve() if out_dir else sweep_dir / "analysis"
-    out.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         sweep = load_sweep(sweep_dir, exclude=out)
+        out.mkdir(parents=True, exist_ok=True)
         written: list[Path] = []
         for name, frame in (("runs", sweep.runs), ("iterations", sweep.iterations)):
             frame.to_parquet(out / f"{name}.parquet", index=False)

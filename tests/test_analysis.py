@@ -31,7 +31,8 @@ INSTRUMENTED = {"ideal", "teraio_ssd", "teraio_mixed"}
 
 
 def write_run(root, name, *, system, batch, seq, micro, trial, tps=None, status="ok",
-              host_cap=8 * GIB, n_ssd=2, m=1.5, artifacts=None, hardware="cpu_test"):
+              host_cap=8 * GIB, n_ssd=2, m=1.5, artifacts=None, hardware="cpu_test",
+              measure="measured"):
     """One hand-made result.json: two measured iterations at ``tps`` tokens/s; TeraIO and
     Ideal report stalls (10 % of the time) and migration (50 %), ZeRO reports neither."""
     point = {"model": "tiny", "system": system, "hardware": hardware, "batch_size": batch,
@@ -41,6 +42,7 @@ def write_run(root, name, *, system, batch, seq, micro, trial, tps=None, status=
                            "n_gpus": 1}}
     r = empty_result(point, config)
     r["status"] = status
+    r["measure"] = measure
     r["memory_pressure"] = m
     r["capacity_bytes"] = 4 * GIB
     if status != "ok":
@@ -260,6 +262,26 @@ def test_written_tables_show_values_failures_and_missing_keys(sweep_dir, tmp_pat
     runs = pd.read_parquet(paths["runs.parquet"])
     assert len(runs) == 20 and runs["micro_batch_size"].isna().sum() == 2
     assert len(pd.read_csv(paths["iterations.csv"])) == 34
+
+
+def test_modeled_ideal_is_labelled(tmp_path):
+    root = tmp_path / "sweepM"
+    wl = dict(batch=4, seq=64, micro=1)
+    write_run(root, "ideal", system="ideal", trial=0, tps=400, measure="modeled", **wl)
+    for t, v in enumerate([100, 104]):
+        write_run(root, f"mixed_{t}", system="teraio_mixed", trial=t, tps=v, **wl)
+    sweep = load_sweep(root)
+    s = agg.add_pct_of_ideal(agg.summarize_runs(sweep.runs))
+    mixed = row(s, system="teraio_mixed")
+    assert mixed["pct_of_ideal"] == pytest.approx(25.5) and mixed["ideal_measure"] == "modeled"
+    ax = fig7_throughput(sweep).axes[0]
+    hatched = {round(p.get_x() + p.get_width() / 2, 6): p.get_hatch() for p in gids(ax, "bar")}
+    assert hatched == {round(slot(0, 0, 2), 6): None, round(slot(0, 1, 2), 6): "//"}
+
+
+def test_cli_names_a_bad_dir(tmp_path):
+    with pytest.raises(SystemExit, match="is not a directory"):
+        main([str(tmp_path / "nope")])
 
 
 # ---- cost ------------------------------------------------------------------------------
