@@ -121,6 +121,22 @@ def add_pct_of_ideal(summary: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def pct_of_ideal_summary(best: pd.DataFrame) -> pd.DataFrame:
+    """Mean, min and max % of Ideal per (model, hardware, system) over the best-micro-batch
+    groups that ran ok (claims C2, C4, C5). ``best``: :func:`add_pct_of_ideal` of
+    :func:`select_best`. Columns: ``model``, ``hardware``, ``system``, ``n_points``,
+    ``mean``, ``min``, ``max`` (percent), ``ideal_measures`` (e.g. ``"measured"``)."""
+    v = best[(best["system"] != "ideal") & np.isfinite(best["pct_of_ideal"])]
+    rows = []
+    for (model, hw, system), g in v.groupby(["model", "hardware", "system"], dropna=False, sort=False):
+        rows.append({"model": model, "hardware": hw, "system": system, "n_points": len(g),
+                     "mean": g["pct_of_ideal"].mean(), "min": g["pct_of_ideal"].min(),
+                     "max": g["pct_of_ideal"].max(),
+                     "ideal_measures": "+".join(sorted(g["ideal_measure"].dropna().unique()))})
+    cols = ["model", "hardware", "system", "n_points", "mean", "min", "max", "ideal_measures"]
+    return sort_groups(pd.DataFrame(rows, columns=cols)) if rows else pd.DataFrame(columns=cols)
+
+
 def speedups(best: pd.DataFrame) -> pd.DataFrame:
     """Speedup of each TeraIO variant over each ZeRO baseline, per (``COMPARE_KEYS``), from
     the best-micro-batch groups of :func:`select_best`.

@@ -220,6 +220,16 @@ def test_speedups_exact(sweep_dir):
     assert both["max"] == pytest.approx(93 / 52.5)
 
 
+def test_pct_of_ideal_summary(sweep_dir):
+    best = agg.add_pct_of_ideal(agg.select_best(agg.summarize_runs(load_sweep(sweep_dir).runs)))
+    summ = agg.pct_of_ideal_summary(best)
+    mixed = row(summ, system="teraio_mixed")
+    assert mixed["n_points"] == 2
+    assert mixed["mean"] == pytest.approx((100 * 93 / 105 + 100 * 155 / 205) / 2)
+    assert row(summ, system="zero_offload")["n_points"] == 1     # its OOM point is left out
+    assert "ideal" not in set(summ["system"])
+
+
 def test_iteration_summary_exact(sweep_dir):
     its = agg.summarize_iterations(load_sweep(sweep_dir).iterations)
     mixed = row(its, system="teraio_mixed", batch_size=4)
@@ -255,7 +265,7 @@ def test_written_tables_show_values_failures_and_missing_keys(sweep_dir, tmp_pat
     assert f"{93 / 52.5:.2f}×" in sp and "ZeRO-Offload failed (oom×2)" in sp
     mem = paths["tables/memory.md"].read_text()
     assert "180.00" in mem and "75.0" in mem          # M = 180 %, peak 3 GiB of 4 GiB
-    for name in ("stalls", "bytes", "speedup_summary", "cost", "cost_saving",
+    for name in ("stalls", "bytes", "speedup_summary", "pct_of_ideal_summary", "cost", "cost_saving",
                  "cost_efficiency", "migration_bandwidth"):
         assert paths[f"tables/{name}.md"].stat().st_size > 0
         assert paths[f"tables/{name}.tex"].stat().st_size > 0
