@@ -3,7 +3,6 @@ numbers; figures are written with the expected bars and lines; pandas 3 + seabor
 split grouped data correctly."""
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
