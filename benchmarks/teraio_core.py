@@ -23,6 +23,8 @@ from pathlib import Path
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from the repo root
+
 GiB = 1 << 30
 LLAMA3_8B = {"name": "llama3_8b", "family": "llama3", "dim": 4096, "n_layers": 32, "n_heads": 32,
              "n_kv_heads": 8, "vocab_size": 128256, "multiple_of": 1024, "ffn_dim_multiplier": 1.3,
@@ -119,12 +121,8 @@ def main() -> None:
     ap.add_argument("--measure", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=400.0)
     ap.add_argument("--overhead-steps", type=int, default=0, help="0: skip the overhead measurement")
-    ap.add_argument("--overhead-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.overhead_only:
-        (args.out / "overhead.json").write_text(json.dumps(overhead(args)))
-        return
     Path(args.ssd_dir).mkdir(parents=True, exist_ok=True)
     summary = {"command": " ".join(shlex.quote(a) for a in sys.argv), "systems": {}}
     for system in args.systems.split(","):
@@ -137,14 +135,9 @@ def main() -> None:
         summary["systems"][system]["iterations"] = r.get("iterations")
         print(system, r.get("status"), r.get("tokens_per_s"), flush=True)
         (args.out / "teraio_core.json").write_text(json.dumps(summary, indent=1))
-    if args.overhead_steps:
-        subprocess.run([sys.executable, __file__, "--out", str(args.out), "--overhead-only",
-                        "--layers", str(args.layers), "--seq", str(args.seq),
-                        "--overhead-steps", str(args.overhead_steps)], check=False)
-        try:
-            summary["dispatch_overhead"] = json.loads((args.out / "overhead.json").read_text())
-        except OSError:
-            summary["dispatch_overhead"] = None
+    if args.overhead_steps:  # last, in this process: the workers have released the GPU
+        summary["dispatch_overhead"] = overhead(args)
+        (args.out / "teraio_core.json").write_text(json.dumps(summary, indent=1))
     ideal = summary["systems"].get("ideal", {})
 
     def step_losses(r):
