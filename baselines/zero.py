@@ -1,0 +1,343 @@
+"""DeepSpeed ZeRO baselines (PAPER.md §4): ``zero_offload`` and ``zero_infinity``.
+
+- ``zero_offload``: ZeRO stage 2 (or 3) with the optimizer state and step on the host
+  (``offload_optimizer.device: cpu``, DeepSpeedCPUAdam in AdamW mode).
+- ``zero_infinity``: ZeRO stage 3 with parameters and optimizer state on NVMe
+  (``offload_param``/``offload_optimizer.device: nvme``) through DeepSpeed's ``async_io``
+  op, under ``hardware.ssd_dirs[0]``.
+
+Both train the model of :func:`teraio.models.build_model` on the tokens of
+:func:`teraio.step.make_batch`, in FP32, with the workload's batch and micro-batch
+(gradient accumulation = batch / micro-batch / ranks), no activation checkpointing, and
+AdamW with the hyperparameters of :func:`teraio.step.make_optimizer`. The DeepSpeed
+config is generated from ``system.options`` (defaults: :data:`DEFAULTS`, mirrored in
+``conf/system/zero_*.yaml``; paper Table 4 plus what DeepSpeed 0.19.8 needs) and saved
+as ``<job dir>/deepspeed_config.json``.
+
+``system.options``:
+  ``stage``                  ZeRO stage: 2 or 3 for zero_offload, 3 for zero_infinity
+  ``offload_param``          zero_offload, stage 3 only: parameters in host memory too
+  ``pin_memory``             page-locked host buffers (Table 4: true)
+  ``param_persistence_threshold``   stage 3: parameters with fewer elements stay on the
+                             device (Table 4: 100K, DeepSpeed's default)
+  ``model_persistence_threshold``   stage 3: cap on the elements kept so; null is
+                             DeepSpeed's default sys.maxsize (Table 4)
+  ``prefetch_bucket_size``   stage 3 ``stage3_prefetch_bucket_size`` (elements); null is
+                             DeepSpeed's 5e7. zero_infinity's default 0: with NVMe
+                             parameter swapping, prefetching a bucket wider than the free
+                             swap buffers trips DeepSpeed's "No buffer available" assertion
+  ``nvme_path``              zero_infinity: swap directory; null is ``hardware.ssd_dirs[0]``
+                             (a per-run subdirectory is made there and removed afterwards)
+  ``param_buffer_count``     zero_infinity: parameter swap buffers (Table 4: 18)
+  ``param_buffer_size``      zero_infinity: elements per parameter buffer; null is the
+                             largest parameter's element count (Table 4: 300M/540M; it
+                             must hold the largest parameter)
+  ``optimizer_buffer_count`` zero_infinity: optimizer-state swap buffers (Table 4: 4)
+  ``pipeline_read``, ``pipeline_write``  zero_infinity: overlap optimizer-state swapping
+                             with the optimizer step (Table 4: true)
+  ``aio``                    zero_infinity: DeepSpeed's ``aio`` section (``block_size``
+                             bytes, ``queue_depth``, ``intra_op_parallelism`` threads —
+                             ``thread_count`` is ignored since DeepSpeed 0.16.4 —,
+                             ``single_submit``, ``overlap_events``). Parameters smaller than
+                             ``block_size`` bytes (and 1 MiB) stay in host memory.
+  ``ds_config``              dict deep-merged last into the generated config (any other
+                             DeepSpeed key; the JSON records the result)
+
+Not measured: DeepSpeed exposes neither stalls nor migration time nor bytes moved per
+iteration, so ``stall_count``, ``stall_seconds``, ``migration_seconds`` and the byte
+counts are null in every iteration.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from teraio.config import RunConfig
+from teraio.measure import apply_memory_cap, peak_memory, reset_peak_memory, timed
+from teraio.models import build_meta_model, build_model
+from teraio.step import make_batch, make_optimizer
+
+REPO = Path(__file__).resolve().parents[1]
+ZERO_SYSTEMS = ("zero_offload", "zero_infinity")
+CONFIG_FILE = "deepspeed_config.json"
+
+_COMMON = {"stage": 2, "pin_memory": True, "param_persistence_threshold": 100_000,
+           "model_persistence_threshold": None, "prefetch_bucket_size": None, "ds_config": {}}
+DEFAULTS: dict[str, dict] = {
+    "zero_offload": {**_COMMON, "offload_param": False},
+    "zero_infinity": {
+        **_COMMON, "stage": 3, "prefetch_bucket_size": 0, "nvme_path": None,
+        "param_buffer_count": 18, "param_buffer_size": None, "optimizer_buffer_count": 4,
+        "pipeline_read": True, "pipeline_write": True,
+        "aio": {"block_size": 1 << 20, "queue_depth": 8, "intra_op_parallelism": 1,
+                "single_submit": False, "overlap_events": True}},
+}
+VALID_STAGES = {"zero_offload": (2, 3), "zero_infinity": (3,)}
+
+
+def use_extensions_dir() -> Path:
+    """Point ``TORCH_EXTENSIONS_DIR`` (where DeepSpeed JIT-builds its ops) at the project's
+    ``<repo>/.torch_extensions/<pyXY>_<cpu|cuXYZ>`` when unset, and return it. The torch
+    build tag keeps a CPU and a CUDA build of the same op apart (torch's own default
+    layout). ``scripts/build_ds_ops.py`` builds into the same place."""
+    if "TORCH_EXTENSIONS_DIR" not in os.environ:
+        cuda = torch.version.cuda
+        tag = f"py{sys.version_info.major}{sys.version_info.minor}_" + \
+              (f"cu{cuda.replace('.', '')}" if cuda else "cpu")
+        os.environ["TORCH_EXTENSIONS_DIR"] = str(REPO / ".torch_extensions" / tag)
+    return Path(os.environ["TORCH_EXTENSIONS_DIR"])
+
+
+def resolve_options(system: str, options: dict) -> dict:
+    """``options`` over :data:`DEFAULTS` (``aio`` merged key by key), validated.
+
+    Raises:
+        ValueError: unknown system or key, a stage the system does not run, a non-positive
+            buffer count, ``offload_param`` without stage 3.
+    """
+    if system not in DEFAULTS:
+        raise ValueError(f"system.name={system!r} is not a ZeRO system; valid: {ZERO_SYSTEMS}")
+    defaults = DEFAULTS[system]
+    unknown = sorted(set(options) - set(defaults))
+    if unknown:
+        raise ValueError(f"system.options: unknown key(s) {unknown} for {system}; "
+                         f"valid: {sorted(defaults)}")
+    opts = {**copy.deepcopy(defaults), **copy.deepcopy(dict(options))}
+    if "aio" in defaults:
+        bad = sorted(set(opts["aio"]) - set(defaults["aio"]))
+        if bad:
+            raise ValueError(f"system.options.aio: unknown key(s) {bad}; valid: {sorted(defaults['aio'])}"
+                             + (" (thread_count is ignored since DeepSpeed 0.16.4: use "
+                                "intra_op_parallelism)" if "thread_count" in bad else ""))
+        opts["aio"] = {**defaults["aio"], **opts["aio"]}
+    if opts["stage"] not in VALID_STAGES[system]:
+        raise ValueError(f"system.options.stage={opts['stage']!r}; {system} runs ZeRO stage "
+                         f"{' or '.join(map(str, VALID_STAGES[system]))}")
+    if opts.get("offload_param") and opts["stage"] != 3:
+        raise ValueError("system.options.offload_param=true needs stage 3 "
+                         f"(got stage={opts['stage']}): ZeRO-2 keeps parameters on the device")
+    for key in ("param_buffer_count", "optimizer_buffer_count"):
+        if key in opts and not (isinstance(opts[key], int) and opts[key] > 0):
+            raise ValueError(f"system.options.{key}={opts[key]!r}; must be a positive int")
+    if not isinstance(opts["ds_config"], dict):
+        raise ValueError(f"system.options.ds_config={opts['ds_config']!r}; must be a mapping")
+    return opts
+
+
+def adamw_hyperparameters(lr: float) -> dict:
+    """lr, betas, eps, weight_decay of :func:`teraio.step.make_optimizer`, read from the
+    torch optimizer itself so the two cannot drift apart."""
+    d = make_optimizer(nn.Linear(1, 1), lr).defaults
+    return {"lr": d["lr"], "betas": list(d["betas"]), "eps": d["eps"],
+            "weight_decay": d["weight_decay"]}
+
+
+def _deep_merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def deepspeed_config(cfg: RunConfig, opts: dict, largest_param_numel: int, world_size: int = 1,
+                     nvme_path: str | None = None) -> dict:
+    """The DeepSpeed JSON config for ``cfg`` with resolved ``opts`` (see the module doc).
+
+    Args:
+        largest_param_numel: element count of the largest parameter (sizes the NVMe
+            parameter buffers).
+        world_size: data-parallel ranks; the global batch is split evenly among them.
+        nvme_path: zero_infinity's swap directory.
+
+    Raises:
+        ValueError: the batch does not split into micro-batches over the ranks, or
+            ``param_buffer_size`` is below ``largest_param_numel``.
+    """
+    w = cfg.workload
+    if w.batch_size % (w.micro_batch_size * world_size):
+        raise ValueError(f"workload.batch_size={w.batch_size} is not a multiple of "
+                         f"micro_batch_size x ranks = {w.micro_batch_size} x {world_size}")
+    stage = opts["stage"]
+    zero: dict = {"stage": stage, "offload_optimizer": {"device": "cpu", "pin_memory": opts["pin_memory"]}}
+    if stage == 3:
+        zero.update(stage3_param_persistence_threshold=opts["param_persistence_threshold"],
+                    stage3_model_persistence_threshold=opts["model_persistence_threshold"] or sys.maxsize)
+        if opts["prefetch_bucket_size"] is not None:
+            zero["stage3_prefetch_bucket_size"] = opts["prefetch_bucket_size"]
+        if opts.get("offload_param"):
+            zero["offload_param"] = {"device": "cpu", "pin_memory": opts["pin_memory"]}
+    ds: dict = {
+        "train_batch_size": w.batch_size,
+        "train_micro_batch_size_per_gpu": w.micro_batch_size,
+        "gradient_accumulation_steps": w.batch_size // (w.micro_batch_size * world_size),
+        # FP32 throughout (paper §4.1): no fp16/bf16 section.
+        "optimizer": {"type": "AdamW", "params": adamw_hyperparameters(w.lr)},
+        "gradient_clipping": 0.0,
+        "zero_optimization": zero,
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+    if cfg.system.name == "zero_infinity":
+        buffer_size = opts["param_buffer_size"] or largest_param_numel
+        if buffer_size < largest_param_numel:
+            raise ValueError(f"system.options.param_buffer_size={buffer_size} is smaller than the "
+                             f"largest parameter ({largest_param_numel} elements); use >= "
+                             f"{largest_param_numel} or null")
+        zero["offload_optimizer"] = {
+            "device": "nvme", "nvme_path": nvme_path, "pin_memory": opts["pin_memory"],
+            "buffer_count": opts["optimizer_buffer_count"],
+            "pipeline_read": opts["pipeline_read"], "pipeline_write": opts["pipeline_write"]}
+        zero["offload_param"] = {
+            "device": "nvme", "nvme_path": nvme_path, "pin_memory": opts["pin_memory"],
+            "buffer_count": opts["param_buffer_count"], "buffer_size": buffer_size}
+        ds["aio"] = dict(opts["aio"])
+    return _deep_merge(ds, opts["ds_config"])
+
+
+def _check_swap_dir(path: Path) -> None:
+    if not path.is_dir():
+        raise ValueError(f"zero_infinity swap directory {path} does not exist "
+                         "(hardware.ssd_dirs[0] or system.options.nvme_path)")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"zero_infinity swap directory {path} is not writable")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _init_process_group(device: torch.device) -> bool:
+    """Initialise torch.distributed (nccl on CUDA, gloo on CPU) unless a launcher already
+    did; a lone process gets rank 0 of 1. Returns True if it initialised it here."""
+    if dist.is_initialized():
+        return False
+    for k, v in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("LOCAL_RANK", "0"),
+                 ("WORLD_SIZE", "1")):
+        os.environ.setdefault(k, v)
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+    return True
+
+
+def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> None:
+    """Train ``cfg`` with DeepSpeed ZeRO and fill ``result`` (schema: ``teraio.result``).
+
+    ``workload.warmup_steps`` untimed then ``workload.measure_steps`` timed iterations;
+    iteration ``s`` trains on ``make_batch(s, ...)``, each rank on its contiguous share of
+    the global batch. The loss is the mean over micro-batches (and ranks) of the
+    cross-entropy, as in :func:`teraio.step.train_step`. Peaks (bytes) cover all
+    iterations, after DeepSpeed's set-up; the emulated capacity
+    (``hardware.gpu_capacity_bytes``) is applied before DeepSpeed places anything on
+    the device.
+
+    Stage 2 builds the model on ``device`` (as Ideal does: same initial weights). Stage 3
+    builds it on the host and hands it to ``deepspeed.zero.Init``, which partitions and
+    offloads one parameter at a time, so the whole model never sits on the device (on a
+    GPU its initial weights are then a different draw from Ideal's, same distribution).
+
+    Side files: ``deepspeed_config.json`` (``result["artifacts"]["deepspeed_config"]``).
+
+    Raises:
+        ValueError: bad ``system.options`` or swap directory.
+        FloatingPointError: a non-finite loss.
+        torch.OutOfMemoryError: the (emulated) device ran out of memory.
+    """
+    opts = resolve_options(cfg.system.name, cfg.system.options)
+    w = cfg.workload
+    job_dir = Path(job_dir)
+    largest = max(p.numel() for p in build_meta_model(cfg.model, w.seq_len).parameters())
+    swap_dir = None
+    if cfg.system.name == "zero_infinity":
+        root = Path(opts["nvme_path"] or cfg.hardware.ssd_dirs[0])
+        _check_swap_dir(root)
+        swap_dir = root / f"zero-{job_dir.name}-{time.time_ns()}"
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    ds_config = deepspeed_config(cfg, opts, largest, world, str(swap_dir) if swap_dir else None)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / CONFIG_FILE).write_text(json.dumps(ds_config, indent=1))
+    result["artifacts"]["deepspeed_config"] = CONFIG_FILE
+
+    use_extensions_dir()
+    import deepspeed  # after TORCH_EXTENSIONS_DIR is set: its ops JIT-load from there
+
+    own_group = _init_process_group(device)
+    engine = None
+    try:
+        if swap_dir is not None:
+            swap_dir.mkdir()
+        if opts["stage"] == 3:
+            model = build_model(cfg.model, w.seq_len, "cpu", cfg.seed)
+            apply_memory_cap(cfg.hardware.gpu_capacity_bytes, device)
+            deepspeed.zero.Init(module=model, config_dict_or_path=ds_config)
+        else:
+            model = build_model(cfg.model, w.seq_len, device, cfg.seed)
+            apply_memory_cap(cfg.hardware.gpu_capacity_bytes, device)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=ds_config)
+        _train(engine, cfg, result, device, world)
+    finally:
+        if engine is not None:
+            engine.destroy()
+        if own_group:
+            dist.destroy_process_group()
+        if swap_dir is not None:
+            shutil.rmtree(swap_dir, ignore_errors=True)
+    result.update(capacity_bytes=cfg.hardware.gpu_capacity_bytes, kvikio_mode=None,
+                  unoffloaded_peak_bytes=None, memory_pressure=None)
+
+
+def _train(engine, cfg: RunConfig, result: dict, device: torch.device, world: int) -> None:
+    w = cfg.workload
+    rank = dist.get_rank()
+    per_rank = w.batch_size // world
+    rows = slice(rank * per_rank, (rank + 1) * per_rank)
+    n_micro = per_rank // w.micro_batch_size
+    engine.train()
+    reset_peak_memory(device)
+    losses = []
+    for step in range(w.warmup_steps + w.measure_steps):
+        inputs, labels = make_batch(step, w, cfg.model.vocab_size, cfg.seed, device)
+        inputs, labels = inputs[rows], labels[rows]
+        with timed(device) as t:
+            total = torch.zeros((), device=device)
+            for i in range(n_micro):
+                sl = slice(i * w.micro_batch_size, (i + 1) * w.micro_batch_size)
+                logits = engine(inputs[sl])
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), labels[sl].flatten())
+                engine.backward(loss)  # DeepSpeed scales by 1 / gradient_accumulation_steps
+                engine.step()  # steps the optimizer at the accumulation boundary only
+                total += loss.detach() / n_micro
+            if world > 1:
+                dist.all_reduce(total)
+                total /= world
+            loss = float(total)
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"step {step}: loss {loss}")
+        losses.append(loss)
+        if rank == 0:
+            print(f"step {step} {t['seconds']:.3f}s {w.tokens_per_step / t['seconds']:.1f} tokens/s "
+                  f"loss {loss:.6f}" + ("" if step >= w.warmup_steps else " (warm-up)"), flush=True)
+        if step >= w.warmup_steps:
+            result["iterations"].append({
+                "step": step, "seconds": t["seconds"], "tokens": w.tokens_per_step,
+                "tokens_per_s": w.tokens_per_step / t["seconds"], "loss": loss,
+                "stall_count": None, "stall_seconds": None, "migration_seconds": None,
+                "bytes_offloaded": {"ssd": None, "host": None},
+                "bytes_prefetched": {"ssd": None, "host": None}})
+    result["peak_allocated_bytes"], result["peak_reserved_bytes"] = peak_memory(device)
+    result["losses"] = losses
