@@ -1,0 +1,470 @@
+"""Lifetime-aware tensor migration planning (paper §3.2, Algorithm 1; PAPER.md §2.2).
+
+Given a profiled :class:`~teraio.trace.Trace` and a GPU capacity, choose which inactive
+periods of which tensors to offload (to SSD, or to host memory under a cap) and when, so
+that the predicted peak of live bytes fits the capacity while transfers hide behind
+compute. The result is a :class:`~teraio.plan.MigrationPlan`.
+
+Model
+-----
+* **Inactive periods.** For every tensor of at least ``min_tensor_bytes`` bytes (except
+  ``kind="input"`` storages, which are made outside the step and cannot be matched in a
+  later iteration), each gap between consecutive uses ``a = u_i`` and ``b = u_{i+1}`` with
+  ``b - a >= 2``; for a persistent tensor also the wrap-around gap from its last use to its
+  first use of the next iteration (paper §3.1: global tensors' periods may span two
+  iterations).
+* **Time.** Op k occupies ``[T[k], T[k+1])`` with ``T = trace.op_start_seconds()``; call
+  that interval *slot* k.
+* **Bandwidth timeline** (paper Fig. 6a), one per (tier, direction): a fluid model in
+  which slot k can carry ``BW * op_seconds[k]`` bytes, less what earlier chosen
+  migrations reserved there. An offload launched after op ``a`` fills the free capacity
+  slot by slot from slot ``a+1`` on (never reaching the needed op ``b``); op
+  ``free_before`` is the first op after the slot where it completes. A prefetch needed by
+  op ``b`` fills backward from slot ``b-1``; ``prefetch_before`` is the slot where it
+  starts. A candidate is *viable* if the freed window ``[free_before, prefetch_before)``
+  is non-empty. Choosing it reserves exactly the bytes it moves in each slot, so no slot
+  is ever reserved beyond its capacity.
+* **Memory.** ``M'`` starts as ``trace.live_bytes()``; a chosen migration subtracts its
+  bytes over its freed window. The greedy loop stops when ``max(M') <= capacity`` or when
+  no viable candidate with a positive benefit is left.
+
+Benefit (``benefit=``)
+----------------------
+The paper's prose and its Algorithm 1 disagree (PAPER.md §2.2, "Notes for
+re-implementers"):
+
+``"pressure"`` (default)
+    The prose: the time integral of the *reduction* of critical memory pressure (the
+    shaded area of Fig. 6b), ``sum_k min(s, max(0, M'[k] - C)) * tau_k`` over the freed
+    window, ranked by benefit / cost with cost = offload time + prefetch time
+    (``s / BW_write + s / BW_read`` of the tier) in seconds. It is the default because it
+    is what the text defines and motivates, and because it stops crediting bytes that
+    no longer reduce the excess: once ``M'`` is close to ``C`` in a region, a huge
+    tensor earns no more than the excess it actually removes, so the planner does not
+    spend bandwidth on offloads that buy nothing.
+``"formula"``
+    Algorithm 1 lines 8 and 11 as printed: ``B = s * sum(tau_k for critical k in the
+    window)``, ranked by ``B / s``, i.e. by the critical time the window covers.
+
+Tiers
+-----
+SSD first (paper §3.2). For each candidate both options are evaluated on their own
+timelines: SSD (``ssd_write`` / ``ssd_read``) and, when ``host_cap_bytes > 0``, host
+memory (``host_d2h`` / ``host_h2d``). Host memory is used only when its window gives a
+strictly larger benefit than the SSD window, which happens when the SSD timeline is
+saturated around the period (its offload completes later / its prefetch must start
+earlier), and only if the host copy fits: host bytes in use, counted over every op of
+the inactive period (from the offload's launch to the op that needs the tensor back),
+never exceed ``host_cap_bytes``. TeraIO-SSD is ``host_cap_bytes=0``; TeraIO-Mixed a
+positive cap. ``use_ssd=False`` plans for host memory only.
+
+Speed
+-----
+Lazy greedy: every candidate's score (benefit / cost) can only fall as the plan grows
+(``M'`` only falls, windows only shrink as bandwidth fills, host room only shrinks), so a
+score computed earlier is an upper bound. Accepting a migration changes state only inside
+its own inactive period, so only candidates whose periods overlap it go stale. Each round
+re-scores stale candidates in vectorized batches, highest bound first, until none can
+beat the best fresh score; ties go to the lowest candidate index, so the result is the
+same as re-scoring everything every round. Window ends come from ``searchsorted`` on
+prefix sums of free bandwidth over a doubled (cyclic) timeline, benefits from prefix sums
+of the benefit density. About 1-3 s for a 10k-op trace on one CPU core.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+from teraio.plan import Migration, MigrationPlan
+from teraio.trace import Trace
+
+BENEFITS: tuple[str, ...] = ("pressure", "formula")
+CHANNELS: tuple[str, ...] = ("ssd_write", "ssd_read", "host_d2h", "host_h2d")
+# (offload channel, prefetch channel) of each tier.
+TIER_CHANNELS: dict[str, tuple[str, str]] = {"ssd": ("ssd_write", "ssd_read"),
+                                             "host": ("host_d2h", "host_h2d")}
+_GB = 1e9
+
+
+@dataclasses.dataclass(frozen=True)
+class TierBandwidth:
+    """Migration bandwidth per GPU, GB/s (1e9 bytes/s), per tier and direction.
+
+    ``ssd_write_gbps`` / ``ssd_read_gbps`` are the aggregate over the GPU's drives
+    (GPU->SSD offload, SSD->GPU prefetch); ``host_d2h_gbps`` / ``host_h2d_gbps`` the
+    GPU<->pinned host memory copies.
+
+    Raises:
+        ValueError: a bandwidth that is not a positive finite number.
+    """
+
+    ssd_write_gbps: float
+    ssd_read_gbps: float
+    host_d2h_gbps: float
+    host_h2d_gbps: float
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if not (isinstance(v, (int, float)) and np.isfinite(v) and v > 0):
+                raise ValueError(f"TierBandwidth.{f.name}={v!r}; must be a positive number of GB/s")
+
+    @classmethod
+    def uniform(cls, gbps: float) -> "TierBandwidth":
+        """Every tier and direction at ``gbps`` GB/s (the roofline's single bandwidth)."""
+        return cls(gbps, gbps, gbps, gbps)
+
+    @classmethod
+    def from_hardware(cls, hw) -> "TierBandwidth":
+        """From a :class:`~teraio.config.HardwareConfig`: SSD bandwidths are per drive there,
+        so they are multiplied by the number of drives (``len(hw.ssd_dirs)``)."""
+        n = len(hw.ssd_dirs)
+        return cls(hw.ssd_write_gbps * n, hw.ssd_read_gbps * n, hw.host_d2h_gbps, hw.host_h2d_gbps)
+
+    def bytes_per_second(self, channel: str) -> float:
+        return getattr(self, f"{channel}_gbps") * _GB
+
+
+@dataclasses.dataclass
+class Periods:
+    """Inactive periods as arrays ``[n_periods]``: tensor id, bytes, last use ``a`` and
+    next use ``b`` unrolled so that ``a < b <= a + n_ops`` (a wrapping period has
+    ``b >= n_ops``)."""
+
+    tid: np.ndarray
+    nbytes: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+
+
+def inactive_periods(trace: Trace, min_tensor_bytes: int = 1 << 20) -> Periods:
+    """The candidate inactive periods of ``trace`` (see the module docstring).
+
+    A gap needs at least one op strictly between the two uses (``b - a >= 2``).
+    """
+    n = trace.n_ops
+    tid, nb, a, b = [], [], [], []
+    for t in trace.tensors:
+        if t.nbytes < max(1, min_tensor_bytes) or t.kind == "input":
+            continue
+        u = np.asarray(t.uses, dtype=np.int64)
+        lo, hi = u[:-1], u[1:]
+        if t.persistent:
+            lo = np.append(lo, u[-1])
+            hi = np.append(hi, u[0] + n)
+        keep = hi - lo >= 2
+        k = int(keep.sum())
+        if k:
+            tid.append(np.full(k, t.tid))
+            nb.append(np.full(k, t.nbytes))
+            a.append(lo[keep])
+            b.append(hi[keep])
+    cat = (lambda xs: np.concatenate(xs).astype(np.int64)) if tid else (lambda xs: np.zeros(0, np.int64))
+    return Periods(cat(tid), cat(nb), cat(a), cat(b))
+
+
+class _Channel:
+    """Free capacity (bytes) per op slot of one (tier, direction), with a prefix sum over
+    the doubled (cyclic) timeline: ``prefix[i] = free[0 mod n] + ... + free[(i-1) mod n]``."""
+
+    def __init__(self, bytes_per_s: float, op_seconds: np.ndarray):
+        self.n = len(op_seconds)
+        self.capacity = bytes_per_s * op_seconds
+        self.free = self.capacity.copy()
+        self._prefix: np.ndarray | None = None
+
+    @property
+    def prefix(self) -> np.ndarray:
+        if self._prefix is None:
+            self._prefix = np.concatenate([[0.0], np.cumsum(np.concatenate([self.free, self.free]))])
+        return self._prefix
+
+    def offload_end(self, start: int, nbytes: float) -> int:
+        """Unrolled index of the slot after the one where ``nbytes`` launched at slot
+        ``start`` completes (``free_before``); may exceed ``2n`` if it never completes."""
+        p = self.prefix
+        return int(np.searchsorted(p, p[start] + nbytes, side="left"))
+
+    def prefetch_start(self, end: int, nbytes: float) -> int:
+        """Unrolled slot where a transfer of ``nbytes`` that must finish by the start of
+        slot ``end`` starts (``prefetch_before``); negative if it cannot fit."""
+        p = self.prefix
+        return int(np.searchsorted(p, p[end] - nbytes, side="right")) - 1
+
+    def _take(self, lo: int, hi: int) -> None:
+        for s, e in _cyclic_slices(lo, hi, self.n):
+            self.free[s:e] = 0.0
+
+    def reserve_offload(self, start: int, nbytes: float) -> int:
+        end = self.offload_end(start, nbytes)
+        last = end - 1
+        used_before = self.prefix[last] - self.prefix[start]
+        self._take(start, last)
+        self.free[last % self.n] = max(0.0, self.free[last % self.n] - (nbytes - used_before))
+        self._prefix = None
+        return end
+
+    def reserve_prefetch(self, end: int, nbytes: float) -> int:
+        start = self.prefetch_start(end, nbytes)
+        used_after = self.prefix[end] - self.prefix[start + 1]
+        self._take(start + 1, end)
+        self.free[start % self.n] = max(0.0, self.free[start % self.n] - (nbytes - used_after))
+        self._prefix = None
+        return start
+
+    @property
+    def reserved(self) -> np.ndarray:
+        return self.capacity - self.free
+
+
+def _cyclic_slices(lo: int, hi: int, n: int) -> list[tuple[int, int]]:
+    """Unrolled ``[lo, hi)`` (``0 <= lo <= hi``, ``hi - lo <= n``) as slices of ``[0, n)``."""
+    if hi <= lo:
+        return []
+    s, e = lo % n, (hi - 1) % n + 1
+    return [(s, e)] if s < e else [(s, n), (0, e)]
+
+
+class _Planner:
+    """The greedy loop's state: bandwidth timelines, ``M'`` (over a doubled timeline so a
+    window never needs splitting), host occupancy, and per-candidate cached scores."""
+
+    def __init__(self, trace: Trace, capacity: int, tiers: TierBandwidth, host_cap: int,
+                 benefit: str, use_ssd: bool, periods: Periods):
+        self.n = n = trace.n_ops
+        self.capacity = capacity
+        self.host_cap = host_cap
+        self.benefit = benefit
+        self.tiers = [t for t, on in (("ssd", use_ssd), ("host", host_cap > 0)) if on]
+        self.channels = {c: _Channel(tiers.bytes_per_second(c), trace.op_seconds) for c in CHANNELS}
+        self.cost_per_byte = {t: sum(1.0 / tiers.bytes_per_second(c) for c in TIER_CHANNELS[t])
+                              for t in TIER_CHANNELS}
+        self.live = trace.live_bytes().astype(np.int64)
+        self.live2 = np.concatenate([self.live, self.live])
+        self.tau2 = np.concatenate([trace.op_seconds, trace.op_seconds])
+        self.host2 = np.zeros(2 * n, dtype=np.int64)  # host bytes held, doubled timeline
+        self.s, self.a, self.b, self.p_tid = periods.nbytes, periods.a, periods.b, periods.tid
+        self._prefix_cache: dict[int, np.ndarray] = {}
+
+    # ---- scoring (vectorized over candidates) -------------------------------------------
+    def _benefit_prefix(self, size: int) -> np.ndarray:
+        """Prefix sums over the doubled timeline of the per-op benefit density of a tensor
+        of ``size`` bytes (bytes*s for "pressure", s for "formula")."""
+        key = size if self.benefit == "pressure" else -1
+        q = self._prefix_cache.get(key)
+        if q is None:
+            excess = self.live2 - self.capacity
+            dens = (np.clip(excess, 0, size) if self.benefit == "pressure" else excess > 0) * self.tau2
+            q = self._prefix_cache[key] = np.concatenate([[0.0], np.cumsum(dens)])
+        return q
+
+    def _options(self, tier: str, idx: np.ndarray):
+        """Window ends (unrolled), benefit, score and viability of ``tier`` for candidates ``idx``."""
+        s, st, b = self.s[idx], self.a[idx] + 1, self.b[idx]
+        wr, rd = (self.channels[c] for c in TIER_CHANNELS[tier])
+        pw, pr = wr.prefix, rd.prefix
+        f = np.searchsorted(pw, pw[st] + s, side="left")
+        p = np.searchsorted(pr, pr[b] - s, side="right") - 1
+        ok = (f < b) & (p > f)
+        if tier == "host" and ok.any() and int(self.host2.max()) + int(s.max()) > self.host_cap:
+            i = np.flatnonzero(ok)
+            held = np.maximum.reduceat(self.host2, np.ravel([st[i], b[i]], order="F"))[::2]
+            ok[i] = held + s[i] <= self.host_cap
+        ben = np.zeros(len(idx))
+        for size in np.unique(s[ok]):
+            m = ok & (s == size)
+            q = self._benefit_prefix(int(size))
+            ben[m] = q[p[m]] - q[f[m]]
+        if self.benefit == "formula":
+            ben *= s
+        ok &= ben > 0
+        per = s * self.cost_per_byte[tier] if self.benefit == "pressure" else s.astype(np.float64)
+        return ok, f, p, ben, np.where(ok, ben / per, 0.0)
+
+    def evaluate(self, idx: np.ndarray):
+        """For candidates ``idx``: (upper bound on every future score, chosen tier index
+        into ``self.tiers`` or -1, free_before, prefetch_before (unrolled), chosen score).
+
+        Tier rule: SSD unless the host window's benefit is strictly larger."""
+        opts = [self._options(t, idx) for t in self.tiers]
+        bound = np.max([o[4] for o in opts], axis=0)
+        choice = np.where(opts[0][0], 0, -1)
+        if len(opts) == 2:
+            host_better = opts[1][0] & (~opts[0][0] | (opts[1][3] > opts[0][3]))
+            choice = np.where(host_better, 1, choice)
+        host = choice == 1
+        f = np.where(host, opts[-1][1], opts[0][1])
+        p = np.where(host, opts[-1][2], opts[0][2])
+        score = np.where(choice >= 0, np.where(host, opts[-1][4], opts[0][4]), 0.0)
+        return bound, choice, f, p, score
+
+    # ---- choosing -----------------------------------------------------------------------
+    def accept(self, c: int, tier: str) -> tuple[int, int]:
+        s, a, b = int(self.s[c]), int(self.a[c]), int(self.b[c])
+        wr, rd = (self.channels[ch] for ch in TIER_CHANNELS[tier])
+        f = wr.reserve_offload(a + 1, s)
+        p = rd.reserve_prefetch(b, s)
+        for lo, hi in _cyclic_slices(f, p, self.n):
+            self.live[lo:hi] -= s
+            self.live2[lo:hi] -= s
+            self.live2[lo + self.n:hi + self.n] -= s
+        if tier == "host":
+            for lo, hi in _cyclic_slices(a + 1, b, self.n):
+                self.host2[lo:hi] += s
+                self.host2[lo + self.n:hi + self.n] += s
+        self._prefix_cache.clear()
+        return f, p
+
+    def _overlapping(self, c: int) -> np.ndarray:
+        """Candidates whose inactive period shares an op with candidate c's: the only ones
+        whose scores accepting c can change (all its effects lie inside its period)."""
+        lo, hi = self.a[c] + 1, self.b[c]
+        clo, chi = self.a + 1, self.b
+        return ((clo < hi) & (lo < chi)) | ((clo < hi - self.n) & (lo - self.n < chi)) | \
+               ((clo < hi + self.n) & (lo + self.n < chi))
+
+    def run(self, trace: Trace) -> tuple[list[Migration], dict]:
+        N = len(self.s)
+        everything = np.arange(N)
+        bound, choice, fwin, pwin, score = self.evaluate(everything)
+        evaluations = N
+        alive = bound > 0
+        fresh = np.ones(N, dtype=bool)
+        migrations: list[Migration] = []
+        while int(self.live.max()) > self.capacity:
+            usable = alive & fresh & (choice >= 0)
+            best = float(score[usable].max()) if usable.any() else 0.0
+            batch = 64
+            while True:
+                ids = np.flatnonzero(alive & ~fresh & (bound >= best))
+                if not ids.size:
+                    break
+                if ids.size > batch:
+                    ids = ids[np.argpartition(-bound[ids], batch)[:batch]]
+                bound[ids], choice[ids], fwin[ids], pwin[ids], score[ids] = self.evaluate(ids)
+                evaluations += ids.size
+                fresh[ids] = True
+                alive[ids] = bound[ids] > 0
+                if (choice[ids] >= 0).any():
+                    best = max(best, float(score[ids].max()))
+                batch *= 2
+            usable = alive & fresh & (choice >= 0)
+            if not usable.any():
+                break
+            c = int(np.flatnonzero(usable)[np.argmax(score[usable])])
+            tier = self.tiers[int(choice[c])]
+            f, p = self.accept(c, tier)
+            assert (f, p) == (fwin[c], pwin[c]), "accepted a stale window"
+            t = trace.tensors[int(self.p_tid[c])]
+            migrations.append(Migration(
+                tid=t.tid, name=t.name, nbytes=t.nbytes, tier=tier,
+                offload_after=int(self.a[c]), free_before=f % self.n, prefetch_before=p % self.n,
+                needed_by=int(self.b[c]) % self.n))
+            alive[c] = False
+            fresh &= ~self._overlapping(c)
+        stop = "fits" if int(self.live.max()) <= self.capacity else "no_viable_candidate"
+        return migrations, {"n_candidates": N, "evaluations": int(evaluations), "stop_reason": stop}
+
+
+def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
+                    benefit: str = "pressure", min_tensor_bytes: int = 1 << 20,
+                    use_ssd: bool = True) -> MigrationPlan:
+    """Algorithm 1 (paper §3.2): a migration plan that brings ``trace``'s peak live bytes
+    under ``capacity_bytes`` while hiding transfers behind compute.
+
+    Args:
+        trace: the profiled iteration.
+        capacity_bytes: GPU memory available to the tensors of the trace, bytes.
+        tiers: migration bandwidths, GB/s.
+        host_cap_bytes: most host memory the plan may hold at once, bytes (0: SSD only,
+            TeraIO-SSD; > 0: TeraIO-Mixed).
+        benefit: ``"pressure"`` (default, the paper's prose) or ``"formula"`` (Algorithm 1
+            as printed); see the module docstring.
+        min_tensor_bytes: smaller tensors are never migrated, bytes.
+        use_ssd: False plans for host memory only.
+
+    Returns:
+        the plan, migrations in the order chosen. If the peak cannot be brought under
+        capacity, ``plan.predicted_peak_bytes > capacity_bytes`` and
+        ``plan.shortfall_bytes`` says by how much (also in ``plan.meta``).
+
+    Raises:
+        ValueError: non-positive capacity, negative host cap, unknown benefit, or no tier
+            to migrate to (``use_ssd=False`` with ``host_cap_bytes=0``).
+    """
+    if not isinstance(capacity_bytes, (int, np.integer)) or capacity_bytes <= 0:
+        raise ValueError(f"capacity_bytes={capacity_bytes!r}; must be a positive int (bytes)")
+    if host_cap_bytes < 0:
+        raise ValueError(f"host_cap_bytes={host_cap_bytes!r}; must be >= 0 bytes")
+    if benefit not in BENEFITS:
+        raise ValueError(f"benefit={benefit!r}; valid: {BENEFITS}")
+    if not use_ssd and host_cap_bytes == 0:
+        raise ValueError("use_ssd=False with host_cap_bytes=0 leaves no tier to migrate to")
+    if min_tensor_bytes < 0:
+        raise ValueError(f"min_tensor_bytes={min_tensor_bytes!r}; must be >= 0")
+    t0 = time.perf_counter()
+    capacity_bytes = int(capacity_bytes)
+    baseline = trace.peak_bytes()
+    periods = inactive_periods(trace, min_tensor_bytes)
+    planner = _Planner(trace, capacity_bytes, tiers, int(host_cap_bytes), benefit, use_ssd, periods)
+    if baseline > capacity_bytes:
+        migrations, stats = planner.run(trace)
+    else:
+        migrations, stats = [], {"n_candidates": len(periods.tid), "evaluations": 0, "stop_reason": "fits"}
+    predicted = int(planner.live.max()) if trace.n_ops else 0
+    meta = {
+        "planner": "teraio.planner/1", "benefit": benefit,
+        "tiers_gbps": dataclasses.asdict(tiers), "host_cap_bytes": int(host_cap_bytes),
+        "use_ssd": use_ssd, "min_tensor_bytes": int(min_tensor_bytes),
+        "shortfall_bytes": max(0, predicted - capacity_bytes), **stats,
+        "compile_seconds": time.perf_counter() - t0,
+    }
+    return MigrationPlan(n_ops=trace.n_ops, capacity_bytes=capacity_bytes, baseline_peak_bytes=baseline,
+                         predicted_peak_bytes=predicted, migrations=migrations, meta=meta)
+
+
+def predicted_live_bytes(trace: Trace, plan: MigrationPlan) -> np.ndarray:
+    """int64 ``[n_ops]``: live bytes during each op with ``plan`` applied (``M'``): each
+    migration's bytes are off the GPU over its cyclic window ``[free_before,
+    prefetch_before)``.
+
+    Raises:
+        ValueError: the plan was made for a trace with another op count.
+    """
+    n = trace.n_ops
+    if plan.n_ops != n:
+        raise ValueError(f"plan is for {plan.n_ops} ops but the trace has {n}")
+    delta = np.zeros(n + 1, dtype=np.int64)
+    for m in plan.migrations:
+        lo, hi = m.free_before, m.prefetch_before
+        for s, e in _cyclic_slices(lo, hi if hi > lo else hi + n, n):
+            delta[s] -= m.nbytes
+            delta[e] += m.nbytes
+    return trace.live_bytes() + np.cumsum(delta[:-1])
+
+
+def reserved_bandwidth(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Replay ``plan``'s migrations, in plan order, on fresh bandwidth timelines.
+
+    Returns:
+        channel name (``CHANNELS``) -> (reserved bytes per op slot, capacity bytes per op
+        slot), float64 ``[n_ops]`` each: the planned bandwidth use (paper Fig. 8 / 10(2)
+        as planned rather than measured).
+
+    Raises:
+        ValueError: a migration's op indices are not what the fluid model gives for it
+            (the plan was made with other bandwidths or for another trace).
+    """
+    n = trace.n_ops
+    chans = {c: _Channel(tiers.bytes_per_second(c), trace.op_seconds) for c in CHANNELS}
+    for m in plan.migrations:
+        a = m.offload_after
+        b = m.needed_by if m.needed_by > a else m.needed_by + n
+        wr, rd = (chans[c] for c in TIER_CHANNELS[m.tier])
+        f, p = wr.reserve_offload(a + 1, m.nbytes), rd.reserve_prefetch(b, m.nbytes)
+        if (f % n, p % n) != (m.free_before, m.prefetch_before):
+            raise ValueError(f"migration of {m.name!r} after op {a}: replay gives free_before {f % n}, "
+                             f"prefetch_before {p % n}; the plan says {m.free_before}, {m.prefetch_before}")
+    return {c: (ch.reserved, ch.capacity) for c, ch in chans.items()}

@@ -1,0 +1,272 @@
+"""Planner (Algorithm 1) on hand-made traces with known answers (issue 2, acceptance 5)."""
+import numpy as np
+import pytest
+
+from teraio.plan import MigrationPlan, cyclic_between
+from teraio.planner import (TierBandwidth, _Planner, inactive_periods, plan_migrations, predicted_live_bytes,
+                            reserved_bandwidth)
+from teraio.synth import layered_trace
+from teraio.trace import TensorRecord, Trace
+
+GB = 10**9
+BASE = 10 * GB  # a persistent tensor used by every op: sets the floor of live bytes
+
+
+def make_trace(n_ops: int, tensors: list[tuple], op_seconds=1.0) -> Trace:
+    """tensors: (name, nbytes, persistent, uses); plus the BASE tensor touching every op."""
+    recs = [TensorRecord(0, "param:base", BASE, "param", True, list(range(n_ops)))]
+    for name, nbytes, persistent, uses in tensors:
+        kind = "param" if persistent else "activation"
+        recs.append(TensorRecord(len(recs), name, nbytes, kind, persistent, list(uses)))
+    secs = np.full(n_ops, op_seconds) if np.isscalar(op_seconds) else np.asarray(op_seconds, float)
+    return Trace([f"op{k}" for k in range(n_ops)], secs, recs)
+
+
+def host_held(trace: Trace, plan: MigrationPlan) -> np.ndarray:
+    """Host bytes held at each op, from the plan alone: a host copy exists from the
+    offload's launch through the op before the one that needs the tensor back."""
+    n = trace.n_ops
+    held = np.zeros(n, dtype=np.int64)
+    for m in plan.migrations:
+        if m.tier == "host":
+            for k in range(n):
+                if cyclic_between(k, (m.offload_after + 1) % n, m.needed_by, n):
+                    held[k] += m.nbytes
+    return held
+
+
+def test_long_inactive_period_is_chosen_over_short_one():
+    tr = make_trace(20, [("op0:out0", GB, False, [0, 19]),   # inactive over ops 1..18
+                         ("op5:out0", GB, False, [5, 9])])   # inactive over ops 6..8
+    plan = plan_migrations(tr, BASE + GB, TierBandwidth.uniform(1.0), host_cap_bytes=0)
+    assert plan.feasible
+    assert [(m.name, m.offload_after, m.free_before, m.prefetch_before, m.needed_by, m.tier)
+            for m in plan.migrations] == [("op0:out0", 0, 2, 18, 19, "ssd")]
+    assert plan.predicted_peak_bytes == BASE + GB
+    assert (predicted_live_bytes(tr, plan) == tr.live_bytes() - GB * ((np.arange(20) >= 2) & (np.arange(20) < 18))).all()
+
+
+def test_period_shorter_than_transfer_time_is_not_chosen():
+    # 2 GB at 1 GB/s needs 2 op-seconds each way; the gap has 3 ops: no room to free it.
+    tr = make_trace(6, [("op0:out0", 2 * GB, False, [0, 4])])
+    slow = plan_migrations(tr, BASE + GB, TierBandwidth.uniform(1.0), host_cap_bytes=0)
+    assert slow.migrations == []
+    # At 4 GB/s each transfer takes half an op: op 2 is freed.
+    fast = plan_migrations(tr, BASE + GB, TierBandwidth.uniform(4.0), host_cap_bytes=0)
+    assert [(m.free_before, m.prefetch_before) for m in fast.migrations] == [(2, 3)]
+
+
+def test_infeasible_capacity_reports_shortfall():
+    tr = make_trace(6, [("op0:out0", 2 * GB, False, [0, 4])])
+    plan = plan_migrations(tr, BASE + GB, TierBandwidth.uniform(1.0), host_cap_bytes=0)
+    assert not plan.feasible
+    assert plan.predicted_peak_bytes == BASE + 2 * GB
+    assert plan.shortfall_bytes == GB
+    assert plan.meta["shortfall_bytes"] == GB
+    assert plan.meta["stop_reason"] == "no_viable_candidate"
+
+
+def random_trace(seed: int, n_ops: int = 60, n_tensors: int = 40) -> Trace:
+    rng = np.random.default_rng(seed)
+    tensors = []
+    for i in range(n_tensors):
+        uses = sorted(set(rng.integers(0, n_ops, size=rng.integers(2, 5)).tolist()))
+        if len(uses) < 2:
+            uses = [uses[0], min(n_ops - 1, uses[0] + 5)]
+        tensors.append((f"op{uses[0]}:out{i}", int(rng.integers(5, 30)) * GB // 10, False, uses))
+    return make_trace(n_ops, tensors, op_seconds=rng.uniform(0.2, 2.0, n_ops))
+
+
+def transfer_slots(m, n):
+    """Unrolled op slots [lo, hi] the offload and the prefetch of m occupy."""
+    a = m.offload_after
+    f = m.free_before if m.free_before > a else m.free_before + n
+    p = m.prefetch_before if m.prefetch_before > a else m.prefetch_before + n
+    b = m.needed_by if m.needed_by > a else m.needed_by + n
+    return (a + 1, f - 1), (p, b - 1)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("host_cap", [0, 3 * GB])
+def test_no_slot_reserved_beyond_its_bandwidth(seed, host_cap):
+    tr = random_trace(seed)
+    tiers = TierBandwidth(2.0, 3.0, 5.0, 4.0)
+    peak = tr.peak_bytes()
+    plan = plan_migrations(tr, BASE + (peak - BASE) // 3, tiers, host_cap_bytes=host_cap)
+    assert len(plan.migrations) > 3
+    n = tr.n_ops
+    res = reserved_bandwidth(tr, plan, tiers)
+    for ch, (reserved, cap) in res.items():
+        assert (reserved <= cap * (1 + 1e-9) + 1e-3).all(), ch
+        tier = ch.split("_")[0]
+        moved = sum(m.nbytes for m in plan.migrations if m.tier == tier)
+        assert reserved.sum() == pytest.approx(moved, rel=1e-9)
+    # Independent of the planner's fluid model: the transfers that must fit inside any run
+    # of slots [l, r] cannot carry more bytes than the channel's capacity over that run.
+    for tier, (wr, rd) in {"ssd": ("ssd_write", "ssd_read"), "host": ("host_d2h", "host_h2d")}.items():
+        for ch, side in ((wr, 0), (rd, 1)):
+            cap = np.concatenate([res[ch][1], res[ch][1]])
+            spans = [(transfer_slots(m, n)[side], m.nbytes) for m in plan.migrations if m.tier == tier]
+            for l in range(2 * n):
+                for r in range(l, min(2 * n, l + n)):
+                    inside = sum(s for (lo, hi), s in spans if l <= lo and hi <= r)
+                    assert inside <= cap[l:r + 1].sum() * (1 + 1e-9) + 1e-3
+    # Windows lie strictly inside their inactive periods, and M' matches the plan.
+    for m in plan.migrations:
+        (olo, ohi), (plo, phi) = transfer_slots(m, n)
+        assert olo <= ohi < ohi + 1 < plo <= phi
+        assert not any(m.saves_at(u, n) for u in tr.tensors[m.tid].uses)
+    live = predicted_live_bytes(tr, plan)
+    assert live.max() == plan.predicted_peak_bytes
+    assert (live <= tr.live_bytes()).all()
+
+
+def host_cap_trace() -> Trace:
+    # Two overlapping 1 GB periods; SSD (0.5 GB/s) is too slow for either, host is not.
+    return make_trace(7, [("op0:out0", GB, False, [0, 4]), ("op1:out0", GB, False, [1, 5])])
+
+
+@pytest.mark.parametrize("host_cap, expected", [(GB, 1), (2 * GB, 2)])
+def test_host_bytes_never_exceed_cap(host_cap, expected):
+    tr = host_cap_trace()
+    tiers = TierBandwidth(0.5, 0.5, 10.0, 10.0)
+    plan = plan_migrations(tr, BASE + GB, tiers, host_cap_bytes=host_cap)
+    assert len(plan.migrations) == expected
+    assert all(m.tier == "host" for m in plan.migrations)
+    assert host_held(tr, plan).max() <= host_cap
+    ssd_only = plan_migrations(tr, BASE + GB, tiers, host_cap_bytes=0)
+    assert ssd_only.migrations == []
+
+
+def test_host_cap_holds_on_random_traces():
+    for seed in range(4):
+        tr = random_trace(seed, n_ops=50, n_tensors=30)
+        plan = plan_migrations(tr, BASE, TierBandwidth(0.5, 0.5, 8.0, 8.0), host_cap_bytes=2 * GB)
+        assert any(m.tier == "host" for m in plan.migrations)
+        assert host_held(tr, plan).max() <= 2 * GB
+
+
+def test_ssd_is_preferred_when_it_frees_as_much():
+    tr = make_trace(7, [("op0:out0", GB, False, [0, 4])])
+    plan = plan_migrations(tr, BASE, TierBandwidth(1.0, 1.0, 10.0, 10.0), host_cap_bytes=10 * GB)
+    assert [(m.tier, m.free_before, m.prefetch_before) for m in plan.migrations] == [("ssd", 2, 3)]
+
+
+def test_wrap_around_period_of_persistent_tensor():
+    # w is used by ops 3 and 4 only; the pressure is at ops 0-1 of the next iteration.
+    tr = make_trace(10, [("param:w", GB, True, [3, 4]), ("op0:out0", GB, False, [0, 1])])
+    periods = inactive_periods(tr)
+    assert list(zip(periods.a.tolist(), periods.b.tolist())) == [(4, 13)]  # unrolled into iteration 2
+    plan = plan_migrations(tr, BASE + GB, TierBandwidth.uniform(1.0), host_cap_bytes=0)
+    [m] = plan.migrations
+    assert (m.name, m.offload_after, m.free_before, m.prefetch_before, m.needed_by) == ("param:w", 4, 6, 2, 3)
+    assert m.wraps and m.offloaded_at_iteration_start(tr.n_ops)
+    assert plan.feasible
+    live = predicted_live_bytes(tr, plan)
+    assert live[0] == BASE + GB and live[2] == BASE + GB and live[6] == BASE
+
+
+def test_wrap_around_period_not_offloaded_at_iteration_start():
+    # Needed by op 0, so the prefetch lands before the iteration ends.
+    tr = make_trace(10, [("param:w", GB, True, [0, 4]), ("op6:out0", GB, False, [6, 8])])
+    plan = plan_migrations(tr, BASE + GB, TierBandwidth.uniform(1.0), host_cap_bytes=0)
+    [m] = [m for m in plan.migrations if m.name == "param:w"]
+    assert (m.offload_after, m.free_before, m.prefetch_before, m.needed_by) == (4, 6, 9, 0)
+    assert m.wraps and not m.offloaded_at_iteration_start(tr.n_ops)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("benefit", ["pressure", "formula"])
+def test_lazy_greedy_picks_what_full_rescoring_picks(seed, benefit):
+    tr = random_trace(seed, n_ops=50, n_tensors=40)
+    tiers, host_cap = TierBandwidth(2.0, 3.0, 5.0, 4.0), 3 * GB
+    cap = BASE + (tr.peak_bytes() - BASE) // 4
+    plan = plan_migrations(tr, cap, tiers, host_cap, benefit=benefit)
+    # Reference: re-score every remaining candidate every round.
+    ref = _Planner(tr, cap, tiers, host_cap, benefit, True, inactive_periods(tr))
+    alive = np.ones(len(ref.s), dtype=bool)
+    chosen = []
+    while ref.live.max() > cap:
+        _, choice, _, _, score = ref.evaluate(np.arange(len(ref.s)))
+        score = np.where(alive & (choice >= 0), score, 0.0)
+        if score.max() <= 0:
+            break
+        c = int(np.argmax(score))
+        f, p = ref.accept(c, ref.tiers[choice[c]])
+        alive[c] = False
+        chosen.append((int(ref.p_tid[c]), int(ref.a[c]), f % tr.n_ops, p % tr.n_ops, ref.tiers[choice[c]]))
+    assert len(chosen) > 3
+    assert [(m.tid, m.offload_after, m.free_before, m.prefetch_before, m.tier) for m in plan.migrations] == chosen
+
+
+def test_plan_json_round_trip(tmp_path):
+    tr = random_trace(3)
+    plan = plan_migrations(tr, BASE + GB, TierBandwidth(2.0, 3.0, 5.0, 4.0), host_cap_bytes=2 * GB)
+    assert plan.migrations
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    again = MigrationPlan.load(path)
+    assert again == plan
+    assert (predicted_live_bytes(tr, again) == predicted_live_bytes(tr, plan)).all()
+
+
+def test_benefit_variants_rank_differently():
+    # Excess of 1 GB over ops 4..10. A (4 GB) frees ops 5..8, B (1 GB) ops 6..8.
+    tr = make_trace(14, [("op0:out0", 4 * GB, False, [0, 13]), ("op4:out0", GB, False, [4, 10])])
+    cap = BASE + 4 * GB
+    formula = plan_migrations(tr, cap, TierBandwidth.uniform(1.0), 0, benefit="formula")
+    pressure = plan_migrations(tr, cap, TierBandwidth.uniform(1.0), 0, benefit="pressure")
+    # The formula ranks by critical time covered (A: 4 ops > B: 3 ops) ...
+    assert formula.migrations[0].name == "op0:out0"
+    # ... the prose by pressure removed per second of transfer (A: 1 GB x 4 s / 8 s < B: 1 GB x 3 s / 2 s).
+    assert pressure.migrations[0].name == "op4:out0"
+    assert formula.meta["benefit"] == "formula" and pressure.meta["benefit"] == "pressure"
+
+
+def test_small_tensors_and_inputs_are_not_migrated():
+    tr = make_trace(12, [("op0:out0", GB // 2, False, [0, 11])])
+    assert plan_migrations(tr, BASE, TierBandwidth.uniform(8.0), 0, min_tensor_bytes=GB).migrations == []
+    assert plan_migrations(tr, BASE, TierBandwidth.uniform(8.0), 0, min_tensor_bytes=GB // 2).migrations
+    tr.tensors[1].kind = "input"
+    assert plan_migrations(tr, BASE, TierBandwidth.uniform(8.0), 0, min_tensor_bytes=1).migrations == []
+
+
+def test_plan_meta_and_fits_without_migrations():
+    tr = make_trace(5, [("op0:out0", GB, False, [0, 4])])
+    plan = plan_migrations(tr, BASE + GB, TierBandwidth(1.0, 2.0, 3.0, 4.0), host_cap_bytes=7)
+    assert plan.migrations == [] and plan.feasible and plan.baseline_peak_bytes == BASE + GB
+    m = plan.meta
+    assert m["benefit"] == "pressure" and m["host_cap_bytes"] == 7 and m["min_tensor_bytes"] == 1 << 20
+    assert m["tiers_gbps"] == {"ssd_write_gbps": 1.0, "ssd_read_gbps": 2.0, "host_d2h_gbps": 3.0,
+                               "host_h2d_gbps": 4.0}
+    assert m["compile_seconds"] >= 0
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(capacity_bytes=0), "capacity_bytes"),
+    (dict(benefit="area"), "benefit"),
+    (dict(host_cap_bytes=-1), "host_cap_bytes"),
+    (dict(use_ssd=False, host_cap_bytes=0), "no tier"),
+])
+def test_bad_arguments_are_named(kwargs, match):
+    args = dict(trace=make_trace(3, []), capacity_bytes=GB, tiers=TierBandwidth.uniform(1.0), host_cap_bytes=0)
+    with pytest.raises(ValueError, match=match):
+        plan_migrations(**{**args, **kwargs})
+
+
+def test_bad_bandwidth_is_named():
+    with pytest.raises(ValueError, match="ssd_read_gbps"):
+        TierBandwidth(1.0, 0.0, 1.0, 1.0)
+
+
+def test_plans_a_10k_op_trace():
+    """Perf sanity (no timing assert): a ~10k-op, ~6.7k-tensor layered trace plans, and
+    the plan keeps its invariants."""
+    tr = layered_trace(208, mm_seconds=20e-3)
+    assert tr.n_ops > 10_000 - 100 and len(tr.tensors) > 5_000
+    tiers = TierBandwidth.uniform(64.0)
+    plan = plan_migrations(tr, tr.peak_bytes() // 2, tiers, host_cap_bytes=0)
+    assert plan.feasible and len(plan.migrations) > 1000
+    assert predicted_live_bytes(tr, plan).max() == plan.predicted_peak_bytes
+    for reserved, cap in reserved_bandwidth(tr, plan, tiers).values():
+        assert (reserved <= cap * (1 + 1e-9) + 1e-3).all()
