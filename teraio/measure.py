@@ -77,3 +77,15 @@ def environment_facts(device: torch.device) -> dict:
                                         "hydra-core", "pandas", "seaborn")},
         },
     }
+
+
+def param_digest(model: torch.nn.Module) -> str:
+    """SHA-256 over the bytes of every parameter, in ``named_parameters`` order: equal digests
+    mean bit-identical weights (used to check that offloading changed no bit of training)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, p in model.named_parameters():
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()

@@ -30,7 +30,7 @@ import torch
 
 from teraio.config import RunConfig
 from teraio.engine import MigrationEngine
-from teraio.measure import apply_memory_cap, peak_memory, reset_peak_memory, synchronize, timed
+from teraio.measure import apply_memory_cap, param_digest, peak_memory, reset_peak_memory, synchronize, timed
 from teraio.models import build_model
 from teraio.planner import TierBandwidth, plan_migrations
 from teraio.profiler import persistent_tensors, profile_step
@@ -189,6 +189,7 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
         engine.close()
         _remove_job_dirs(tiers)
     result["losses"] = losses
+    result["final_params_sha256"] = param_digest(model)
     _write_logs(engine, trace, job_dir, first_step=w.warmup_steps)
     result["artifacts"].update(oplog="oplog.csv", transfers="transfers.csv")
 
