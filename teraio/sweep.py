@@ -60,7 +60,7 @@ SSD_SYSTEMS = ("teraio_ssd", "teraio_mixed", "zero_infinity")
 KILL_GRACE_S = 10.0
 LOG_TAIL_LINES = 40
 
-console = Console(highlight=False, emoji=False)
+console = Console(highlight=False, emoji=False, soft_wrap=True)
 
 
 # ---------------------------------------------------------------- config → RunConfig

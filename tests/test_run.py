@@ -1,0 +1,83 @@
+"""The worker (teraio.run): every outcome of a runner becomes a row with the right status."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from teraio import run as worker
+from teraio.config import run_config_from_dict
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = {"name": "llama3_tiny", "dim": 64, "n_layers": 1, "n_heads": 4, "n_kv_heads": 2,
+        "vocab_size": 128, "multiple_of": 32}
+
+
+def cfg(system: str = "ideal"):
+    return run_config_from_dict({"model": TINY, "system": {"name": system},
+                                 "workload": {"batch_size": 2, "micro_batch_size": 1, "seq_len": 16,
+                                              "warmup_steps": 1, "measure_steps": 2}})
+
+
+def raising(exc: BaseException):
+    def runner(cfg, job_dir, result, device):
+        raise exc
+    return runner
+
+
+@pytest.mark.parametrize("exc,status", [
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "oom"),
+    (RuntimeError("CUDA error: out of memory"), "oom"),
+    (RuntimeError("shape mismatch"), "error"),
+    (ValueError("bad option"), "error"),
+])
+def test_runner_failure_is_a_row_with_status_and_traceback(tmp_path, exc, status):
+    r = worker.run_point(cfg(), tmp_path, raising(exc))
+    assert r["status"] == status
+    assert str(exc) in r["error"] and "Traceback" in r["error"]
+    assert r["point"]["system"] == "ideal" and r["finished_at"] and r["wall_seconds"] >= 0
+
+
+def test_runner_that_measures_nothing_is_an_error(tmp_path):
+    r = worker.run_point(cfg(), tmp_path, lambda *a: None)
+    assert r["status"] == "error" and "measured no iteration" in r["error"]
+
+
+def test_totals_are_summarised_from_iterations(tmp_path):
+    def runner(cfg, job_dir, result, device):
+        result["iterations"] += [{"step": s, "seconds": 2.0, "tokens": 100, "tokens_per_s": 50.0,
+                                  "loss": 1.0, "stall_count": s, "stall_seconds": 0.5}
+                                 for s in (1, 2)]
+    r = worker.run_point(cfg(), tmp_path, runner)
+    assert r["status"] == "ok" and r["error"] is None
+    assert r["tokens_per_s"] == 50.0 and r["stall_count"] == 3 and r["stall_seconds"] == 1.0
+
+
+def test_unknown_runner_module_names_what_is_missing(monkeypatch):
+    monkeypatch.setitem(worker.RUNNER_MODULES, "teraio_ssd", "teraio.no_such_engine")
+    with pytest.raises(RuntimeError, match="TeraIO engine not available|runner teraio.no_such_engine not available"):
+        worker.load_runner("teraio_ssd")
+    with pytest.raises(ValueError, match="valid"):
+        worker.load_runner("nope")
+
+
+def test_every_system_has_a_runner_module():
+    from teraio.config import SYSTEMS
+    assert set(worker.RUNNER_MODULES) == set(SYSTEMS)
+
+
+def test_worker_cli_writes_result_json(tmp_path):
+    resolved = tmp_path / "resolved.yaml"
+    resolved.write_text(yaml.safe_dump(cfg().to_dict()))
+    p = subprocess.run([sys.executable, "-m", "teraio.run", str(resolved)], cwd=REPO,
+                       capture_output=True, text=True, timeout=300,
+                       env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    assert p.returncode == 0, p.stderr
+    r = json.loads((tmp_path / "result.json").read_text())
+    assert r["status"] == "ok", r["error"]
+    assert len(r["iterations"]) == 2 and "tokens/s" in p.stdout and "loss" in p.stdout

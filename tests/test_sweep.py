@@ -1,0 +1,185 @@
+"""The sweep orchestrator (teraio.sweep): failed points become rows, reruns resume,
+nothing is overwritten, and a real Ideal point runs end to end.
+
+Most tests replace the worker by a small script (the ``TERAIO_WORKER_CMD`` test hook) whose
+behaviour per trial is scripted, so that a crash, a hang and an OOM cost no training; the
+last test runs the real worker.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from teraio.config import load_run_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A worker that writes rows with the real teraio.result code, acting per trial as
+# $FAKE_PLAN says: ok | oom | crash (exit 3, no row) | sleep (hang until killed).
+FAKE_WORKER = '''
+import json, os, sys, time
+from pathlib import Path
+from teraio.config import load_run_config
+from teraio.result import empty_result, summarize_iterations, write_result
+resolved = Path(sys.argv[1])
+cfg = load_run_config(resolved)
+(resolved.parent / "pid").write_text(str(os.getpid()))
+with open(resolved.parent / "calls", "a") as f:
+    f.write("call\\n")
+action = json.loads(os.environ["FAKE_PLAN"]).get(str(cfg.trial), "ok")
+print(f"fake worker trial {cfg.trial}: {action}", flush=True)
+if action == "crash":
+    sys.exit(3)
+if action == "sleep":
+    time.sleep(120)
+row = empty_result(cfg.point(), cfg.to_dict())
+if action == "oom":
+    row.update(status="oom", error="torch.OutOfMemoryError: CUDA out of memory (scripted)")
+else:
+    row["iterations"] = [{"step": 0, "seconds": 0.5, "tokens": 100, "tokens_per_s": 200.0,
+                          "loss": 1.0, "stall_count": 0, "stall_seconds": 0.0}]
+    summarize_iterations(row)
+    row["status"] = "ok"
+write_result(resolved.parent / "result.json", row)
+'''
+
+
+@pytest.fixture
+def fake_worker(tmp_path):
+    script = tmp_path / "fake_worker.py"
+    script.write_text(FAKE_WORKER)
+    return f"{sys.executable} {script}"
+
+
+def sweep_cmd(runs: Path, *overrides: str) -> list[str]:
+    return [sys.executable, "-m", "teraio.sweep", "+experiment=smoke", "system=ideal",
+            f"sweep.runs_dir={runs}", "sweep.analyze=false", *overrides]
+
+
+def sweep_env(plan: dict, worker: str | None) -> dict:
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "FAKE_PLAN": json.dumps(plan), "PYTHONPATH": path}
+    if worker:
+        env["TERAIO_WORKER_CMD"] = worker
+    return env
+
+
+def run_sweep(runs: Path, plan: dict, worker: str | None, *overrides: str,
+              timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(sweep_cmd(runs, *overrides), cwd=REPO, env=sweep_env(plan, worker),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def job_dir(runs: Path, trial: int) -> Path:
+    return runs / "smoke" / f"llama3_tiny-ideal-cpu_ci-bs4-mb2-seq64-t{trial}"
+
+
+def calls(runs: Path, trial: int) -> int:
+    p = job_dir(runs, trial) / "calls"
+    return len(p.read_text().splitlines()) if p.exists() else 0
+
+
+def row(runs: Path, trial: int) -> dict:
+    return json.loads((job_dir(runs, trial) / "result.json").read_text())
+
+
+def pid_alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (Linux /proc)."""
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
+def test_failed_points_become_rows_and_rerun_resumes_without_overwriting(tmp_path, fake_worker):
+    runs = tmp_path / "runs"
+    plan = {"0": "ok", "1": "crash", "2": "sleep", "3": "oom"}
+    p = run_sweep(runs, plan, fake_worker, "trial=0,1,2,3", "timeout_s=2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert [row(runs, t)["status"] for t in range(4)] == ["ok", "error", "timeout", "oom"]
+    assert "exit code 3" in row(runs, 1)["error"] and "fake worker trial 1: crash" in row(runs, 1)["error"]
+    assert "timeout_s=2" in row(runs, 2)["error"]
+    assert "out of memory" in row(runs, 3)["error"]
+    for t in range(4):  # every row carries its point and the config it ran
+        r = row(runs, t)
+        assert r["point"]["trial"] == t and r["config"]["trial"] == t
+        assert load_run_config(job_dir(runs, t) / "resolved.yaml").trial == t
+    assert "fake worker trial 0: ok" in (job_dir(runs, 0) / "worker.log").read_text()
+    ok_bytes = (job_dir(runs, 0) / "result.json").read_bytes()
+    failed = {t: (job_dir(runs, t) / "result.json").read_bytes() for t in (1, 2, 3)}
+
+    p = run_sweep(runs, {}, fake_worker, "trial=0,1,2,3", "timeout_s=2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "skip (ok)" in p.stdout
+    assert [calls(runs, t) for t in range(4)] == [1, 2, 2, 2]  # only the failed ones ran again
+    assert (job_dir(runs, 0) / "result.json").read_bytes() == ok_bytes
+    assert not (job_dir(runs, 0) / "result.1.json").exists()
+    for t in (1, 2, 3):  # the earlier failure is kept as history, the new row is ok
+        assert row(runs, t)["status"] == "ok"
+        assert (job_dir(runs, t) / "result.1.json").read_bytes() == failed[t]
+
+    p = run_sweep(runs, {}, fake_worker, "trial=0,1,2,3")
+    assert p.stdout.count("skip (ok)") == 4 and [calls(runs, t) for t in range(4)] == [1, 2, 2, 2]
+
+
+def test_killed_sweep_runs_only_missing_points_on_restart(tmp_path, fake_worker):
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen(sweep_cmd(runs, "trial=0,1,2"), cwd=REPO,
+                            env=sweep_env({"1": "sleep"}, fake_worker),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 60
+        while calls(runs, 1) == 0:  # trial 0 done, trial 1's worker hanging
+            assert time.time() < deadline and proc.poll() is None, "sweep never reached trial 1"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    worker_pid = int((job_dir(runs, 1) / "pid").read_text())
+    deadline = time.time() + 10
+    while pid_alive(worker_pid):  # the worker, in its own session, dies with the sweep
+        assert time.time() < deadline, "orphan worker outlived the killed sweep"
+        time.sleep(0.1)
+    assert row(runs, 0)["status"] == "ok"
+    assert not (job_dir(runs, 1) / "result.json").exists()  # its worker died with the sweep
+    assert not job_dir(runs, 2).exists()
+    ok_bytes = (job_dir(runs, 0) / "result.json").read_bytes()
+
+    p = run_sweep(runs, {}, fake_worker, "trial=0,1,2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert [calls(runs, t) for t in range(3)] == [1, 2, 1]
+    assert (job_dir(runs, 0) / "result.json").read_bytes() == ok_bytes
+    assert [row(runs, t)["status"] for t in range(3)] == ["ok"] * 3
+    rows = sorted(str(p.relative_to(runs)) for p in runs.rglob("result*.json"))
+    assert rows == [f"smoke/{job_dir(runs, t).name}/result.json" for t in range(3)]
+
+
+def test_worker_that_writes_nothing_and_exits_zero_is_an_error_row(tmp_path):
+    runs = tmp_path / "runs"
+    p = run_sweep(runs, {}, f"{sys.executable} -c pass", "trial=0")
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = row(runs, 0)
+    assert r["status"] == "error" and "without writing result.json" in r["error"]
+
+
+def test_ideal_point_end_to_end_with_the_real_worker(tmp_path):
+    runs = tmp_path / "runs"
+    p = run_sweep(runs, {}, None, "trial=0", "workload.warmup_steps=1", "workload.measure_steps=2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    r = row(runs, 0)
+    assert r["status"] == "ok", r["error"]
+    assert [i["step"] for i in r["iterations"]] == [1, 2]
+    assert all(i["tokens_per_s"] > 0 for i in r["iterations"])
+    assert r["versions"]["torch"] and r["finished_at"]
+    assert "loss" in p.stdout and "tokens/s" in p.stdout  # per-iteration lines streamed
+    resolved = yaml.safe_load((job_dir(runs, 0) / "resolved.yaml").read_text())
+    assert resolved == r["config"]
