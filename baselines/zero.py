@@ -293,8 +293,8 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
     finally:
         if engine is not None:
             engine.destroy()
-        if own_group:
-            dist.destroy_process_group()
+        if own_group:  # through deepspeed.comm, which also drops its cached groups
+            (deepspeed.comm if deepspeed.comm.is_initialized() else dist).destroy_process_group()
         if swap_dir is not None:
             shutil.rmtree(swap_dir, ignore_errors=True)
     result.update(capacity_bytes=cfg.hardware.gpu_capacity_bytes, kvikio_mode=None,

@@ -1,0 +1,217 @@
+"""DeepSpeed ZeRO baselines (baselines.zero) on CPU: generated config, option errors,
+training that follows plain torch's loss trajectory, and real NVMe swapping.
+
+The DeepSpeed runs need the JIT ops built (``python scripts/build_ds_ops.py``: minutes
+the first time, then cached); each run itself takes seconds.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from baselines import zero
+from teraio.config import HardwareConfig, ModelConfig, RunConfig, SystemConfig, WorkloadConfig
+from teraio.models import build_meta_model, build_model
+from teraio.result import write_result
+from teraio.run import run_point
+from teraio.step import make_batch, make_optimizer, train_step
+
+REPO = Path(__file__).resolve().parents[1]
+
+# dim 512: the attention and embedding matrices reach 1 MiB, the smallest size
+# DeepSpeed swaps to NVMe (aio block_size), so zero_infinity really swaps.
+MODEL = ModelConfig(name="tiny512", dim=512, n_layers=1, n_heads=4, vocab_size=2048, multiple_of=32)
+WORKLOAD = WorkloadConfig(batch_size=4, micro_batch_size=2, seq_len=32, warmup_steps=1,
+                          measure_steps=3, lr=1e-3)
+# DeepSpeedCPUAdam is a different (vectorised) AdamW kernel from torch's: its updates
+# differ from torch's in the last bits, so after a few steps the losses differ by ~1e-6.
+# The effect of training itself on these losses is ~1e-2 (checked below), so a 1e-4
+# tolerance tells "same training" from "different training" by two orders of magnitude.
+LOSS_ATOL = 1e-4
+
+
+def make_cfg(system: str, options: dict | None = None, ssd_dir: Path | str = "/nonexistent",
+             model: ModelConfig = MODEL) -> RunConfig:
+    return RunConfig(model=model, workload=WORKLOAD,
+                     system=SystemConfig(name=system, options=options or {}),
+                     hardware=HardwareConfig(ssd_dirs=[str(ssd_dir)]))
+
+
+def torch_losses(lr: float) -> list[float]:
+    """The shared step (teraio.step.train_step), as Ideal runs it, on CPU."""
+    w = WORKLOAD
+    model = build_model(MODEL, w.seq_len, "cpu", seed=0)
+    optimizer = make_optimizer(model, lr)
+    return [train_step(model, optimizer, *make_batch(s, w, MODEL.vocab_size, 0, "cpu"),
+                       w.micro_batch_size) for s in range(w.warmup_steps + w.measure_steps)]
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[float]:
+    trained, frozen = torch_losses(WORKLOAD.lr), torch_losses(0.0)
+    # Guard that the tolerance can fail: training moves these losses far more than it.
+    assert max(abs(a - b) for a, b in zip(trained, frozen)) > 50 * LOSS_ATOL
+    return trained
+
+
+# --- the generated DeepSpeed config ------------------------------------------------------
+
+def largest_param() -> int:
+    return max(p.numel() for p in build_meta_model(MODEL, WORKLOAD.seq_len).parameters())
+
+
+def test_offload_config_has_table4_keys_and_shared_hyperparameters():
+    opts = zero.resolve_options("zero_offload", {})
+    ds = zero.deepspeed_config(make_cfg("zero_offload"), opts, largest_param())
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"],
+            ds["gradient_accumulation_steps"]) == (4, 2, 2)
+    z = ds["zero_optimization"]
+    assert z["stage"] == 2
+    assert z["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert "offload_param" not in z
+    torch_defaults = torch.optim.AdamW([torch.zeros(1)], lr=1e-3).defaults
+    assert ds["optimizer"] == {"type": "AdamW", "params": {
+        "lr": 1e-3, "betas": list(torch_defaults["betas"]), "eps": torch_defaults["eps"],
+        "weight_decay": torch_defaults["weight_decay"]}}
+    assert ds["optimizer"]["params"]["weight_decay"] == 0.01
+    # FP32, no activation checkpointing, no clipping (as teraio.step.train_step)
+    assert not {"fp16", "bf16", "amp", "activation_checkpointing"} & set(ds)
+    assert ds["gradient_clipping"] == 0.0
+    json.dumps(ds)  # serialisable as is
+
+    stage3 = zero.deepspeed_config(make_cfg("zero_offload"), zero.resolve_options(
+        "zero_offload", {"stage": 3, "offload_param": True}), largest_param())["zero_optimization"]
+    assert stage3["offload_param"] == {"device": "cpu", "pin_memory": True}
+    assert stage3["stage3_param_persistence_threshold"] == 100_000
+    assert stage3["stage3_model_persistence_threshold"] == sys.maxsize
+
+
+def test_infinity_config_has_table4_keys(tmp_path):
+    opts = zero.resolve_options("zero_infinity", {})
+    ds = zero.deepspeed_config(make_cfg("zero_infinity"), opts, largest_param(), nvme_path=str(tmp_path))
+    z = ds["zero_optimization"]
+    assert z["stage"] == 3
+    assert z["offload_optimizer"] == {"device": "nvme", "nvme_path": str(tmp_path), "pin_memory": True,
+                                      "buffer_count": 4, "pipeline_read": True, "pipeline_write": True}
+    assert z["offload_param"] == {"device": "nvme", "nvme_path": str(tmp_path), "pin_memory": True,
+                                  "buffer_count": 18, "buffer_size": largest_param()}
+    assert z["stage3_param_persistence_threshold"] == 100_000
+    assert z["stage3_model_persistence_threshold"] == sys.maxsize
+    assert ds["aio"]["intra_op_parallelism"] == 1 and "thread_count" not in ds["aio"]
+    assert ds["aio"]["block_size"] == 1 << 20
+
+
+def test_options_override_and_ds_config_merges():
+    opts = zero.resolve_options("zero_infinity", {
+        "param_buffer_size": 10**9, "aio": {"intra_op_parallelism": 4},
+        "ds_config": {"zero_optimization": {"sub_group_size": 12345}, "wall_clock_breakdown": True}})
+    ds = zero.deepspeed_config(make_cfg("zero_infinity"), opts, largest_param(), nvme_path="/x")
+    assert ds["zero_optimization"]["offload_param"]["buffer_size"] == 10**9
+    assert ds["aio"]["intra_op_parallelism"] == 4 and ds["aio"]["queue_depth"] == 8
+    assert ds["zero_optimization"]["sub_group_size"] == 12345
+    assert ds["zero_optimization"]["stage"] == 3 and ds["wall_clock_breakdown"] is True
+
+
+@pytest.mark.parametrize("system", zero.ZERO_SYSTEMS)
+def test_conf_yaml_mirrors_defaults(system):
+    conf = yaml.safe_load((REPO / "conf" / "system" / f"{system}.yaml").read_text())
+    assert conf["name"] == system
+    assert conf["options"] == zero.DEFAULTS[system]
+
+
+@pytest.mark.parametrize("system,options,match", [
+    ("zero_offload", {"stag": 2}, r"unknown key\(s\) \['stag'\].*valid: .*'stage'"),
+    ("zero_offload", {"stage": 1}, r"stage=1.*stage 2 or 3"),
+    ("zero_infinity", {"stage": 2}, r"stage=2.*zero_infinity runs ZeRO stage 3"),
+    ("zero_offload", {"offload_param": True}, r"offload_param=true needs stage 3"),
+    ("zero_infinity", {"aio": {"thread_count": 4}}, r"thread_count is ignored.*intra_op_parallelism"),
+    ("zero_infinity", {"param_buffer_count": 0}, r"param_buffer_count=0; must be a positive int"),
+    ("zero_infinity", {"ds_config": [1]}, r"ds_config=\[1\]; must be a mapping"),
+    ("ideal", {}, r"'ideal' is not a ZeRO system"),
+])
+def test_bad_options_are_named(system, options, match):
+    with pytest.raises(ValueError, match=match):
+        zero.resolve_options(system, options)
+
+
+def test_too_small_param_buffer_is_named():
+    opts = zero.resolve_options("zero_infinity", {"param_buffer_size": 1000})
+    with pytest.raises(ValueError, match=rf"param_buffer_size=1000 .* >= {largest_param()}"):
+        zero.deepspeed_config(make_cfg("zero_infinity"), opts, largest_param(), nvme_path="/x")
+
+
+def test_batch_not_split_over_ranks_is_named():
+    with pytest.raises(ValueError, match=r"batch_size=4 is not a multiple of .* 2 x 3"):
+        zero.deepspeed_config(make_cfg("zero_offload"), zero.resolve_options("zero_offload", {}),
+                              largest_param(), world_size=3)
+
+
+def test_missing_swap_dir_fails_before_training(tmp_path):
+    cfg = make_cfg("zero_infinity", ssd_dir=tmp_path / "missing")
+    result = run_point(cfg, tmp_path / "job", runner=zero.run)
+    assert result["status"] == "error"
+    assert "swap directory" in result["error"] and "does not exist" in result["error"]
+    assert not (tmp_path / "job" / zero.CONFIG_FILE).exists()
+
+
+# --- training with DeepSpeed on CPU (gloo) ----------------------------------------------
+
+def check_row(result: dict, job_dir: Path, reference: list[float]) -> None:
+    assert result["status"] == "ok", result["error"]
+    its = result["iterations"]
+    assert [i["step"] for i in its] == [1, 2, 3]
+    for i in its:
+        assert i["tokens"] == WORKLOAD.tokens_per_step and i["seconds"] > 0
+        assert math.isclose(i["tokens_per_s"], i["tokens"] / i["seconds"])
+        assert math.isfinite(i["loss"])
+        assert i["stall_count"] is None and i["migration_seconds"] is None
+    assert result["tokens_per_s"] > 0 and result["stall_count"] is None
+    assert result["kvikio_mode"] is None
+    assert result["artifacts"]["deepspeed_config"] == zero.CONFIG_FILE
+    written = json.loads((job_dir / zero.CONFIG_FILE).read_text())
+    assert written["zero_optimization"]["stage"] == result["config"]["system"]["options"].get(
+        "stage", zero.DEFAULTS[result["point"]["system"]]["stage"])
+    assert result["losses"] == pytest.approx(reference, abs=LOSS_ATOL)
+    write_result(job_dir / "result.json", result)  # the row serialises
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_offload_follows_plain_torch(tmp_path, reference, stage):
+    cfg = make_cfg("zero_offload", {"stage": stage})
+    result = run_point(cfg, tmp_path, runner=zero.run)
+    check_row(result, tmp_path, reference)
+
+
+def test_zero_infinity_swaps_to_nvme_and_follows_plain_torch(tmp_path, reference, monkeypatch):
+    import deepspeed
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    seen: list[set[str]] = []
+    step = deepspeed.DeepSpeedEngine.step
+
+    def step_and_look(self, *args, **kwargs):
+        out = step(self, *args, **kwargs)
+        seen.append({str(p.relative_to(ssd)) for p in ssd.rglob("*.swp")})
+        return out
+
+    monkeypatch.setattr(deepspeed.DeepSpeedEngine, "step", step_and_look)
+    job = tmp_path / "job"
+    result = run_point(make_cfg("zero_infinity", ssd_dir=ssd), job, runner=zero.run)
+    check_row(result, job, reference)
+    assert len(seen) == 8  # 4 iterations x 2 micro-batches
+    files = seen[-1]
+    params = {f for f in files if "/zero_stage_3/float32params/rank0/" in f}
+    optimizer = {f for f in files if "/zero_stage_3/optimizer/rank0/" in f}
+    # every parameter of >= 1 MiB: tok_embeddings, output, wq, wk, wv, wo, w1, w2, w3
+    assert len(params) == 9, sorted(files)
+    assert optimizer, sorted(files)
+    assert all(f.startswith("zero-job-") for f in files)
+    assert not any(ssd.iterdir())  # the run's swap directory is removed afterwards
+    swap = json.loads((job / zero.CONFIG_FILE).read_text())["zero_optimization"]
+    assert swap["offload_param"]["nvme_path"].startswith(str(ssd / "zero-job-"))
