@@ -332,6 +332,7 @@ class _Planner:
         evaluations = N
         alive = bound > 0
         fresh = np.ones(N, dtype=bool)
+        self.taken = np.zeros(N, dtype=bool)
         migrations: list[Migration] = []
         while int(self.live.max()) > self.capacity:
             usable = alive & fresh & (choice >= 0)
@@ -363,14 +364,68 @@ class _Planner:
                 offload_after=int(self.a[c]), free_before=f % self.n, prefetch_before=p % self.n,
                 needed_by=int(self.b[c]) % self.n))
             alive[c] = False
+            self.taken[c] = True
             fresh &= ~self._overlapping(c)
         stop = "fits" if int(self.live.max()) <= self.capacity else "no_viable_candidate"
         return migrations, {"n_candidates": N, "evaluations": int(evaluations), "stop_reason": stop}
 
+    def run_exposed(self, trace: Trace) -> list[Migration]:
+        """Phase 2 (``allow_stalls``): with no hidden migration left and memory still over
+        capacity, free each remaining critical op anyway, as the paper's runtime does by
+        stalling. A migration's window spans the critical ops of its period (from the first
+        to the last), so its transfers run into waits the simulator charges. Host memory
+        is used when it fits (faster, so shorter stalls), else SSD. Ranked as in phase 1."""
+        n, N = self.n, len(self.s)
+        alive = ~self.taken
+        st, b, s = self.a + 1, self.b, self.s
+        pos = np.arange(2 * n)
+        migrations = []
+        while int(self.live.max()) > self.capacity:
+            crit = self.live2 > self.capacity
+            nxt = np.minimum.accumulate(np.where(crit, pos, 2 * n)[::-1])[::-1]
+            prv = np.maximum.accumulate(np.where(crit, pos, -1))
+            f, p = nxt[st], prv[b - 1] + 1
+            ok = alive & (f < b)
+            tier = np.full(N, -1)
+            if "host" in self.tiers and ok.any():
+                i = np.flatnonzero(ok)
+                held = np.maximum.reduceat(self.host2, np.ravel([st[i], b[i]], order="F"))[::2]
+                tier[i[held + s[i] <= self.host_cap]] = 1
+            if "ssd" in self.tiers:
+                tier[ok & (tier < 0)] = 0
+            ok &= tier >= 0
+            ben = np.zeros(N)
+            for size in np.unique(s[ok]):
+                m = ok & (s == size)
+                q = self._benefit_prefix(int(size))
+                ben[m] = q[p[m]] - q[f[m]]
+            per = np.where(tier == 1, self.cost_per_byte["host"], self.cost_per_byte["ssd"]) * s
+            score = np.where(ok & (ben > 0), ben / (per if self.benefit == "pressure" else s), 0.0)
+            if score.max() <= 0:
+                break
+            c = int(np.argmax(score))
+            name = "host" if tier[c] == 1 else "ssd"
+            fc, pc = int(f[c]), int(p[c])
+            for lo, hi in _cyclic_slices(fc, pc, n):
+                self.live[lo:hi] -= s[c]
+                self.live2[lo:hi] -= s[c]
+                self.live2[lo + n:hi + n] -= s[c]
+            if name == "host":
+                for lo, hi in _cyclic_slices(int(st[c]), int(b[c]), n):
+                    self.host2[lo:hi] += s[c]
+                    self.host2[lo + n:hi + n] += s[c]
+            self._prefix_cache.clear()
+            alive[c] = False
+            t = trace.tensors[int(self.p_tid[c])]
+            migrations.append(Migration(tid=t.tid, name=t.name, nbytes=t.nbytes, tier=name,
+                                        offload_after=int(self.a[c]), free_before=fc % n,
+                                        prefetch_before=pc % n, needed_by=int(b[c]) % n))
+        return migrations
+
 
 def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
                     benefit: str = "pressure", min_tensor_bytes: int = 1 << 20,
-                    use_ssd: bool = True) -> MigrationPlan:
+                    use_ssd: bool = True, allow_stalls: bool = False) -> MigrationPlan:
     """Algorithm 1 (paper §3.2): a migration plan that brings ``trace``'s peak live bytes
     under ``capacity_bytes`` while hiding transfers behind compute.
 
@@ -384,6 +439,11 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
             as printed); see the module docstring.
         min_tensor_bytes: smaller tensors are never migrated, bytes.
         use_ssd: False plans for host memory only.
+        allow_stalls: if no hidden migration is left and the peak is still over capacity,
+            add *exposed* migrations (windows that transfers cannot hide behind, so the
+            run stalls) until it fits (see ``_Planner.run_exposed``). They come last in
+            ``plan.migrations``; ``plan.meta["n_exposed"]`` counts them. Off by default:
+            the plan then only holds migrations Algorithm 1 deems viable.
 
     Returns:
         the plan, migrations in the order chosen. If the peak cannot be brought under
@@ -411,13 +471,20 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
     planner = _Planner(trace, capacity_bytes, tiers, int(host_cap_bytes), benefit, use_ssd, periods)
     if baseline > capacity_bytes:
         migrations, stats = planner.run(trace)
+        if allow_stalls and stats["stop_reason"] != "fits":
+            exposed = planner.run_exposed(trace)
+            migrations += exposed
+            stats["n_exposed"] = len(exposed)
+            stats["stop_reason"] = "fits_with_stalls" if int(planner.live.max()) <= capacity_bytes else \
+                "no_candidate_left"
     else:
         migrations, stats = [], {"n_candidates": len(periods.tid), "evaluations": 0, "stop_reason": "fits"}
     predicted = int(planner.live.max()) if trace.n_ops else 0
     meta = {
         "planner": "teraio.planner/1", "benefit": benefit,
         "tiers_gbps": dataclasses.asdict(tiers), "host_cap_bytes": int(host_cap_bytes),
-        "use_ssd": use_ssd, "min_tensor_bytes": int(min_tensor_bytes),
+        "use_ssd": use_ssd, "allow_stalls": allow_stalls, "min_tensor_bytes": int(min_tensor_bytes),
+        "n_exposed": 0,
         "shortfall_bytes": max(0, predicted - capacity_bytes), **stats,
         "compile_seconds": time.perf_counter() - t0,
     }
@@ -448,6 +515,8 @@ def predicted_live_bytes(trace: Trace, plan: MigrationPlan) -> np.ndarray:
 def reserved_bandwidth(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Replay ``plan``'s migrations, in plan order, on fresh bandwidth timelines.
 
+    Exposed migrations (``allow_stalls``) reserve nothing: they are not planned to hide.
+
     Returns:
         channel name (``CHANNELS``) -> (reserved bytes per op slot, capacity bytes per op
         slot), float64 ``[n_ops]`` each: the planned bandwidth use (paper Fig. 8 / 10(2)
@@ -459,7 +528,8 @@ def reserved_bandwidth(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth) 
     """
     n = trace.n_ops
     chans = {c: _Channel(tiers.bytes_per_second(c), trace.op_seconds) for c in CHANNELS}
-    for m in plan.migrations:
+    hidden = plan.migrations[:len(plan.migrations) - plan.meta.get("n_exposed", 0)]
+    for m in hidden:
         a = m.offload_after
         b = m.needed_by if m.needed_by > a else m.needed_by + n
         wr, rd = (chans[c] for c in TIER_CHANNELS[m.tier])

@@ -270,3 +270,25 @@ def test_plans_a_10k_op_trace():
     assert predicted_live_bytes(tr, plan).max() == plan.predicted_peak_bytes
     for reserved, cap in reserved_bandwidth(tr, plan, tiers).values():
         assert (reserved <= cap * (1 + 1e-9) + 1e-3).all()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_allow_stalls_appends_exposed_migrations(seed):
+    tr = random_trace(seed)
+    tiers = TierBandwidth.uniform(0.5)  # too slow to hide much
+    cap = BASE + (tr.peak_bytes() - BASE) // 3
+    strict = plan_migrations(tr, cap, tiers, host_cap_bytes=GB)
+    plan = plan_migrations(tr, cap, tiers, host_cap_bytes=GB, allow_stalls=True)
+    n_hidden = len(plan.migrations) - plan.meta["n_exposed"]
+    assert plan.meta["n_exposed"] > 0 and plan.migrations[:n_hidden] == strict.migrations
+    assert plan.predicted_peak_bytes < strict.predicted_peak_bytes
+    assert plan.meta["stop_reason"] in ("fits_with_stalls", "no_candidate_left")
+    assert plan.feasible == (plan.meta["stop_reason"] == "fits_with_stalls")
+    assert predicted_live_bytes(tr, plan).max() == plan.predicted_peak_bytes
+    assert host_held(tr, plan).max() <= GB
+    reserved_bandwidth(tr, plan, tiers)  # exposed migrations reserve nothing: the replay still matches
+    seen = {}
+    for m in plan.migrations:  # at most one migration per inactive period
+        key = (m.tid, m.offload_after)
+        assert key not in seen
+        seen[key] = m
