@@ -124,7 +124,7 @@ def find_sweeps(trace: Trace, n_layers: int) -> list[Sweep]:
         return (nid[a] == nid[b]) & (sig[a] == sig[b]) & same_kind
 
     labeled = np.flatnonzero(lab >= 0)
-    steps = []  # (x, period, d, first labeled op of the block before, last labeled op of it)
+    steps = []  # (first labeled op of the later block, period, direction, repeat mask)
     run_start = 0
     for i in range(1, len(labeled)):
         x, prev = labeled[i], labeled[i - 1]
