@@ -53,9 +53,10 @@ timelines: SSD (``ssd_write`` / ``ssd_read``) and, when ``host_cap_bytes > 0``, 
 memory (``host_d2h`` / ``host_h2d``). Host memory is used only when its window gives a
 strictly larger benefit than the SSD window, which happens when the SSD timeline is
 saturated around the period (its offload completes later / its prefetch must start
-earlier), and only if the host copy fits: host bytes in use, counted over every op of
-the inactive period (from the offload's launch to the op that needs the tensor back),
-never exceed ``host_cap_bytes``. TeraIO-SSD is ``host_cap_bytes=0``; TeraIO-Mixed a
+earlier), and only if the host copy fits: the host tier is one pinned pool allocated up
+front with a fixed slot per tensor (``teraio.storage.HostTier``), so the bytes of the
+distinct tensors placed on host memory never exceed ``host_cap_bytes`` (a tensor's later
+periods reuse its slot). TeraIO-SSD is ``host_cap_bytes=0``; TeraIO-Mixed a
 positive cap. ``use_ssd=False`` plans for host memory only.
 
 Speed
@@ -244,7 +245,11 @@ class _Planner:
         self.live = trace.live_bytes().astype(np.int64)
         self.live2 = np.concatenate([self.live, self.live])
         self.tau2 = np.concatenate([trace.op_seconds, trace.op_seconds])
-        self.host2 = np.zeros(2 * n, dtype=np.int64)  # host bytes held, doubled timeline
+        # The host tier is one pinned pool with a fixed slot per tensor, allocated up front
+        # (teraio.storage.HostTier), so host bytes are held for the whole run: one slot per
+        # distinct tensor, whatever its periods.
+        self.host_tids: set[int] = set()
+        self.host_held = 0
         self.s, self.a, self.b, self.p_tid = periods.nbytes, periods.a, periods.b, periods.tid
         self._prefix_cache: dict[int, np.ndarray] = {}
 
@@ -268,10 +273,8 @@ class _Planner:
         f = np.searchsorted(pw, pw[st] + s, side="left")
         p = np.searchsorted(pr, pr[b] - s, side="right") - 1
         ok = (f < b) & (p > f)
-        if tier == "host" and ok.any() and int(self.host2.max()) + int(s.max()) > self.host_cap:
-            i = np.flatnonzero(ok)
-            held = np.maximum.reduceat(self.host2, np.ravel([st[i], b[i]], order="F"))[::2]
-            ok[i] = held + s[i] <= self.host_cap
+        if tier == "host":
+            ok &= self.host_room(idx)
         ben = np.zeros(len(idx))
         for size in np.unique(s[ok]):
             m = ok & (s == size)
@@ -311,11 +314,20 @@ class _Planner:
             self.live2[lo:hi] -= s
             self.live2[lo + self.n:hi + self.n] -= s
         if tier == "host":
-            for lo, hi in _cyclic_slices(a + 1, b, self.n):
-                self.host2[lo:hi] += s
-                self.host2[lo + self.n:hi + self.n] += s
+            self.hold_on_host(c)
         self._prefix_cache.clear()
         return f, p
+
+    def host_room(self, idx: np.ndarray) -> np.ndarray:
+        """bool per candidate: its tensor has a host slot already, or one still fits the cap."""
+        has_slot = np.isin(self.p_tid[idx], np.fromiter(self.host_tids, dtype=np.int64))
+        return has_slot | (self.host_held + self.s[idx] <= self.host_cap)
+
+    def hold_on_host(self, c: int) -> None:
+        tid = int(self.p_tid[c])
+        if tid not in self.host_tids:
+            self.host_tids.add(tid)
+            self.host_held += int(self.s[c])
 
     def _overlapping(self, c: int) -> np.ndarray:
         """Candidates whose inactive period shares an op with candidate c's: the only ones
@@ -358,6 +370,8 @@ class _Planner:
             tier = self.tiers[int(choice[c])]
             f, p = self.accept(c, tier)
             assert (f, p) == (fwin[c], pwin[c]), "accepted a stale window"
+            if tier == "host":  # host room shrank for every candidate, not only overlapping ones
+                fresh &= choice != self.tiers.index("host")
             t = trace.tensors[int(self.p_tid[c])]
             migrations.append(Migration(
                 tid=t.tid, name=t.name, nbytes=t.nbytes, tier=tier,
@@ -389,8 +403,7 @@ class _Planner:
             tier = np.full(N, -1)
             if "host" in self.tiers and ok.any():
                 i = np.flatnonzero(ok)
-                held = np.maximum.reduceat(self.host2, np.ravel([st[i], b[i]], order="F"))[::2]
-                tier[i[held + s[i] <= self.host_cap]] = 1
+                tier[i[self.host_room(i)]] = 1
             if "ssd" in self.tiers:
                 tier[ok & (tier < 0)] = 0
             ok &= tier >= 0
@@ -411,9 +424,7 @@ class _Planner:
                 self.live2[lo:hi] -= s[c]
                 self.live2[lo + n:hi + n] -= s[c]
             if name == "host":
-                for lo, hi in _cyclic_slices(int(st[c]), int(b[c]), n):
-                    self.host2[lo:hi] += s[c]
-                    self.host2[lo + n:hi + n] += s[c]
+                self.hold_on_host(c)
             self._prefix_cache.clear()
             alive[c] = False
             t = trace.tensors[int(self.p_tid[c])]
@@ -433,8 +444,9 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
         trace: the profiled iteration.
         capacity_bytes: GPU memory available to the tensors of the trace, bytes.
         tiers: migration bandwidths, GB/s.
-        host_cap_bytes: most host memory the plan may hold at once, bytes (0: SSD only,
-            TeraIO-SSD; > 0: TeraIO-Mixed).
+        host_cap_bytes: most host memory the plan may use, bytes: the sum of the host slots
+            of the distinct tensors it places there (0: SSD only, TeraIO-SSD; > 0:
+            TeraIO-Mixed).
         benefit: ``"pressure"`` (default, the paper's prose) or ``"formula"`` (Algorithm 1
             as printed); see the module docstring.
         min_tensor_bytes: smaller tensors are never migrated, bytes.

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from teraio.plan import MigrationPlan, cyclic_between
+from teraio.plan import MigrationPlan
 from teraio.planner import (TierBandwidth, _Planner, inactive_periods, plan_migrations, predicted_live_bytes,
                             reserved_bandwidth)
 from teraio.synth import layered_trace
@@ -23,16 +23,10 @@ def make_trace(n_ops: int, tensors: list[tuple], op_seconds=1.0) -> Trace:
 
 
 def host_held(trace: Trace, plan: MigrationPlan) -> np.ndarray:
-    """Host bytes held at each op, from the plan alone: a host copy exists from the
-    offload's launch through the op before the one that needs the tensor back."""
-    n = trace.n_ops
-    held = np.zeros(n, dtype=np.int64)
-    for m in plan.migrations:
-        if m.tier == "host":
-            for k in range(n):
-                if cyclic_between(k, (m.offload_after + 1) % n, m.needed_by, n):
-                    held[k] += m.nbytes
-    return held
+    """Host bytes the plan needs: the host tier keeps one slot per distinct tensor for the
+    whole run (a pool allocated up front), so the same total at every op."""
+    held = sum({m.tid: m.nbytes for m in plan.migrations if m.tier == "host"}.values())
+    return np.full(trace.n_ops, held, dtype=np.int64)
 
 
 def test_long_inactive_period_is_chosen_over_short_one():
@@ -136,6 +130,16 @@ def test_host_bytes_never_exceed_cap(host_cap, expected):
     assert host_held(tr, plan).max() <= host_cap
     ssd_only = plan_migrations(tr, BASE + GB, tiers, host_cap_bytes=0)
     assert ssd_only.migrations == []
+
+
+def test_host_slots_are_not_shared_across_tensors():
+    # Two disjoint 1 GB periods of different tensors: in time they could share 1 GB of host
+    # memory, but the host pool holds a slot per tensor, so a 1 GB cap takes only one.
+    tr = make_trace(9, [("op0:out0", GB, False, [0, 4]), ("op4:out0", GB, False, [4, 8])])
+    tiers = TierBandwidth(0.5, 0.5, 10.0, 10.0)
+    assert len(plan_migrations(tr, BASE, tiers, host_cap_bytes=2 * GB).migrations) == 2
+    plan = plan_migrations(tr, BASE, tiers, host_cap_bytes=GB)
+    assert [m.tier for m in plan.migrations] == ["host"]
 
 
 def test_host_cap_holds_on_random_traces():
