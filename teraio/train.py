@@ -17,6 +17,9 @@ tokens at the same step):
   ``headroom_fraction``  fraction of the capacity kept out of the plan for allocator
                          rounding, fragmentation and workspaces (default 0.0 on CPU, 0.08 on CUDA)
   ``io_threads``         SSD tier I/O threads (default 4)
+  ``allow_stalls``       when bandwidth cannot hide enough migrations, still bring the peak
+                         under capacity with migrations the engine stalls for (paper §3.2:
+                         the runtime stalls kernels until memory is freed); default true
 """
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ class TeraIOOptions:
     min_tensor_bytes: int = 1 << 20
     headroom_fraction: float | None = None
     io_threads: int = 4
+    allow_stalls: bool = True
 
     @classmethod
     def from_dict(cls, d: dict) -> "TeraIOOptions":
@@ -148,7 +152,8 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
     host_cap = cfg.hardware.host_mem_cap_bytes if cfg.system.name == "teraio_mixed" else 0
     t0 = time.perf_counter()
     plan = plan_migrations(trace, plan_capacity, tier_bandwidth(cfg), host_cap_bytes=host_cap,
-                           benefit=opts.benefit, min_tensor_bytes=opts.min_tensor_bytes)
+                           benefit=opts.benefit, min_tensor_bytes=opts.min_tensor_bytes,
+                           allow_stalls=opts.allow_stalls)
     result["plan_compile_seconds"] = time.perf_counter() - t0
     plan.save(job_dir / "plan.json")
     result.update(unoffloaded_peak_bytes=unoffloaded_peak, capacity_bytes=capacity,
