@@ -51,7 +51,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.markup import escape
 
-from teraio.config import RunConfig, run_config_from_dict
+from teraio.config import ModelConfig, RunConfig, WorkloadConfig, run_config_from_dict
 from teraio.result import empty_result, read_status, write_result
 from teraio.run import iso_time
 
@@ -65,18 +65,42 @@ console = Console(highlight=False, emoji=False, soft_wrap=True)
 
 # ---------------------------------------------------------------- config → RunConfig
 
+def estimate_unoffloaded_peak_bytes(model: ModelConfig, workload: WorkloadConfig) -> int:
+    """Estimated peak device memory (bytes) of one training step with nothing offloaded:
+    FP32 weights, gradients and AdamW's two states (16 bytes per parameter, counted on
+    the meta-device model) plus one micro-batch's saved activations, about
+    (12·dim + 4·ffn_hidden) floats per token per layer, and three logits-sized buffers
+    (logits, log-softmax, their gradient). Attention is taken to save no seq² matrix
+    (SDPA's flash/efficient kernels on CUDA). An estimate: the measured peak of a run is
+    in its row (Ideal's ``peak_allocated_bytes``, TeraIO's ``unoffloaded_peak_bytes``).
+    """
+    from teraio.models import build_meta_model, count_parameters
+
+    net = build_meta_model(model, workload.seq_len)
+    ffn = max(m.out_features for name, m in net.named_modules() if name.endswith("feed_forward.w1"))
+    tokens = workload.micro_batch_size * workload.seq_len
+    activations = tokens * model.n_layers * (12 * model.dim + 4 * ffn) * 4
+    logits = 3 * tokens * model.vocab_size * 4
+    return 16 * count_parameters(net) + activations + logits
+
+
+def capacity_for_pressure(model: DictConfig, workload: DictConfig, m_percent: float) -> int:
+    """The GPU capacity (bytes) under which ``model`` at ``workload`` has memory pressure
+    M = ``m_percent`` % (paper Fig. 7: M = peak memory / capacity), from
+    :func:`estimate_unoffloaded_peak_bytes`."""
+    run = run_config_from_dict({"model": OmegaConf.to_container(model, resolve=True),
+                                "workload": OmegaConf.to_container(workload, resolve=True),
+                                "system": {"name": "ideal"}})
+    return int(estimate_unoffloaded_peak_bytes(run.model, run.workload) / (float(m_percent) / 100))
+
+
 def register_resolvers() -> None:
     """OmegaConf resolvers the experiment configs use:
 
     ``${gb:X}``        X GB (1e9 bytes) as an int of bytes
-    ``${div:A,B}``     A // B, refusing a remainder (e.g. micro-batch from tokens per micro-batch)
     ``${take:L,N}``    the first N items of list L (e.g. N of the SSD directories)
+    ``${capacity_for_pressure:MODEL,WORKLOAD,M}``  see :func:`capacity_for_pressure`
     """
-    def div(a: int, b: int) -> int:
-        if b <= 0 or a % b:
-            raise ValueError(f"${{div:{a},{b}}}: {a} is not a positive multiple of {b}")
-        return a // b
-
     def take(items, n: int):
         items = list(items)
         if not 0 < n <= len(items):
@@ -84,8 +108,8 @@ def register_resolvers() -> None:
         return items[:n]
 
     OmegaConf.register_new_resolver("gb", lambda x: int(round(float(x) * 1e9)), replace=True)
-    OmegaConf.register_new_resolver("div", div, replace=True)
     OmegaConf.register_new_resolver("take", take, replace=True)
+    OmegaConf.register_new_resolver("capacity_for_pressure", capacity_for_pressure, replace=True)
 
 
 def run_config(cfg: DictConfig) -> RunConfig:

@@ -1,0 +1,233 @@
+"""Configs under conf/ and the checks that run before any point does (teraio.sweep)."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from hydra import compose, initialize_config_dir
+from torchtitan.models.llama3 import llama3_args
+
+from teraio import sweep
+from teraio.config import SYSTEMS, ModelConfig, run_config_from_dict
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def hydra_conf():
+    sweep.register_resolvers()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        yield
+
+
+def points(experiment: str, *overrides: str) -> list:
+    """Every point of an experiment, composed as the sweep composes them."""
+    master = compose("config", overrides=[f"+experiment={experiment}", *overrides],
+                     return_hydra_config=True)
+    return [compose("config", overrides=list(job), return_hydra_config=True)
+            for job in sweep.job_overrides(master)]
+
+
+def subdir(point) -> str:
+    return str(point.hydra.sweep.subdir)
+
+
+def test_smoke_is_five_systems_times_two_trials_on_a_small_llama3(hydra_conf):
+    pts = points("smoke")
+    runs = [sweep.run_config(p) for p in pts]
+    assert sorted((r.system.name, r.trial) for r in runs) == sorted(
+        (s, t) for s in SYSTEMS for t in (0, 1))
+    assert {r.model.name for r in runs} == {"llama3_tiny"} and {r.hardware.device for r in runs} == {"cpu"}
+    assert len({subdir(p) for p in pts}) == len(pts) == 10
+    tiny = runs[0].model
+    assert tiny.dim <= 128 and tiny.n_layers == 2 and tiny.vocab_size == 512
+    assert all(Path(d).is_absolute() for r in runs for d in r.hardware.ssd_dirs)
+    options = {r.system.name: r.system.options for r in runs}
+    assert options["teraio_ssd"]["min_tensor_bytes"] == 4096  # sweep.system_options merged
+    assert options["ideal"] == {}
+
+
+PAPER_FIG7 = {  # PAPER.md §4, the Fig. 7 configurations (batch, seq) per model
+    "llama3_8b": {(32, 2048), (64, 2048), (128, 2048), (64, 1024), (64, 4096)},
+    "granite_8b": {(32, 4096), (64, 4096), (128, 4096), (64, 2048), (64, 8192)},
+    "llama3_70b": {(8, 2048), (16, 2048), (32, 2048), (16, 3072), (16, 4096)},
+}
+
+
+def test_fig7_runs_the_papers_configurations(hydra_conf):
+    pts = points("fig7", "trial=0", "system=ideal")
+    runs = [sweep.run_config(p) for p in pts]
+    got: dict[str, set] = {}
+    for r in runs:
+        got.setdefault(r.model.name, set()).add((r.workload.batch_size, r.workload.seq_len))
+        assert r.hardware.gpu_capacity_bytes == 94_000_000_000
+    assert got == PAPER_FIG7
+    assert len({subdir(p) for p in pts}) == 15
+
+
+def test_fig7_h200_caps_each_point_at_the_papers_pressure(hydra_conf):
+    pts = points("fig7_h200", "trial=0", "system=ideal", "model=llama3_8b_4l")
+    assert len(pts) == 5
+    for p in pts:
+        r = sweep.run_config(p)
+        m = p.fig7.points[r.model.name][p.fig7.point].paper_m
+        peak = sweep.estimate_unoffloaded_peak_bytes(r.model, r.workload)
+        assert r.hardware.gpu_capacity_bytes == int(peak / (m / 100))
+        assert r.hardware.gpu_capacity_bytes < 139 * 2**30 and peak < 139 * 2**30  # Ideal fits the H200
+        assert r.model.n_layers == 4 and r.model.dim == 4096
+
+
+def test_fig9_sweeps_host_memory_and_ssd_count_with_distinct_job_dirs(hydra_conf):
+    pts = points("fig9", "trial=0")
+    runs = [sweep.run_config(p) for p in pts]
+    assert len({subdir(p) for p in pts}) == len(pts) == 2 * 4 * 3
+    axes = {(r.model.name, r.hardware.host_mem_cap_bytes // 10**9, len(r.hardware.ssd_dirs)) for r in runs}
+    assert ("llama3_8b", 16, 2) in axes and ("llama3_70b", 1024, 4) in axes and len(axes) == 24
+    assert {r.system.name for r in runs} == {"teraio_mixed"}
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_into_valid_run_configs(hydra_conf, experiment):
+    for p in points(experiment, "trial=0", "system=teraio_mixed"):
+        sweep.run_config(p)
+
+
+@pytest.mark.parametrize("name,key", [("llama3_8b", "8B"), ("llama3_70b", "70B")])
+def test_llama3_configs_match_torchtitan(name, key):
+    d = yaml.safe_load((CONF / "model" / f"{name}.yaml").read_text())
+    ours, theirs = ModelConfig(**d), llama3_args[key]
+    for f in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "multiple_of",
+              "ffn_dim_multiplier", "norm_eps", "rope_theta"):
+        assert getattr(ours, f) == getattr(theirs, f), f
+    assert ours.family == "llama3" and ours.ffn_hidden_dim is None
+
+
+def test_system_configs_match_their_runners():
+    from baselines.zero import DEFAULTS, resolve_options
+    from teraio.train import TeraIOOptions
+    for name in SYSTEMS:
+        assert yaml.safe_load((CONF / "system" / f"{name}.yaml").read_text()).get("name") in (name, None)
+    for name in ("zero_offload", "zero_infinity"):
+        opts = yaml.safe_load((CONF / "system" / f"{name}.yaml").read_text())["options"]
+        assert opts == DEFAULTS[name]
+        resolve_options(name, opts)
+    opts = yaml.safe_load((CONF / "system" / "teraio_ssd.yaml").read_text())["options"]
+    assert dataclasses.asdict(TeraIOOptions.from_dict(opts)) == {**dataclasses.asdict(TeraIOOptions()), **opts}
+
+
+# ---------------------------------------------------------------- validate()
+
+def run_cfg(system="ideal", **hardware):
+    return run_config_from_dict({"model": {"name": "m"}, "system": {"name": system}, "hardware": hardware})
+
+
+def test_capacity_must_be_positive():
+    with pytest.raises(ValueError, match=r"hardware.gpu_capacity_bytes=0 must be > 0"):
+        sweep.validate(run_cfg(gpu_capacity_bytes=0))
+
+
+def test_capacity_larger_than_the_gpu_is_refused(monkeypatch):
+    props = type("Props", (), {"total_memory": 80 * 2**30})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "Fake GPU")
+    sweep.validate(run_cfg(device="cuda", gpu_capacity_bytes=80 * 2**30))
+    with pytest.raises(ValueError, match=r"hardware.gpu_capacity_bytes=\d+ is larger than the GPU \(Fake GPU"):
+        sweep.validate(run_cfg(device="cuda", gpu_capacity_bytes=80 * 2**30 + 1))
+    with pytest.raises(ValueError, match=r"hardware.n_gpus=2 but 1 GPU"):
+        sweep.validate(run_cfg(device="cuda", n_gpus=2))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_device_on_a_machine_without_gpu_is_refused_unless_unchecked():
+    with pytest.raises(ValueError, match=r"hardware.device='cuda' but this machine has no CUDA GPU"):
+        sweep.validate(run_cfg(device="cuda"))
+    sweep.validate(run_cfg(device="cuda"), check_device=False)
+
+
+def test_ssd_dirs_missing_not_a_dir_or_unwritable_are_refused(tmp_path):
+    missing = tmp_path / "nope"
+    with pytest.raises(ValueError, match=rf"hardware.ssd_dirs\[1\]={missing} does not exist"):
+        sweep.validate(run_cfg("teraio_ssd", ssd_dirs=[str(tmp_path), str(missing)]))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match=r"hardware.ssd_dirs\[0\]=.*file is not a directory"):
+        sweep.validate(run_cfg("zero_infinity", ssd_dirs=[str(tmp_path / "file")]))
+    with pytest.raises(ValueError, match=r"hardware.ssd_dirs is empty"):
+        sweep.validate(run_cfg("teraio_mixed", ssd_dirs=[], host_mem_cap_bytes=1))
+    sweep.validate(run_cfg("ideal", ssd_dirs=[str(missing)]))  # Ideal uses no SSD
+    sweep.validate(run_cfg("teraio_ssd", ssd_dirs=[str(missing)]), make_ssd_dirs=True)
+    assert missing.is_dir()
+
+
+def test_unwritable_ssd_dir_is_refused():
+    if os.access("/sys", os.W_OK) and not Path("/sys").stat().st_mode & 0o222 == 0:
+        try:
+            with open("/sys/.teraio_probe", "w"):
+                pass
+        except OSError:
+            pass
+        else:
+            pytest.skip("/sys is writable here")
+    with pytest.raises(ValueError, match=r"hardware.ssd_dirs\[0\]=/sys is not writable"):
+        sweep.validate(run_cfg("teraio_ssd", ssd_dirs=["/sys"]))
+
+
+def test_mixed_needs_a_host_memory_cap(tmp_path):
+    with pytest.raises(ValueError, match=r"hardware.host_mem_cap_bytes=0: teraio_mixed"):
+        sweep.validate(run_cfg("teraio_mixed", ssd_dirs=[str(tmp_path)], host_mem_cap_bytes=0))
+
+
+def test_peak_estimate_is_close_to_the_profiled_peak():
+    """The estimate behind fig7_h200's capacities, against TeraIO's profiler on llama3_tiny."""
+    from teraio.models import build_model
+    from teraio.profiler import profile_step
+    from teraio.step import make_batch, make_optimizer, train_step
+    r = run_config_from_dict({
+        "model": yaml.safe_load((CONF / "model" / "llama3_tiny.yaml").read_text()),
+        "system": {"name": "ideal"},
+        "workload": {"batch_size": 4, "micro_batch_size": 2, "seq_len": 64}})
+    model = build_model(r.model, 64, "cpu")
+    opt = make_optimizer(model, 1e-4)
+
+    def step(s):
+        inputs, labels = make_batch(s, r.workload, r.model.vocab_size, 0, "cpu")
+        return lambda: train_step(model, opt, inputs, labels, 2)
+    step(0)()
+    _, trace = profile_step(step(1), model, opt, torch.device("cpu"), meta={})
+    assert sweep.estimate_unoffloaded_peak_bytes(r.model, r.workload) == pytest.approx(trace.peak_bytes(), rel=0.05)
+
+
+# ---------------------------------------------------------------- the CLI refuses before running
+
+def sweep_cli(tmp_path, *overrides) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-m", "teraio.sweep", "+experiment=smoke",
+                           f"sweep.runs_dir={tmp_path / 'runs'}", *overrides],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    (["model=llama3_9b"], ["model/llama3_9b", "Available options in 'model'", "llama3_tiny", "llama3_8b"]),
+    (["system=ideal,zero_three"], ["system/zero_three", "Available options in 'system'", "zero_offload"]),
+    (["workload.batch_size=5"], ["workload.batch_size=5 is not divisible by workload.micro_batch_size=2"]),
+    (["system=teraio_ssd", "sweep.make_ssd_dirs=false", "hardware.ssd_dirs=[/nonexistent/ssd0]"],
+     ["hardware.ssd_dirs[0]=/nonexistent/ssd0 does not exist"]),
+    (["hardware.gpu_capacity_bytes=-1"], ["hardware.gpu_capacity_bytes=-1 must be > 0"]),
+    (["system=ideal", "hardware.host_mem_cap_bytes=1,2"], ["share the job dir"]),
+])
+def test_bad_input_stops_the_sweep_before_any_run(tmp_path, overrides, expected):
+    p = sweep_cli(tmp_path, *overrides)
+    assert p.returncode != 0
+    for text in expected:
+        assert text in p.stderr, p.stderr
+    assert not list((tmp_path / "runs").rglob("resolved.yaml"))
+    assert not list((tmp_path / "runs").rglob("result.json"))
