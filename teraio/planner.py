@@ -59,6 +59,14 @@ distinct tensors placed on host memory never exceed ``host_cap_bytes`` (a tensor
 periods reuse its slot). TeraIO-SSD is ``host_cap_bytes=0``; TeraIO-Mixed a
 positive cap. ``use_ssd=False`` plans for host memory only.
 
+When memory cannot fit
+----------------------
+By default the plan holds only migrations Algorithm 1 deems viable and reports any
+shortfall. With ``allow_stalls=True`` a second phase adds *exposed* migrations, whose
+windows cover the remaining critical ops even though their transfers cannot hide, so
+the run stalls instead of running out of memory (paper §3.2, "Stalls"); the simulator
+charges those waits, which is what bends the roofline (Fig. 3) down at low bandwidth.
+
 Speed
 -----
 Lazy greedy: every candidate's score (benefit / cost) can only fall as the plan grows
