@@ -328,6 +328,8 @@ def synthesize_layers(trace: Trace, n_layers_profiled: int, n_layers: int) -> Tr
     rows.sort(key=lambda r: r[0])
     tensors = [dataclasses.replace(r, tid=i) for i, (_, r) in enumerate(rows)]
     meta = dict(trace.meta)
+    if "n_layers" in meta:
+        meta["n_layers"] = Lp
     meta["synthesized"] = {"n_layers_profiled": L, "n_layers": Lp,
                            "sweeps": [dataclasses.asdict(s) for s in sweeps]}
     return Trace(op_names=names, op_seconds=np.concatenate(seconds), tensors=tensors, meta=meta)

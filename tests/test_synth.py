@@ -28,7 +28,7 @@ def test_toy_trace_synthesized_equals_real(n_layers):
     assert syn.op_names == real.op_names
     assert np.allclose(syn.op_seconds, real.op_seconds, rtol=1e-12)
     assert canonical(syn) == canonical(real)
-    assert syn.meta["synthesized"]["n_layers"] == n_layers
+    assert syn.meta["synthesized"]["n_layers"] == syn.meta["n_layers"] == n_layers
 
 
 def test_inserted_layers_take_mean_op_times():
