@@ -125,13 +125,6 @@ class TierBandwidth:
         """Every tier and direction at ``gbps`` GB/s (the roofline's single bandwidth)."""
         return cls(gbps, gbps, gbps, gbps)
 
-    @classmethod
-    def from_hardware(cls, hw) -> "TierBandwidth":
-        """From a :class:`~teraio.config.HardwareConfig`: SSD bandwidths are per drive there,
-        so they are multiplied by the number of drives (``len(hw.ssd_dirs)``)."""
-        n = len(hw.ssd_dirs)
-        return cls(hw.ssd_write_gbps * n, hw.ssd_read_gbps * n, hw.host_d2h_gbps, hw.host_h2d_gbps)
-
     def bytes_per_second(self, channel: str) -> float:
         return getattr(self, f"{channel}_gbps") * _GB
 
