@@ -50,6 +50,7 @@ counts are null in every iteration.
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import math
 import os
@@ -234,6 +235,18 @@ def _init_process_group(device: torch.device) -> bool:
     return True
 
 
+def _release_device(device: torch.device, capped: bool) -> None:
+    """Leave the process's device as found: a later run in the same process (tests) gets
+    neither this run's cap nor its cached blocks (DeepSpeed's engine and buffers are
+    freed by the collector: they sit in reference cycles)."""
+    if device.type != "cuda":
+        return
+    gc.collect()
+    torch.cuda.empty_cache()
+    if capped:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+
+
 def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> None:
     """Train ``cfg`` with DeepSpeed ZeRO and fill ``result`` (schema: ``teraio.result``).
 
@@ -297,6 +310,7 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
             (deepspeed.comm if deepspeed.comm.is_initialized() else dist).destroy_process_group()
         if swap_dir is not None:
             shutil.rmtree(swap_dir, ignore_errors=True)
+        _release_device(device, capped=cfg.hardware.gpu_capacity_bytes is not None)
     result.update(capacity_bytes=cfg.hardware.gpu_capacity_bytes, kvikio_mode=None,
                   unoffloaded_peak_bytes=None, memory_pressure=None)
 

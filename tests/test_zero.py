@@ -215,3 +215,37 @@ def test_zero_infinity_swaps_to_nvme_and_follows_plain_torch(tmp_path, reference
     assert not any(ssd.iterdir())  # the run's swap directory is removed afterwards
     swap = json.loads((job / zero.CONFIG_FILE).read_text())["zero_optimization"]
     assert swap["offload_param"]["nvme_path"].startswith(str(ssd / "zero-job-"))
+
+
+# --- on a CUDA GPU (nccl) ----------------------------------------------------------------
+
+def gpu_cfg(system: str, options: dict, ssd: Path, capacity: int | None = None) -> RunConfig:
+    cfg = make_cfg(system, options, ssd)
+    cfg.hardware = HardwareConfig(device="cuda", ssd_dirs=[str(ssd)], gpu_capacity_bytes=capacity)
+    return cfg
+
+
+@pytest.mark.gpu
+def test_zero_infinity_on_gpu_under_capacity(tmp_path, reference):
+    # Stage 3 builds on the host (as the CPU reference does) and computes on the GPU.
+    capacity = 256 << 20
+    job = tmp_path / "job"
+    result = run_point(gpu_cfg("zero_infinity", {}, tmp_path, capacity), job, runner=zero.run)
+    check_row(result, job, reference)
+    assert result["capacity_bytes"] == capacity
+    assert 0 < result["peak_allocated_bytes"] <= capacity
+
+
+@pytest.mark.gpu
+def test_zero_offload_on_gpu_follows_plain_torch(tmp_path):
+    # Stage 2 builds the model on the GPU as Ideal does: same initial weights as torch there.
+    w = WORKLOAD
+    model = build_model(MODEL, w.seq_len, "cuda", seed=0)
+    optimizer = make_optimizer(model, w.lr)
+    expected = [train_step(model, optimizer, *make_batch(s, w, MODEL.vocab_size, 0, "cuda"),
+                           w.micro_batch_size) for s in range(w.warmup_steps + w.measure_steps)]
+    del model, optimizer
+    torch.cuda.empty_cache()
+    result = run_point(gpu_cfg("zero_offload", {"stage": 2}, tmp_path), tmp_path, runner=zero.run)
+    check_row(result, tmp_path, expected)
+    assert result["peak_allocated_bytes"] > 0 and result["gpu_name"]
