@@ -249,3 +249,25 @@ def test_zero_offload_on_gpu_follows_plain_torch(tmp_path):
     result = run_point(gpu_cfg("zero_offload", {"stage": 2}, tmp_path), tmp_path, runner=zero.run)
     check_row(result, tmp_path, expected)
     assert result["peak_allocated_bytes"] > 0 and result["gpu_name"]
+
+
+def _rank_main(rank: int, port: int, out: str) -> None:
+    import os
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      LOCAL_RANK=str(rank), WORLD_SIZE="2", OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    result = run_point(make_cfg("zero_offload", {"stage": 2}), Path(out) / f"rank{rank}",
+                       runner=zero.run)
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def test_zero_offload_two_ranks_follow_plain_torch(tmp_path, reference):
+    # Data parallel over 2 gloo ranks, 1 micro-batch each per step: DeepSpeed averages the
+    # gradients over ranks, which is the shared step's mean over micro-batches.
+    torch.multiprocessing.spawn(_rank_main, args=(zero._free_port(), str(tmp_path)), nprocs=2)
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert result["status"] == "ok", result["error"]
+        assert result["losses"] == pytest.approx(reference, abs=LOSS_ATOL)
+    ds = json.loads((tmp_path / "rank0" / zero.CONFIG_FILE).read_text())
+    assert ds["gradient_accumulation_steps"] == 1 and ds["train_batch_size"] == 4
