@@ -117,6 +117,8 @@ def resolve_options(system: str, options: dict) -> dict:
                          f"valid: {sorted(defaults)}")
     opts = {**copy.deepcopy(defaults), **copy.deepcopy(dict(options))}
     if "aio" in defaults:
+        if not isinstance(opts["aio"], dict):
+            raise ValueError(f"system.options.aio={opts['aio']!r}; must be a mapping")
         bad = sorted(set(opts["aio"]) - set(defaults["aio"]))
         if bad:
             raise ValueError(f"system.options.aio: unknown key(s) {bad}; valid: {sorted(defaults['aio'])}"
@@ -174,7 +176,8 @@ def deepspeed_config(cfg: RunConfig, opts: dict, largest_param_numel: int, world
     zero: dict = {"stage": stage, "offload_optimizer": {"device": "cpu", "pin_memory": opts["pin_memory"]}}
     if stage == 3:
         zero.update(stage3_param_persistence_threshold=opts["param_persistence_threshold"],
-                    stage3_model_persistence_threshold=opts["model_persistence_threshold"] or sys.maxsize)
+                    stage3_model_persistence_threshold=sys.maxsize if opts["model_persistence_threshold"]
+                    is None else opts["model_persistence_threshold"])
         if opts["prefetch_bucket_size"] is not None:
             zero["stage3_prefetch_bucket_size"] = opts["prefetch_bucket_size"]
         if opts.get("offload_param"):
@@ -191,7 +194,8 @@ def deepspeed_config(cfg: RunConfig, opts: dict, largest_param_numel: int, world
         "wall_clock_breakdown": False,
     }
     if cfg.system.name == "zero_infinity":
-        buffer_size = opts["param_buffer_size"] or largest_param_numel
+        buffer_size = opts["param_buffer_size"]
+        buffer_size = largest_param_numel if buffer_size is None else buffer_size
         if buffer_size < largest_param_numel:
             raise ValueError(f"system.options.param_buffer_size={buffer_size} is smaller than the "
                              f"largest parameter ({largest_param_numel} elements); use >= "

@@ -116,6 +116,9 @@ def test_options_override_and_ds_config_merges():
     assert ds["aio"]["intra_op_parallelism"] == 4 and ds["aio"]["queue_depth"] == 8
     assert ds["zero_optimization"]["sub_group_size"] == 12345
     assert ds["zero_optimization"]["stage"] == 3 and ds["wall_clock_breakdown"] is True
+    zero_threshold = zero.resolve_options("zero_infinity", {"model_persistence_threshold": 0})
+    assert zero.deepspeed_config(make_cfg("zero_infinity"), zero_threshold, largest_param(), nvme_path="/x")[
+        "zero_optimization"]["stage3_model_persistence_threshold"] == 0
 
 
 @pytest.mark.parametrize("system", zero.ZERO_SYSTEMS)
@@ -133,6 +136,7 @@ def test_conf_yaml_mirrors_defaults(system):
     ("zero_infinity", {"aio": {"thread_count": 4}}, r"thread_count is ignored.*intra_op_parallelism"),
     ("zero_infinity", {"param_buffer_count": 0}, r"param_buffer_count=0; must be a positive int"),
     ("zero_infinity", {"ds_config": [1]}, r"ds_config=\[1\]; must be a mapping"),
+    ("zero_infinity", {"aio": None}, r"aio=None; must be a mapping"),
     ("ideal", {}, r"'ideal' is not a ZeRO system"),
 ])
 def test_bad_options_are_named(system, options, match):
