@@ -297,13 +297,16 @@ def launch_worker(run: RunConfig, job_dir: Path, resolved: Path) -> tuple[int | 
         except subprocess.TimeoutExpired:
             rc = None
         finally:
-            if proc.poll() is None:  # timeout, or the sweep itself interrupted
-                _kill_group(proc)
+            # A timeout, the sweep interrupted, or children left behind by a finished
+            # worker (they would hold its output pipe open).
+            _kill_group(proc)
         reader.join()
     return rc, list(tail)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the worker's process group, SIGKILL after ``KILL_GRACE_S`` if the
+    worker is still there."""
     for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
         try:
             os.killpg(proc.pid, sig)
