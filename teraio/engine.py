@@ -100,7 +100,7 @@ class MigrationEngine(TorchDispatchMode):
         self.trace, self.plan, self.tiers, self.device = trace, plan, tiers, device
         self.n_ops = trace.n_ops
         self.op_names = trace.op_names
-        self.live_bytes = trace.live_bytes()
+        self.required_bytes = trace.required_bytes()
         self.log_ops = log_ops
         self._pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="teraio-io")
         self._func_names: dict = {}
@@ -256,7 +256,7 @@ class MigrationEngine(TorchDispatchMode):
                 tid = self._away.get(storage_key(x))
                 if tid is not None:
                     self._make_resident(tid, self.tensors[tid], urgent=True, k=k)
-        accounted = int(self.live_bytes[k]) - self._away_bytes
+        accounted = int(self.required_bytes[k]) - self._away_bytes
         if accounted > self.stats.max_accounted_bytes:
             self.stats.max_accounted_bytes = accounted
 

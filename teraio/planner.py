@@ -24,7 +24,7 @@ Model
   starts. A candidate is *viable* if the freed window ``[free_before, prefetch_before)``
   is non-empty. Choosing it reserves exactly the bytes it moves in each slot, so no slot
   is ever reserved beyond its capacity.
-* **Memory.** ``M'`` starts as ``trace.live_bytes()``; a chosen migration subtracts its
+* **Memory.** ``M'`` starts as ``trace.required_bytes()``; a chosen migration subtracts its
   bytes over its freed window. The greedy loop stops when ``max(M') <= capacity`` or when
   no viable candidate with a positive benefit is left.
 
@@ -243,7 +243,7 @@ class _Planner:
         self.channels = {c: _Channel(tiers.bytes_per_second(c), trace.op_seconds) for c in CHANNELS}
         self.cost_per_byte = {t: sum(1.0 / tiers.bytes_per_second(c) for c in TIER_CHANNELS[t])
                               for t in TIER_CHANNELS}
-        self.live = trace.live_bytes().astype(np.int64)
+        self.live = trace.required_bytes().astype(np.int64)
         self.live2 = np.concatenate([self.live, self.live])
         self.tau2 = np.concatenate([trace.op_seconds, trace.op_seconds])
         # The host tier is one pinned pool with a fixed slot per tensor, allocated up front
@@ -522,7 +522,7 @@ def predicted_live_bytes(trace: Trace, plan: MigrationPlan) -> np.ndarray:
         for s, e in _cyclic_slices(lo, hi if hi > lo else hi + n, n):
             delta[s] -= m.nbytes
             delta[e] += m.nbytes
-    return trace.live_bytes() + np.cumsum(delta[:-1])
+    return trace.required_bytes() + np.cumsum(delta[:-1])
 
 
 def reserved_bandwidth(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth) -> dict[str, tuple[np.ndarray, np.ndarray]]:

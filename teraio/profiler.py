@@ -105,6 +105,7 @@ class LifetimeProfiler(TorchDispatchMode):
         self.op_seconds: list[float] = []
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self.op_in_backward: list[bool] = []
+        self.op_allocated: list[int] = []  # CUDA: allocator peak during each op, bytes
         for name, t in persistent.items():
             kind = "optim" if name.startswith("optim:") else "param"
             rec = _Rec(name, t.untyped_storage().nbytes(), kind, persistent=True)
@@ -127,9 +128,11 @@ class LifetimeProfiler(TorchDispatchMode):
         self.op_in_backward.append(torch._C._current_graph_task_id() != -1)
         if self.device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.reset_peak_memory_stats(self.device)
             start.record()
             out = func(*args, **(kwargs or {}))
             end.record()
+            self.op_allocated.append(torch.cuda.max_memory_allocated(self.device))
             self._events.append((start, end))
             self.op_seconds.append(0.0)
         else:
@@ -167,7 +170,7 @@ class LifetimeProfiler(TorchDispatchMode):
             tensors.append(TensorRecord(tid=len(tensors), name=rec.name, nbytes=rec.nbytes, kind=kind,
                                         persistent=rec.persistent, uses=list(rec.uses)))
         return Trace(op_names=self.op_names, op_seconds=np.asarray(self.op_seconds), tensors=tensors,
-                     meta=meta)
+                     meta=meta, op_allocated_bytes=self.op_allocated or None)
 
 
 def profile_step(step_fn: Callable[[], float], model: nn.Module, optimizer: torch.optim.Optimizer,

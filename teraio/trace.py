@@ -72,18 +72,28 @@ class Trace:
         op_seconds: float64 array ``[n_ops]``, op durations in seconds.
         tensors: records, ``tensors[i].tid == i``.
         meta: free-form facts (model, device, batch, seq_len, profiled iterations, ...).
+        op_allocated_bytes: optional int64 ``[n_ops]``, the device allocator's peak of
+            allocated bytes during each op (CUDA profiles only; None elsewhere). It sees
+            what tensor lifetimes cannot: allocator rounding, workspaces, and temporaries
+            Python keeps alive past their last use.
     """
 
     op_names: list[str]
     op_seconds: np.ndarray
     tensors: list[TensorRecord]
     meta: dict = dataclasses.field(default_factory=dict)
+    op_allocated_bytes: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.op_seconds = np.asarray(self.op_seconds, dtype=np.float64)
         if self.op_seconds.shape != (len(self.op_names),):
             raise ValueError(
                 f"op_seconds has shape {self.op_seconds.shape}, expected ({len(self.op_names)},)")
+        if self.op_allocated_bytes is not None:
+            self.op_allocated_bytes = np.asarray(self.op_allocated_bytes, dtype=np.int64)
+            if self.op_allocated_bytes.shape != self.op_seconds.shape:
+                raise ValueError(f"op_allocated_bytes has shape {self.op_allocated_bytes.shape}, "
+                                 f"expected ({self.n_ops},)")
         for i, t in enumerate(self.tensors):
             if t.tid != i:
                 raise ValueError(f"tensors[{i}] has tid {t.tid}; tids must be dense 0..n-1")
@@ -113,8 +123,16 @@ class Trace:
                 delta[t.uses[-1] + 1] -= t.nbytes
         return np.cumsum(delta[:-1])
 
+    def required_bytes(self) -> np.ndarray:
+        """int64 ``[n_ops]``: device memory each op needs with no offloading (the paper's
+        M[k], Algorithm 1): the larger of the tensor-lifetime count and, where profiled,
+        the allocator's measured peak. The planner starts from this."""
+        live = self.live_bytes()
+        return live if self.op_allocated_bytes is None else np.maximum(live, self.op_allocated_bytes)
+
     def peak_bytes(self) -> int:
-        return int(self.live_bytes().max()) if self.n_ops else 0
+        """Peak of :meth:`required_bytes` (bytes): the un-offloaded peak, M's numerator."""
+        return int(self.required_bytes().max()) if self.n_ops else 0
 
     def active_bytes(self) -> np.ndarray:
         """int64 ``[n_ops]``: bytes of the tensors op k itself touches (paper Fig. 1 "active")."""
@@ -131,6 +149,7 @@ class Trace:
             "op_seconds": self.op_seconds.tolist(),
             "tensors": [dataclasses.asdict(t) for t in self.tensors],
             "meta": self.meta,
+            "op_allocated_bytes": None if self.op_allocated_bytes is None else self.op_allocated_bytes.tolist(),
         }
 
     @classmethod
@@ -138,7 +157,8 @@ class Trace:
         if d.get("format") != "teraio.trace/1":
             raise ValueError(f"not a TeraIO trace: format={d.get('format')!r}, expected 'teraio.trace/1'")
         return cls(op_names=list(d["op_names"]), op_seconds=np.asarray(d["op_seconds"]),
-                   tensors=[TensorRecord(**t) for t in d["tensors"]], meta=dict(d.get("meta", {})))
+                   tensors=[TensorRecord(**t) for t in d["tensors"]], meta=dict(d.get("meta", {})),
+                   op_allocated_bytes=d.get("op_allocated_bytes"))
 
     def save(self, path: str | Path) -> None:
         """Write JSON (``.json``) atomically: a crash never leaves a half-written trace."""
