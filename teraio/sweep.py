@@ -429,7 +429,8 @@ class SweepCallback(Callback):
 
 
 def analyze(sweep_dir: Path) -> None:
-    """``python -m analysis <sweep_dir>`` (tables and figures).
+    """``python -m analysis <sweep_dir>`` (tables and figures, in ``<sweep_dir>/analysis``),
+    then the throughput table on the terminal.
 
     Raises:
         SystemExit: the analysis failed (the rows stay as they are).
@@ -446,6 +447,9 @@ def analyze(sweep_dir: Path) -> None:
     if rc:
         raise SystemExit(f"teraio.sweep: `python -m analysis {sweep_dir}` failed (exit {rc}); "
                          "the result rows are intact")
+    table = sweep_dir / "analysis" / "tables" / "throughput.md"
+    if table.exists():
+        console.print(f"\n{table.read_text()}", markup=False)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
