@@ -239,6 +239,12 @@ def _init_process_group(device: torch.device) -> bool:
     return True
 
 
+def _buffers_to(model: nn.Module, device: torch.device) -> None:
+    for module in model.modules():
+        for name, buf in module.named_buffers(recurse=False):
+            setattr(module, name, buf.to(device))
+
+
 def _release_device(device: torch.device, capped: bool) -> None:
     """Leave the process's device as found: a later run in the same process (tests) gets
     neither this run's cap nor its cached blocks (DeepSpeed's engine and buffers are
@@ -301,6 +307,7 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
             model = build_model(cfg.model, w.seq_len, "cpu", cfg.seed)
             apply_memory_cap(cfg.hardware.gpu_capacity_bytes, device)
             deepspeed.zero.Init(module=model, config_dict_or_path=ds_config)
+            _buffers_to(model, device)  # zero.Init places parameters only (RoPE table)
         else:
             model = build_model(cfg.model, w.seq_len, device, cfg.seed)
             apply_memory_cap(cfg.hardware.gpu_capacity_bytes, device)
