@@ -23,9 +23,11 @@ as ``<job dir>/deepspeed_config.json``.
   ``model_persistence_threshold``   stage 3: cap on the elements kept so; null is
                              DeepSpeed's default sys.maxsize (Table 4)
   ``prefetch_bucket_size``   stage 3 ``stage3_prefetch_bucket_size`` (elements); null is
-                             DeepSpeed's 5e7. zero_infinity's default 0: with NVMe
-                             parameter swapping, prefetching a bucket wider than the free
-                             swap buffers trips DeepSpeed's "No buffer available" assertion
+                             DeepSpeed's 5e7. zero_infinity's default 0 (no parameter
+                             prefetch) avoids the swap-buffer assertions ("No buffer
+                             available") seen with NVMe-swapped parameters of small models;
+                             try null where they do not appear (prefetch overlaps the NVMe
+                             reads with compute)
   ``nvme_path``              zero_infinity: swap directory; null is ``hardware.ssd_dirs[0]``
                              (a per-run subdirectory is made there and removed afterwards)
   ``param_buffer_count``     zero_infinity: parameter swap buffers (Table 4: 18)
