@@ -141,6 +141,7 @@ class MigrationEngine(TorchDispatchMode):
         self._away: dict[int, int] = {}  # storage key -> tid, for storages freed right now
         self._away_bytes = 0
         self._k = 0
+        self._failed = False
         self._step_t0 = 0.0
         self.step_index = -1
         self.stats: StepStats | None = None
@@ -175,6 +176,7 @@ class MigrationEngine(TorchDispatchMode):
         self.step_index = step
         self.stats = StepStats(step=step)
         self._k = 0
+        self._failed = False
         self._op_stall[:] = 0.0
         self._step_t0 = time.perf_counter()
         first_transfer = len(self.transfers)
@@ -221,7 +223,22 @@ class MigrationEngine(TorchDispatchMode):
 
     # ---- dispatch ---------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self._failed:  # unwinding an error: let the remaining ops run untouched
+            return func(*args, **(kwargs or {}))
         k = self._k
+        try:
+            self._check_op(k, func)
+            self._op_t[k] = time.perf_counter() - self._step_t0
+            self._before(k, args, kwargs)
+            out = func(*args, **(kwargs or {}))
+            self._after(k, args, kwargs, out)
+        except BaseException:
+            self._failed = True
+            raise
+        self._k = k + 1
+        return out
+
+    def _check_op(self, k: int, func) -> None:
         if k >= self.n_ops:
             raise ExecutionDivergedError(f"step ran more ops than the {self.n_ops} profiled")
         name = self._func_names.get(func)
@@ -230,12 +247,6 @@ class MigrationEngine(TorchDispatchMode):
         if name != self.op_names[k]:
             raise ExecutionDivergedError(
                 f"op {k} is {name}, but the profiled trace has {self.op_names[k]} there")
-        self._op_t[k] = time.perf_counter() - self._step_t0
-        self._before(k, args, kwargs)
-        out = func(*args, **(kwargs or {}))
-        self._after(k, args, kwargs, out)
-        self._k = k + 1
-        return out
 
     def _before(self, k: int, args, kwargs) -> None:
         for m in self.free_before[k]:

@@ -28,6 +28,13 @@ def apply_memory_cap(capacity_bytes: int | None, device: torch.device) -> None:
     torch.cuda.set_per_process_memory_fraction(capacity_bytes / total, device)
 
 
+def lift_memory_cap(device: torch.device) -> None:
+    """Undo :func:`apply_memory_cap`: the emulated capacity binds training, not the cleanup
+    after it (restoring every offloaded tensor needs the un-offloaded footprint)."""
+    if device.type == "cuda":
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -33,7 +33,8 @@ import torch
 
 from teraio.config import RunConfig
 from teraio.engine import MigrationEngine
-from teraio.measure import apply_memory_cap, param_digest, peak_memory, reset_peak_memory, synchronize, timed
+from teraio.measure import (apply_memory_cap, lift_memory_cap, param_digest, peak_memory, reset_peak_memory,
+                            synchronize, timed)
 from teraio.models import build_model
 from teraio.planner import TierBandwidth, plan_migrations
 from teraio.profiler import persistent_tensors, profile_step
@@ -191,6 +192,7 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
         synchronize(device)
         result["peak_allocated_bytes"], result["peak_reserved_bytes"] = peak_memory(device)
     finally:
+        lift_memory_cap(device)
         engine.close()
         _remove_job_dirs(tiers)
     result["losses"] = losses
