@@ -128,7 +128,9 @@ class RunConfig:
         return dataclasses.asdict(self)
 
 
-def _build(cls, d: dict | None, where: str):
+def dataclass_from_dict(cls, d: dict | None, where: str):
+    """``cls(**d)``, but an unknown key is a ValueError naming ``where``, the key and the
+    valid keys."""
     d = dict(d or {})
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - names)
@@ -144,10 +146,10 @@ def run_config_from_dict(d: dict) -> RunConfig:
     if unknown:
         raise ValueError(f"run config: unknown key(s) {unknown}; valid: {sorted(top)}")
     return RunConfig(
-        model=_build(ModelConfig, d.get("model"), "model"),
-        workload=_build(WorkloadConfig, d.get("workload"), "workload"),
-        system=_build(SystemConfig, d.get("system"), "system"),
-        hardware=_build(HardwareConfig, d.get("hardware"), "hardware"),
+        model=dataclass_from_dict(ModelConfig, d.get("model"), "model"),
+        workload=dataclass_from_dict(WorkloadConfig, d.get("workload"), "workload"),
+        system=dataclass_from_dict(SystemConfig, d.get("system"), "system"),
+        hardware=dataclass_from_dict(HardwareConfig, d.get("hardware"), "hardware"),
         **{k: d[k] for k in ("trial", "seed", "timeout_s") if k in d},
     )
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from teraio.config import RunConfig
+from teraio.config import RunConfig, dataclass_from_dict
 from teraio.engine import MigrationEngine
 from teraio.measure import (apply_memory_cap, lift_memory_cap, param_digest, peak_memory, reset_peak_memory,
                             synchronize, timed)
@@ -51,14 +51,6 @@ class TeraIOOptions:
     headroom_fraction: float | None = None
     io_threads: int = 4
     allow_stalls: bool = True
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "TeraIOOptions":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"system.options: unknown key(s) {unknown} for TeraIO; valid: {sorted(names)}")
-        return cls(**d)
 
 
 def tier_bandwidth(cfg: RunConfig) -> TierBandwidth:
@@ -124,7 +116,7 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
     """
     if cfg.system.name not in TERAIO_SYSTEMS:
         raise ValueError(f"system.name={cfg.system.name!r} is not a TeraIO system {TERAIO_SYSTEMS}")
-    opts = TeraIOOptions.from_dict(cfg.system.options)
+    opts = dataclass_from_dict(TeraIOOptions, cfg.system.options, "system.options (TeraIO)")
     w = cfg.workload
     if w.warmup_steps < 2:
         raise ValueError(f"workload.warmup_steps={w.warmup_steps}: TeraIO needs >= 2 "

@@ -112,6 +112,7 @@ def test_llama3_configs_match_torchtitan(name, key):
 
 def test_system_configs_match_their_runners():
     from baselines.zero import DEFAULTS, resolve_options
+    from teraio.config import dataclass_from_dict
     from teraio.train import TeraIOOptions
     for name in SYSTEMS:
         assert yaml.safe_load((CONF / "system" / f"{name}.yaml").read_text()).get("name") in (name, None)
@@ -120,7 +121,7 @@ def test_system_configs_match_their_runners():
         assert opts == DEFAULTS[name]
         resolve_options(name, opts)
     opts = yaml.safe_load((CONF / "system" / "teraio_ssd.yaml").read_text())["options"]
-    assert dataclasses.asdict(TeraIOOptions.from_dict(opts)) == dataclasses.asdict(TeraIOOptions())  # every option, at its default
+    assert dataclasses.asdict(dataclass_from_dict(TeraIOOptions, opts, "teraio_ssd")) == dataclasses.asdict(TeraIOOptions())  # every option, at its default
 
 
 # ---------------------------------------------------------------- validate()
