@@ -24,6 +24,7 @@ Conventions
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 from pathlib import Path
 from typing import Literal
@@ -161,12 +162,16 @@ class Trace:
                    op_allocated_bytes=d.get("op_allocated_bytes"))
 
     def save(self, path: str | Path) -> None:
-        """Write JSON (``.json``) atomically: a crash never leaves a half-written trace."""
+        """Write JSON atomically, gzip-compressed if ``path`` ends in ``.gz`` (e.g.
+        ``trace.json.gz``): a crash never leaves a half-written trace."""
         path = Path(path)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict()))
+        data = json.dumps(self.to_dict()).encode()
+        tmp.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
         tmp.replace(path)
 
     @classmethod
     def load(cls, path: str | Path) -> "Trace":
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """Read a trace written by :meth:`save` (``.json``, or gzip-compressed ``.json.gz``)."""
+        data = Path(path).read_bytes()
+        return cls.from_dict(json.loads(gzip.decompress(data) if Path(path).suffix == ".gz" else data))
