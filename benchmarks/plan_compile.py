@@ -1,0 +1,132 @@
+"""Plan compile time (issue 5, acceptance 3; paper camera-ready Table 1, PAPER.md §5:
+31.2 s for Llama3-8B, 396.6 s for Llama3-70B): wall time of
+:func:`teraio.planner.plan_migrations` on a saved trace, on this machine's CPU.
+
+    python benchmarks/plan_compile.py TRACE --label NAME --paper-m M_PERCENT \
+        [--host-cap-gb 170] [--ssd-gbps 16] [--host-gbps 50] [--repeats 3] \
+        [--synthesize L:L2] [--note TEXT] [--out benchmarks/results/plan_compile_cpu.json]
+
+Setting (the paper's TeraIO-Mixed on its server, PAPER.md §4): capacity = the trace's
+un-offloaded peak / M; SSD tier ``--ssd-gbps`` GB/s each way (4 x 990 PRO per GPU,
+~16 GB/s); host tier ``--host-gbps`` GB/s each way (the paper states none:
+``conf/hardware/paper_h100nvl.yaml``'s assumption) capped at ``--host-cap-gb`` GB (170 GB
+for Llama3-8B, 770 GB for Llama3-70B: what ZeRO-Infinity uses); ``allow_stalls`` and the
+other options as ``conf/system/teraio_ssd.yaml``. ``--synthesize L:L2`` first turns an
+L-layer trace into an L2-layer one (:func:`teraio.synth.synthesize_layers`).
+
+The result is one entry, keyed by ``--label``, of the JSON file ``--out`` (other entries
+are kept; the file is replaced atomically).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from teraio.planner import TierBandwidth, plan_migrations  # noqa: E402
+from teraio.synth import synthesize_layers  # noqa: E402
+from teraio.trace import Trace  # noqa: E402
+
+# Camera-ready Table 1 (PAPER.md §5), for comparison only; the paper's machine and what its
+# time includes are not stated.
+PAPER_SECONDS = {"llama3_8b": 31.2, "granite_8b": 37.9, "llama3_70b": 396.6}
+
+
+def time_plan(trace: Trace, paper_m: float, ssd_gbps: float = 16.0, host_gbps: float = 50.0,
+              host_cap_bytes: int = 170 * 10**9, repeats: int = 3) -> dict:
+    """Plan ``trace`` ``repeats`` times at capacity = peak / (``paper_m`` / 100) and report
+    wall times (s) and the plan's size.
+
+    Raises:
+        ValueError: ``paper_m`` <= 100 (nothing to plan) or ``repeats`` < 1.
+    """
+    if not paper_m > 100:
+        raise ValueError(f"paper_m={paper_m}: must be > 100 (percent of the GPU capacity)")
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats}: must be >= 1")
+    peak = trace.peak_bytes()
+    capacity = int(peak / (paper_m / 100))
+    tiers = TierBandwidth(ssd_gbps, ssd_gbps, host_gbps, host_gbps)
+    seconds, plan = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        plan = plan_migrations(trace, capacity, tiers, host_cap_bytes=host_cap_bytes, allow_stalls=True)
+        seconds.append(time.perf_counter() - t0)
+    return {
+        "seconds": seconds, "median_seconds": statistics.median(seconds),
+        "trace": {"n_ops": trace.n_ops, "n_tensors": len(trace.tensors), "peak_bytes": peak,
+                  "ideal_seconds": float(trace.op_seconds.sum()),
+                  **{k: trace.meta.get(k) for k in ("model", "batch_size", "micro_batch_size", "seq_len",
+                                                    "n_layers", "device")},
+                  "synthesized": trace.meta.get("synthesized")},
+        "setting": {"paper_m_percent": paper_m, "capacity_bytes": capacity, "tiers_gbps": tiers.__dict__,
+                    "host_cap_bytes": host_cap_bytes, "allow_stalls": True},
+        "plan": {"n_migrations": len(plan.migrations), "predicted_peak_bytes": plan.predicted_peak_bytes,
+                 "bytes_per_tier": plan.bytes_per_tier(),
+                 **{k: plan.meta[k] for k in ("n_exposed", "stop_reason", "n_candidates", "evaluations",
+                                              "shortfall_bytes")}},
+    }
+
+
+def machine() -> dict:
+    return {"cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+            "affinity": len(os.sched_getaffinity(0)), "python": platform.python_version(),
+            "numpy": np.__version__, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
+
+
+def write_entry(out: Path, label: str, entry: dict) -> None:
+    """Put ``entry`` under ``label`` in the JSON file ``out``, keeping the others."""
+    doc = json.loads(out.read_text()) if out.exists() else {}
+    doc.setdefault("what", "teraio.planner.plan_migrations wall time on a saved trace (issue 5, acceptance 3)")
+    doc.setdefault("entries", {})[label] = entry
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(out)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("trace", type=Path, help="saved trace, .json or .json.gz")
+    p.add_argument("--label", required=True, help="entry name in --out, e.g. llama3_8b")
+    p.add_argument("--paper-m", type=float, required=True, help="memory pressure M, percent (188.81)")
+    p.add_argument("--host-cap-gb", type=float, default=170.0, help="host tier cap, GB (0: TeraIO-SSD)")
+    p.add_argument("--ssd-gbps", type=float, default=16.0, help="SSD tier, GB/s each way")
+    p.add_argument("--host-gbps", type=float, default=50.0, help="host tier, GB/s each way")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--synthesize", metavar="L:L2", help="synthesize L2 layers from this L-layer trace first")
+    p.add_argument("--paper-key", help="key of PAPER_SECONDS to compare with (default: the trace's "
+                                       "model, none with --synthesize)")
+    p.add_argument("--note", help="free text stored with the entry (what it stands for)")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/plan_compile_cpu.json"))
+    a = p.parse_args(argv)
+    trace = Trace.load(a.trace)
+    if a.synthesize:
+        try:
+            L, L2 = (int(x) for x in a.synthesize.split(":"))
+        except ValueError:
+            p.error(f"--synthesize {a.synthesize!r}: expected L:L2, e.g. 32:80")
+        trace = synthesize_layers(trace, L, L2)
+    entry = {"command": shlex.join(["python", "benchmarks/plan_compile.py", *(argv or sys.argv[1:])]),
+             "trace_file": str(a.trace), "note": a.note, "machine": machine(),
+             **time_plan(trace, a.paper_m, a.ssd_gbps, a.host_gbps, int(a.host_cap_gb * 1e9), a.repeats)}
+    # A synthesized stand-in (e.g. 8B widths at 80 layers) is no paper model.
+    key = a.paper_key or (None if a.synthesize else trace.meta.get("model"))
+    entry["paper_seconds"] = PAPER_SECONDS.get(key)
+    write_entry(a.out, a.label, entry)
+    print(json.dumps({a.label: {k: entry[k] for k in ("median_seconds", "seconds", "paper_seconds")},
+                      "plan": entry["plan"]}, indent=1))
+    return entry
+
+
+if __name__ == "__main__":
+    main()
