@@ -43,7 +43,7 @@ PAPER_SECONDS = {"llama3_8b": 31.2, "granite_8b": 37.9, "llama3_70b": 396.6}
 
 
 def time_plan(trace: Trace, paper_m: float, ssd_gbps: float = 16.0, host_gbps: float = 50.0,
-              host_cap_bytes: int = 170 * 10**9, repeats: int = 3) -> dict:
+              host_cap_bytes: int = 170 * 10**9, repeats: int = 3, min_tensor_bytes: int = 1 << 20) -> dict:
     """Plan ``trace`` ``repeats`` times at capacity = peak / (``paper_m`` / 100) and report
     wall times (s) and the plan's size.
 
@@ -60,7 +60,8 @@ def time_plan(trace: Trace, paper_m: float, ssd_gbps: float = 16.0, host_gbps: f
     seconds, plan = [], None
     for _ in range(repeats):
         t0 = time.perf_counter()
-        plan = plan_migrations(trace, capacity, tiers, host_cap_bytes=host_cap_bytes, allow_stalls=True)
+        plan = plan_migrations(trace, capacity, tiers, host_cap_bytes=host_cap_bytes, allow_stalls=True,
+                               min_tensor_bytes=min_tensor_bytes)
         seconds.append(time.perf_counter() - t0)
     return {
         "seconds": seconds, "median_seconds": statistics.median(seconds),
@@ -70,7 +71,7 @@ def time_plan(trace: Trace, paper_m: float, ssd_gbps: float = 16.0, host_gbps: f
                                                     "n_layers", "device")},
                   "synthesized": trace.meta.get("synthesized")},
         "setting": {"paper_m_percent": paper_m, "capacity_bytes": capacity, "tiers_gbps": tiers.__dict__,
-                    "host_cap_bytes": host_cap_bytes, "allow_stalls": True},
+                    "host_cap_bytes": host_cap_bytes, "min_tensor_bytes": min_tensor_bytes, "allow_stalls": True},
         "plan": {"n_migrations": len(plan.migrations), "predicted_peak_bytes": plan.predicted_peak_bytes,
                  "bytes_per_tier": plan.bytes_per_tier(),
                  **{k: plan.meta[k] for k in ("n_exposed", "stop_reason", "n_candidates", "evaluations",
@@ -79,7 +80,12 @@ def time_plan(trace: Trace, paper_m: float, ssd_gbps: float = 16.0, host_gbps: f
 
 
 def machine() -> dict:
-    return {"cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu, "cpu_count": os.cpu_count(),
             "affinity": len(os.sched_getaffinity(0)), "python": platform.python_version(),
             "numpy": np.__version__, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
 
