@@ -234,11 +234,10 @@ def job_overrides(config: DictConfig) -> list[list[str]]:
 
 def history_path(result_path: Path) -> Path:
     """The first free ``result.<n>.json`` (n = 1, 2, ...) beside ``result_path``."""
-    for n in itertools.count(1):
-        p = result_path.with_name(f"{result_path.stem}.{n}{result_path.suffix}")
-        if not p.exists():
-            return p
-    raise AssertionError("unreachable")
+    n = 1
+    while (p := result_path.with_name(f"{result_path.stem}.{n}{result_path.suffix}")).exists():
+        n += 1
+    return p
 
 
 def config_diff(a: Any, b: Any, prefix: str = "") -> list[str]:
@@ -262,8 +261,8 @@ def worker_command(run: RunConfig, resolved: Path) -> list[str]:
 
 
 def _die_with_parent() -> None:
-    """In the child before exec: its own process group (killed whole on timeout), and
-    SIGKILL if the sweep dies, so that no orphan worker writes into a rerun's job dir."""
+    """In the child before exec: SIGKILL when the sweep dies, so that no orphan worker
+    writes into a rerun's job dir (Linux prctl PR_SET_PDEATHSIG)."""
     import ctypes
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
@@ -276,10 +275,12 @@ def launch_worker(run: RunConfig, job_dir: Path, resolved: Path) -> tuple[int | 
     """
     tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = worker_command(run, resolved)
     with open(job_dir / "worker.log", "a") as log:
-        log.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(worker_command(run, resolved))}\n")
+        log.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n")
         log.flush()
-        proc = subprocess.Popen(worker_command(run, resolved), stdout=subprocess.PIPE,
+        # Its own session: the whole process group (torchrun's ranks too) is killed on timeout.
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
                                 env=env, start_new_session=True, preexec_fn=_die_with_parent)
 
