@@ -61,23 +61,17 @@ def tier_bandwidth(cfg: RunConfig) -> TierBandwidth:
                          host_d2h_gbps=hw.host_d2h_gbps, host_h2d_gbps=hw.host_h2d_gbps)
 
 
-def open_tiers(plan, cfg: RunConfig, job_dir: Path, device: torch.device, io_threads: int = 4) -> dict:
-    """The tiers the plan uses, with one slot per migrated tensor. SSD files go in a
-    per-job subdirectory of each drive's directory, so concurrent runs never collide."""
+def open_tiers(plan, cfg: RunConfig, device: torch.device, io_threads: int = 4) -> dict:
+    """The tiers the plan uses, with one slot per migrated tensor. The SSD tier puts one
+    uniquely named file in each drive's directory, so concurrent runs never collide, and
+    refuses a missing, unwritable or too small directory, naming it and the bytes needed.
+    """
     slots: dict[str, dict[str, int]] = {"ssd": {}, "host": {}}
     for m in plan.migrations:
         slots[m.tier][m.name] = m.nbytes
     tiers = {}
     if slots["ssd"]:
-        dirs = []
-        for d in cfg.hardware.ssd_dirs:
-            sub = Path(d) / f"teraio-{job_dir.name}-{time.time_ns()}"
-            if not Path(d).is_dir():
-                raise ValueError(f"hardware.ssd_dirs: {d} is not a directory "
-                                 f"(the plan needs {sum(slots['ssd'].values())} bytes on the SSD tier)")
-            sub.mkdir()
-            dirs.append(str(sub))
-        tiers["ssd"] = SSDTier(dirs, slots["ssd"], threads=io_threads)
+        tiers["ssd"] = SSDTier(list(cfg.hardware.ssd_dirs), slots["ssd"], threads=io_threads)
     if slots["host"]:
         tiers["host"] = HostTier(cfg.hardware.host_mem_cap_bytes, slots["host"], device)
     return tiers
@@ -93,15 +87,6 @@ def compute_stream(device: torch.device):
         return
     with torch.cuda.stream(torch.cuda.Stream(device)):
         yield
-
-
-def _remove_job_dirs(tiers: dict) -> None:
-    ssd = tiers.get("ssd")
-    for d in getattr(ssd, "dirs", ()):
-        try:
-            Path(d).rmdir()
-        except OSError:
-            pass
 
 
 def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> None:
@@ -156,7 +141,7 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
                       "bytes_per_tier": plan.bytes_per_tier()}
     result["artifacts"].update(trace="trace.json", plan="plan.json")
 
-    tiers = open_tiers(plan, cfg, job_dir, device, opts.io_threads)
+    tiers = open_tiers(plan, cfg, device, opts.io_threads)
     result["kvikio_mode"] = tiers["ssd"].mode if "ssd" in tiers else None
     engine = MigrationEngine(trace, plan, persistent_tensors(model, optimizer), tiers, device)
     try:
@@ -186,7 +171,6 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
     finally:
         lift_memory_cap(device)
         engine.close()
-        _remove_job_dirs(tiers)
     result["losses"] = losses
     result["final_params_sha256"] = param_digest(model)
     _write_logs(engine, trace, job_dir, first_step=w.warmup_steps)

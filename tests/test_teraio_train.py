@@ -88,6 +88,23 @@ def check_bit_identical(tmp_path, ref, system, hw, fraction):
     for name in ("trace.json", "plan.json", "oplog.csv", "transfers.csv"):
         assert (tmp_path / "job" / name).stat().st_size > 0
     assert json.loads((tmp_path / "job" / "plan.json").read_text())["format"] == "teraio.plan/1"
-    # Offload files are gone after the run.
-    assert not [p for p in (tmp_path / "ssd").rglob("*") if p.is_file()]
+    # Offload files are gone after the run, and nothing else was left there.
+    assert not list((tmp_path / "ssd").iterdir())
     return result
+
+
+def test_too_small_offload_dir_is_refused_before_the_engine_runs(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    (tmp_path / "ssd").mkdir()
+    probe = run_teraio(config("teraio_ssd", tmp_path / "ssd", None), tmp_path / "probe")
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 20, 1 << 20, 4096))
+    cfg = config("teraio_ssd", tmp_path / "ssd", probe["unoffloaded_peak_bytes"] // 2)
+    result = empty_result(cfg.point(), cfg.to_dict())
+    (tmp_path / "job").mkdir()
+    with pytest.raises(ValueError, match=str(tmp_path / "ssd")) as err:
+        run(cfg, tmp_path / "job", result, CPU)
+    assert "bytes" in str(err.value)
+    assert result["iterations"] == []
