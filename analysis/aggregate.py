@@ -126,7 +126,7 @@ def pct_of_ideal_summary(best: pd.DataFrame) -> pd.DataFrame:
     groups that ran ok (claims C2, C4, C5). ``best``: :func:`add_pct_of_ideal` of
     :func:`select_best`. Columns: ``model``, ``hardware``, ``system``, ``n_points``,
     ``mean``, ``min``, ``max`` (percent), ``ideal_measures`` (e.g. ``"measured"``)."""
-    v = best[(best["system"] != "ideal") & np.isfinite(best["pct_of_ideal"])]
+    v = best[(best["system"] != "ideal") & np.isfinite(best["pct_of_ideal"].astype(float))]
     rows = []
     for (model, hw, system), g in v.groupby(["model", "hardware", "system"], dropna=False, sort=False):
         rows.append({"model": model, "hardware": hw, "system": system, "n_points": len(g),
@@ -176,7 +176,7 @@ def speedup_summary(sp: pd.DataFrame) -> pd.DataFrame:
     per TeraIO variant over both ZeRO baselines (the paper's "ZeRO series", claims C1/C3),
     over the points where both ran ok. Columns: ``teraio``, ``zero`` (``"both"`` for the
     series), ``n_points``, ``mean``, ``geomean``, ``max``."""
-    valid = sp[np.isfinite(sp["speedup"])]
+    valid = sp[np.isfinite(sp["speedup"].astype(float))]  # an empty frame's column is object
     rows = []
     for t in TERAIO:
         for z in (*ZERO, "both"):

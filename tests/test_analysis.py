@@ -492,3 +492,11 @@ def test_seaborn_barplot_splits_pandas3_dtypes(dtype):
                   if np.isfinite(ln.get_ydata()).all())
     expect = sorted(tuple(np.round(t_interval(v), 9)) for v in ([10.0, 12.0], [20.0, 22.0], [1.0, 3.0]))
     assert ends == expect                              # b/z has n = 1: no interval
+
+
+def test_ideal_only_sweep_is_analyzed(tmp_path):
+    # No TeraIO or ZeRO rows: the speedup tables are empty, not a crash.
+    for trial in range(2):
+        write_run(tmp_path, f"ideal_{trial}", system="ideal", batch=4, seq=64, micro=2, trial=trial, tps=100.0 + trial)
+    written = analyze(tmp_path)
+    assert any(str(p).endswith("throughput.md") for p in written)
