@@ -15,6 +15,7 @@ import torch
 from teraio.config import RunConfig
 from teraio.measure import peak_memory, reset_peak_memory, timed
 from teraio.models import build_model
+from teraio.result import iteration_row, progress_line
 from teraio.step import make_batch, make_optimizer, train_step
 
 NO_BYTES = {"ssd": 0, "host": 0}
@@ -51,14 +52,11 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
         if not math.isfinite(loss):
             raise FloatingPointError(f"step {step}: loss {loss}")
         losses.append(loss)
-        print(f"step {step} {t['seconds']:.3f}s {w.tokens_per_step / t['seconds']:.1f} tokens/s "
-              f"loss {loss:.6f}" + ("" if step >= w.warmup_steps else " (warm-up)"), flush=True)
+        print(progress_line(step, t["seconds"], w.tokens_per_step, loss, step < w.warmup_steps), flush=True)
         if step >= w.warmup_steps:
-            result["iterations"].append({
-                "step": step, "seconds": t["seconds"], "tokens": w.tokens_per_step,
-                "tokens_per_s": w.tokens_per_step / t["seconds"], "loss": loss,
-                "stall_count": 0, "stall_seconds": 0.0, "migration_seconds": 0.0,
-                "bytes_offloaded": dict(NO_BYTES), "bytes_prefetched": dict(NO_BYTES)})
+            result["iterations"].append(iteration_row(
+                step, t["seconds"], w.tokens_per_step, loss, stall_count=0, stall_seconds=0.0,
+                migration_seconds=0.0, bytes_offloaded=NO_BYTES, bytes_prefetched=NO_BYTES))
     peak, reserved = peak_memory(device)
     capacity = cfg.hardware.gpu_capacity_bytes
     result.update(peak_allocated_bytes=peak, peak_reserved_bytes=reserved, capacity_bytes=None,

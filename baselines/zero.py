@@ -70,6 +70,7 @@ from torch import nn
 from teraio.config import RunConfig
 from teraio.measure import apply_memory_cap, peak_memory, reset_peak_memory, timed
 from teraio.models import build_meta_model, build_model
+from teraio.result import iteration_row, progress_line
 from teraio.step import make_batch, make_optimizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -357,14 +358,9 @@ def _train(engine, cfg: RunConfig, result: dict, device: torch.device, world: in
             raise FloatingPointError(f"step {step}: loss {loss}")
         losses.append(loss)
         if rank == 0:
-            print(f"step {step} {t['seconds']:.3f}s {w.tokens_per_step / t['seconds']:.1f} tokens/s "
-                  f"loss {loss:.6f}" + ("" if step >= w.warmup_steps else " (warm-up)"), flush=True)
+            print(progress_line(step, t["seconds"], w.tokens_per_step, loss, step < w.warmup_steps), flush=True)
         if step >= w.warmup_steps:
-            result["iterations"].append({
-                "step": step, "seconds": t["seconds"], "tokens": w.tokens_per_step,
-                "tokens_per_s": w.tokens_per_step / t["seconds"], "loss": loss,
-                "stall_count": None, "stall_seconds": None, "migration_seconds": None,
-                "bytes_offloaded": {"ssd": None, "host": None},
-                "bytes_prefetched": {"ssd": None, "host": None}})
+            # DeepSpeed exposes no stall, migration time or bytes moved: those stay null.
+            result["iterations"].append(iteration_row(step, t["seconds"], w.tokens_per_step, loss))
     result["peak_allocated_bytes"], result["peak_reserved_bytes"] = peak_memory(device)
     result["losses"] = losses

@@ -57,6 +57,26 @@ def empty_result(point: dict, config: dict) -> dict[str, Any]:
     }
 
 
+def iteration_row(step: int, seconds: float, tokens: int, loss: float, *, stall_count: int | None = None,
+                  stall_seconds: float | None = None, migration_seconds: float | None = None,
+                  bytes_offloaded: dict | None = None, bytes_prefetched: dict | None = None,
+                  **extra) -> dict:
+    """One entry of ``result["iterations"]`` (schema above). Migration fields a system
+    cannot observe stay null; ``extra`` keys are system-specific additions."""
+    none = {"ssd": None, "host": None}
+    return {"step": step, "seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
+            "loss": loss, "stall_count": stall_count, "stall_seconds": stall_seconds,
+            "migration_seconds": migration_seconds,
+            "bytes_offloaded": dict(bytes_offloaded or none), "bytes_prefetched": dict(bytes_prefetched or none),
+            **extra}
+
+
+def progress_line(step: int, seconds: float, tokens: int, loss: float, warmup: bool, extra: str = "") -> str:
+    """The per-iteration line every worker prints (the sweep streams it to the terminal)."""
+    return (f"step {step} {seconds:.3f}s {tokens / seconds:.1f} tokens/s loss {loss:.6f}{extra}"
+            + (" (warm-up)" if warmup else ""))
+
+
 def summarize_iterations(result: dict) -> None:
     """Fill the totals (tokens/s, stalls, bytes per tier) from ``result["iterations"]``."""
     its = result["iterations"]

@@ -38,6 +38,7 @@ from teraio.measure import (apply_memory_cap, lift_memory_cap, param_digest, pea
 from teraio.models import build_model
 from teraio.planner import TierBandwidth, plan_migrations
 from teraio.profiler import persistent_tensors, profile_step
+from teraio.result import iteration_row, progress_line
 from teraio.step import make_batch, make_optimizer, train_step
 from teraio.storage import HostTier, SSDTier
 
@@ -155,17 +156,15 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
                 with timed(device) as t:
                     loss = engine.run_step(step_fn(step), step)
                 losses.append(loss)
-                print(f"step {step} {t['seconds']:.3f}s {w.tokens_per_step / t['seconds']:.1f} tokens/s "
-                      f"loss {loss:.6f} stalls {engine.stats.stall_count}", flush=True)
+                s = engine.stats
+                print(progress_line(step, t["seconds"], w.tokens_per_step, loss, step < w.warmup_steps,
+                                    f" stalls {s.stall_count}"), flush=True)
                 if step >= w.warmup_steps:
-                    s = engine.stats
-                    result["iterations"].append({
-                        "step": step, "seconds": t["seconds"], "tokens": w.tokens_per_step,
-                        "tokens_per_s": w.tokens_per_step / t["seconds"], "loss": loss,
-                        "stall_count": s.stall_count, "stall_seconds": s.stall_seconds,
-                        "urgent_count": s.urgent_count, "migration_seconds": s.migration_seconds,
-                        "bytes_offloaded": dict(s.bytes_offloaded), "bytes_prefetched": dict(s.bytes_prefetched),
-                        "max_accounted_bytes": s.max_accounted_bytes})
+                    result["iterations"].append(iteration_row(
+                        step, t["seconds"], w.tokens_per_step, loss, stall_count=s.stall_count,
+                        stall_seconds=s.stall_seconds, migration_seconds=s.migration_seconds,
+                        bytes_offloaded=s.bytes_offloaded, bytes_prefetched=s.bytes_prefetched,
+                        urgent_count=s.urgent_count, max_accounted_bytes=s.max_accounted_bytes))
         synchronize(device)
         result["peak_allocated_bytes"], result["peak_reserved_bytes"] = peak_memory(device)
     finally:
