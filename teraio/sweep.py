@@ -456,6 +456,11 @@ def analyze(sweep_dir: Path) -> None:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def _hydra_main(cfg: DictConfig) -> str:
     hc = HydraConfig.get()
+    if "roofline" in cfg:  # +experiment=fig3: modeled from saved traces, no worker, no GPU
+        from teraio.fig3 import run
+
+        run(cfg, Path(hc.runtime.output_dir))
+        return "ok"
     label = f"#{hc.job.num} " if hc.mode.name == "MULTIRUN" else ""
     return run_point_job(cfg, Path(hc.runtime.output_dir), label)
 

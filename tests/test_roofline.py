@@ -141,3 +141,19 @@ def test_gzip_trace_round_trips(tmp_path):
     assert (tmp_path / "t.json.gz").read_bytes()[:2] == b"\x1f\x8b"
     again = Trace.load(tmp_path / "t.json.gz")
     assert again.to_dict() == tr.to_dict()
+
+
+def test_sweep_entry_point_runs_fig3(tmp_path):
+    # `python -m teraio.sweep +experiment=fig3` goes to the roofline, not to a worker.
+    import subprocess
+    import sys
+
+    layered_trace(3, mm_seconds=10e-3).save(tmp_path / "small.json.gz")
+    out = subprocess.run(
+        [sys.executable, "-m", "teraio.sweep", "+experiment=fig3", f"sweep.runs_dir={tmp_path / 'runs'}",
+         f"roofline.models.llama3_8b.trace={tmp_path / 'small.json.gz'}", "roofline.bandwidths_gbps=[0,16]"],
+        capture_output=True, text=True, cwd=CONF.parent, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for name in OUTPUT_FILES:
+        assert (tmp_path / "runs" / "fig3" / name).stat().st_size > 0
+    assert not list((tmp_path / "runs" / "fig3").glob("*/result.json"))  # no worker ran
