@@ -346,6 +346,7 @@ class _Planner:
         alive = bound > 0
         fresh = np.ones(N, dtype=bool)
         self.taken = np.zeros(N, dtype=bool)
+        self.hidden: dict[int, tuple[int, int, int]] = {}  # candidate -> (index, free, prefetch), unrolled
         migrations: list[Migration] = []
         while int(self.live.max()) > self.capacity:
             usable = alive & fresh & (choice >= 0)
@@ -374,6 +375,7 @@ class _Planner:
             if tier == "host":  # host room shrank for every candidate, not only overlapping ones
                 fresh &= choice != self.tiers.index("host")
             t = trace.tensors[int(self.p_tid[c])]
+            self.hidden[c] = (len(migrations), f, p)
             migrations.append(Migration(
                 tid=t.tid, name=t.name, nbytes=t.nbytes, tier=tier,
                 offload_after=int(self.a[c]), free_before=f % self.n, prefetch_before=p % self.n,
@@ -384,55 +386,88 @@ class _Planner:
         stop = "fits" if int(self.live.max()) <= self.capacity else "no_viable_candidate"
         return migrations, {"n_candidates": N, "evaluations": int(evaluations), "stop_reason": stop}
 
-    def run_exposed(self, trace: Trace) -> list[Migration]:
+    def run_exposed(self, trace: Trace, hidden: list[Migration]) -> tuple[list[Migration], int]:
         """Phase 2 (``allow_stalls``): with no hidden migration left and memory still over
         capacity, free each remaining critical op anyway, as the paper's runtime does by
         stalling. A migration's window spans the critical ops of its period (from the first
         to the last), so its transfers run into waits the simulator charges. Host memory
-        is used when it fits (faster, so shorter stalls), else SSD. Ranked as in phase 1."""
+        is used when it fits (faster, so shorter stalls), else SSD. Ranked as in phase 1.
+
+        A period that already has a hidden migration (``hidden``, phase 1's list) can be
+        *widened* instead: its window grows to cover the critical ops of the period outside
+        it (in place, same tier). Without this, a hidden prefetch that bandwidth made start
+        early would pin the tensor on the GPU through a later peak nothing else can free.
+
+        Returns:
+            (the new exposed migrations, how many hidden ones were widened).
+        """
         n, N = self.n, len(self.s)
         alive = ~self.taken
         st, b, s = self.a + 1, self.b, self.s
+        hf, hp = np.full(N, -1), np.full(N, -1)  # hidden windows (unrolled), -1 where none
+        widenable = np.zeros(N, dtype=bool)
+        for c, (_, f_h, p_h) in self.hidden.items():
+            hf[c], hp[c], widenable[c] = f_h, p_h, True
+        hidden_tier = np.full(N, -1)
+        for c, (i, _, _) in self.hidden.items():
+            hidden_tier[c] = self.tiers.index(hidden[i].tier)
         pos = np.arange(2 * n)
-        migrations = []
+        migrations, n_widened = [], 0
         while int(self.live.max()) > self.capacity:
             crit = self.live2 > self.capacity
             nxt = np.minimum.accumulate(np.where(crit, pos, 2 * n)[::-1])[::-1]
             prv = np.maximum.accumulate(np.where(crit, pos, -1))
             f, p = nxt[st], prv[b - 1] + 1
-            ok = alive & (f < b)
-            tier = np.full(N, -1)
-            if "host" in self.tiers and ok.any():
-                i = np.flatnonzero(ok)
+            has_crit = f < b
+            f = np.where(widenable & has_crit, np.minimum(f, hf), np.where(widenable, hf, f))
+            p = np.where(widenable & has_crit, np.maximum(p, hp), np.where(widenable, hp, p))
+            ok = (alive | widenable) & has_crit
+            tier = np.where(widenable, hidden_tier, -1)
+            fresh = ok & ~widenable
+            if "host" in self.tiers and fresh.any():
+                i = np.flatnonzero(fresh)
                 tier[i[self.host_room(i)]] = 1
             if "ssd" in self.tiers:
-                tier[ok & (tier < 0)] = 0
+                tier[fresh & (tier < 0)] = 0
             ok &= tier >= 0
             ben = np.zeros(N)
             for size in np.unique(s[ok]):
                 m = ok & (s == size)
                 q = self._benefit_prefix(int(size))
                 ben[m] = q[p[m]] - q[f[m]]
+                w = m & widenable  # only the ops the widening adds
+                ben[w] -= q[hp[w]] - q[hf[w]]
             per = np.where(tier == 1, self.cost_per_byte["host"], self.cost_per_byte["ssd"]) * s
             score = np.where(ok & (ben > 0), ben / (per if self.benefit == "pressure" else s), 0.0)
             if score.max() <= 0:
                 break
             c = int(np.argmax(score))
-            name = "host" if tier[c] == 1 else "ssd"
             fc, pc = int(f[c]), int(p[c])
-            for lo, hi in _cyclic_slices(fc, pc, n):
-                self.live[lo:hi] -= s[c]
-                self.live2[lo:hi] -= s[c]
-                self.live2[lo + n:hi + n] -= s[c]
+            if widenable[c]:
+                new_ops = [(fc, int(hf[c])), (int(hp[c]), pc)]
+            else:
+                new_ops = [(fc, pc)]
+            for lo_u, hi_u in new_ops:
+                for lo, hi in _cyclic_slices(lo_u, hi_u, n):
+                    self.live[lo:hi] -= s[c]
+                    self.live2[lo:hi] -= s[c]
+                    self.live2[lo + n:hi + n] -= s[c]
+            self._prefix_cache.clear()
+            if widenable[c]:
+                i = self.hidden[c][0]
+                hidden[i] = dataclasses.replace(hidden[i], free_before=fc % n, prefetch_before=pc % n)
+                widenable[c] = False
+                n_widened += 1
+                continue
+            name = "host" if tier[c] == 1 else "ssd"
             if name == "host":
                 self.hold_on_host(c)
-            self._prefix_cache.clear()
             alive[c] = False
             t = trace.tensors[int(self.p_tid[c])]
             migrations.append(Migration(tid=t.tid, name=t.name, nbytes=t.nbytes, tier=name,
                                         offload_after=int(self.a[c]), free_before=fc % n,
                                         prefetch_before=pc % n, needed_by=int(b[c]) % n))
-        return migrations
+        return migrations, n_widened
 
 
 def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
@@ -485,9 +520,9 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
     if baseline > capacity_bytes:
         migrations, stats = planner.run(trace)
         if allow_stalls and stats["stop_reason"] != "fits":
-            exposed = planner.run_exposed(trace)
+            exposed, widened = planner.run_exposed(trace, migrations)
             migrations += exposed
-            stats["n_exposed"] = len(exposed)
+            stats["n_exposed"], stats["n_widened"] = len(exposed), widened
             stats["stop_reason"] = "fits_with_stalls" if int(planner.live.max()) <= capacity_bytes else \
                 "no_candidate_left"
     else:
@@ -497,7 +532,7 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
         "planner": "teraio.planner/1", "benefit": benefit,
         "tiers_gbps": dataclasses.asdict(tiers), "host_cap_bytes": int(host_cap_bytes),
         "use_ssd": use_ssd, "allow_stalls": allow_stalls, "min_tensor_bytes": int(min_tensor_bytes),
-        "n_exposed": 0,
+        "n_exposed": 0, "n_widened": 0,
         "shortfall_bytes": max(0, predicted - capacity_bytes), **stats,
         "compile_seconds": time.perf_counter() - t0,
     }
@@ -529,6 +564,7 @@ def reserved_bandwidth(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth) 
     """Replay ``plan``'s migrations, in plan order, on fresh bandwidth timelines.
 
     Exposed migrations (``allow_stalls``) reserve nothing: they are not planned to hide.
+    Hidden migrations the exposed phase widened keep their original reservations.
 
     Returns:
         channel name (``CHANNELS``) -> (reserved bytes per op slot, capacity bytes per op
@@ -547,7 +583,11 @@ def reserved_bandwidth(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth) 
         b = m.needed_by if m.needed_by > a else m.needed_by + n
         wr, rd = (chans[c] for c in TIER_CHANNELS[m.tier])
         f, p = wr.reserve_offload(a + 1, m.nbytes), rd.reserve_prefetch(b, m.nbytes)
-        if (f % n, p % n) != (m.free_before, m.prefetch_before):
+        # A migration widened by the exposed phase keeps its reservation; its window only
+        # grew around the replayed one (it frees earlier and/or comes back later).
+        widened_ok = ((m.free_before - a) % n <= (f - a) % n
+                      and (p - a) % n <= ((m.prefetch_before - a - 1) % n) + 1)
+        if (f % n, p % n) != (m.free_before, m.prefetch_before) and not widened_ok:
             raise ValueError(f"migration of {m.name!r} after op {a}: replay gives free_before {f % n}, "
                              f"prefetch_before {p % n}; the plan says {m.free_before}, {m.prefetch_before}")
     return {c: (ch.reserved, ch.capacity) for c, ch in chans.items()}
