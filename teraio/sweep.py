@@ -453,7 +453,10 @@ def analyze(sweep_dir: Path) -> None:
         console.print(f"\n{table.read_text()}", markup=False)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+# An absolute path: Hydra resolves a relative one against the module's package when the
+# task function is imported by name (below), and "pkg://teraio/../conf" does not exist.
+@hydra.main(version_base="1.3", config_path=str(Path(__file__).resolve().parents[1] / "conf"),
+            config_name="config")
 def _hydra_main(cfg: DictConfig) -> str:
     hc = HydraConfig.get()
     if "roofline" in cfg:  # +experiment=fig3: modeled from saved traces, no worker, no GPU
@@ -471,4 +474,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Run the task function from the importable module, not from __main__: launchers that
+    # pickle it (hydra/launcher=submitit_slurm) then send a reference to teraio.sweep
+    # instead of copying this module by value, rich console and locks included.
+    from teraio.sweep import main as importable_main
+
+    importable_main()
