@@ -141,7 +141,8 @@ def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool =
       memory (checked only when ``check_device`` and a GPU is visible; a ``cuda`` device
       with no GPU here is itself an error unless ``check_device`` is false);
     * ``hardware.ssd_dirs`` of systems that offload to SSDs: each exists (created first
-      when ``make_ssd_dirs``), is a directory, and takes a new file;
+      when ``make_ssd_dirs``), is a directory, and takes a new file — checked only with
+      ``check_device``, since otherwise the workers run elsewhere; the list must not be empty;
     * TeraIO-Mixed needs a host tier: ``hardware.host_mem_cap_bytes`` > 0;
     * ``timeout_s`` > 0, ``workload.measure_steps`` >= 1, ``hardware.n_gpus`` >= 1.
 
@@ -178,7 +179,11 @@ def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool =
                              f"({torch.cuda.get_device_name(device.index or 0)}: {total} bytes); "
                              f"valid: 1..{total}")
     if run.system.name in SSD_SYSTEMS:
-        check_ssd_dirs(hw.ssd_dirs, run.system.name, make=make_ssd_dirs)
+        if check_device:
+            check_ssd_dirs(hw.ssd_dirs, run.system.name, make=make_ssd_dirs)
+        elif not hw.ssd_dirs:  # the drives are the worker's machine's (e.g. Slurm nodes)
+            raise ValueError(f"hardware.ssd_dirs is empty; {run.system.name} offloads to SSDs: "
+                             "give one directory per drive")
     if run.system.name == "teraio_mixed" and not hw.host_mem_cap_bytes > 0:
         raise ValueError(f"hardware.host_mem_cap_bytes={hw.host_mem_cap_bytes}: teraio_mixed "
                          "offloads to host memory too and needs a cap > 0 (bytes); "

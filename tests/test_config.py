@@ -165,6 +165,10 @@ def test_ssd_dirs_missing_not_a_dir_or_unwritable_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"hardware.ssd_dirs is empty"):
         sweep.validate(run_cfg("teraio_mixed", ssd_dirs=[], host_mem_cap_bytes=1))
     sweep.validate(run_cfg("ideal", ssd_dirs=[str(missing)]))  # Ideal uses no SSD
+    # Workers on other machines (sweep.check_device=false): their drives are not ours to check.
+    sweep.validate(run_cfg("teraio_ssd", ssd_dirs=[str(missing)]), check_device=False)
+    with pytest.raises(ValueError, match=r"hardware.ssd_dirs is empty"):
+        sweep.validate(run_cfg("zero_infinity", ssd_dirs=[]), check_device=False)
     sweep.validate(run_cfg("teraio_ssd", ssd_dirs=[str(missing)]), make_ssd_dirs=True)
     assert missing.is_dir()
 
