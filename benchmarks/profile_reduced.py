@@ -84,7 +84,7 @@ def profile(cfg: ModelConfig, workload: WorkloadConfig, device: torch.device, se
 
     def step(i: int):
         inputs, labels = make_batch(i, workload, cfg.vocab_size, seed, device)
-        return lambda: train_step(model, optimizer, inputs, labels, workload.micro_batch_size)
+        return lambda: train_step(model, optimizer, inputs, labels, workload.micro_batch_size)  # noqa: F821
 
     step(0)()
     t0 = time.perf_counter()
@@ -92,7 +92,7 @@ def profile(cfg: ModelConfig, workload: WorkloadConfig, device: torch.device, se
         "model": cfg.name, "n_layers": cfg.n_layers, "batch_size": workload.batch_size,
         "micro_batch_size": workload.micro_batch_size, "seq_len": workload.seq_len})
     seconds = time.perf_counter() - t0
-    del model, optimizer
+    del model, optimizer  # the closure's too: free the GPU before the caller profiles again
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -34,7 +34,7 @@ LLAMA3_8B = {"name": "llama3_8b", "family": "llama3", "dim": 4096, "n_layers": 3
 def run_config(system: str, args) -> dict:
     capped = system != "ideal"
     return {
-        "model": dict(LLAMA3_8B, n_layers=args.layers, name=f"llama3_8b" if args.layers == 32 else f"llama3_8b_{args.layers}l"),
+        "model": dict(LLAMA3_8B, n_layers=args.layers, name="llama3_8b" if args.layers == 32 else f"llama3_8b_{args.layers}l"),
         "workload": {"batch_size": args.batch, "micro_batch_size": 1, "seq_len": args.seq,
                      "warmup_steps": args.warmup, "measure_steps": args.measure, "lr": 1e-4},
         "system": {"name": system, "options": {}},

@@ -235,7 +235,7 @@ class _Planner:
 
     def __init__(self, trace: Trace, capacity: int, tiers: TierBandwidth, host_cap: int,
                  benefit: str, use_ssd: bool, periods: Periods):
-        self.n = n = trace.n_ops
+        self.n = trace.n_ops
         self.capacity = capacity
         self.host_cap = host_cap
         self.benefit = benefit
