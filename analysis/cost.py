@@ -198,7 +198,7 @@ def write_cost_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
                          f"Hardware cost saving over PureGPUs (paper §6 C12) — {who}",
                          ["The paper states 5.88× for TeraIO-SSD, but its own Table 3 gives "
                           "499,591.4 / (84,139.9 + 1,360) = 5.84× (5.94× without the SSDs); "
-                          "TeraIO-Mixed's 5.41× does follow (PAPER.md §5)."])
+                          "TeraIO-Mixed's 5.41× does follow from it."])
     es = cost_efficiency_summary(cost_efficiency(costs))
     t3 = pd.DataFrame({
         "Model": es["model"], "Hardware": es["hardware"], "TeraIO": es["teraio"].map(agg.system_label),
