@@ -13,7 +13,8 @@ PIP=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 
 # torch first and explicitly: left to a dependency resolver, 'torch' may pull a
 # multi-GB CUDA build. On a GPU machine, install your CUDA torch into .venv first.
-.venv/bin/python -c "import torch" 2>/dev/null || "${PIP[@]}" torch==2.13.0
+# numpy alongside, so that importing torch below does not warn that it is missing.
+.venv/bin/python -c "import torch" 2>/dev/null || "${PIP[@]}" torch==2.13.0 numpy
 # torchtitan imports triton, which only CUDA builds of torch bring along (extra "cpu").
 if .venv/bin/python -c "import sys, torch; sys.exit(torch.version.cuda is not None)"; then
   extras="test,cpu"
