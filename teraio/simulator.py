@@ -150,25 +150,28 @@ def simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: st
     op_start = np.zeros(total)
     op_stall = np.zeros(total)
     stalls = np.zeros(total, dtype=np.int64)
+    def wait(g: int, i: int, direction: int, t: float) -> float:
+        """Time once instance i's transfer is done (a stall at op g if later than t)."""
+        ch, key, _, _ = transfer(i, direction)
+        if key not in ch.issued:  # it moved before step one
+            return t
+        done = ch.done_time(key, t)
+        if done > t:
+            stalls[g] += 1
+            return done
+        return t
+
     t = 0.0
     for g in range(total):
         boundary[g] = t
         t0 = t
         for i in free_at.get(g, ()):
-            ch, key, _, _ = transfer(i, 0)
-            if key in ch.issued:  # else it was offloaded before step one
-                done = ch.done_time(key, t)
-                if done > t:
-                    t, stalls[g] = done, stalls[g] + 1
+            t = wait(g, i, 0, t)
         for i in pf_at.get(g, ()):
             ch, key, nbytes, dl = transfer(i, 1)
             ch.issue(t, key, nbytes, dl)
         for i in need_at.get(g, ()):
-            ch, key, _, _ = transfer(i, 1)
-            if key in ch.issued:  # else it was prefetched before step one
-                done = ch.done_time(key, t)
-                if done > t:
-                    t, stalls[g] = done, stalls[g] + 1
+            t = wait(g, i, 1, t)
         op_stall[g] = t - t0
         op_start[g] = t
         t += tau[g % n]
