@@ -34,7 +34,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from teraio.plan import Migration, MigrationPlan, cyclic_between
-from teraio.profiler import fresh_outputs, iter_tensors, storage_key
+from teraio.profiler import fresh_outputs, iter_tensors, storage_id, storage_key
 from teraio.trace import Trace
 
 RESIDENT, OFFLOADING, OFFLOADED, PREFETCHING = "resident", "offloading", "offloaded", "prefetching"
@@ -257,7 +257,7 @@ class MigrationEngine(TorchDispatchMode):
         for m in self.prefetch_before[k]:
             t = self.tensors[m.tid]
             if t.status == OFFLOADED:
-                self._launch_prefetch(m.tid, t, k)
+                self._launch_prefetch(t, k)
         for m in self.needed_by[k]:
             t = self.tensors[m.tid]
             if t.status != RESIDENT:
@@ -313,9 +313,9 @@ class MigrationEngine(TorchDispatchMode):
         self._submit(t, m.tier, "offload", k)
         t.status = OFFLOADING
 
-    def _launch_prefetch(self, tid: int, t: _Tensor, k: int) -> None:
+    def _launch_prefetch(self, t: _Tensor, k: int) -> None:
         t.storage.resize_(t.nbytes)
-        self._away.pop(storage_key_of(t.storage), None)
+        self._away.pop(storage_id(t.storage), None)
         self._away_bytes -= t.nbytes
         self._submit(t, t.tier, "prefetch", k)
         t.status = PREFETCHING
@@ -341,20 +341,16 @@ class MigrationEngine(TorchDispatchMode):
     def _free(self, tid: int, t: _Tensor) -> None:
         t.storage.resize_(0)
         t.status = OFFLOADED
-        self._away[storage_key_of(t.storage)] = tid
+        self._away[storage_id(t.storage)] = tid
         self._away_bytes += t.nbytes
 
     def _make_resident(self, tid: int, t: _Tensor, urgent: bool, k: int | None = None) -> None:
         if t.status == OFFLOADED:
-            self._launch_prefetch(tid, t, k if k is not None else -1)
+            self._launch_prefetch(t, k if k is not None else -1)
         if urgent and self.stats is not None:
             self.stats.urgent_count += 1
         self._wait(t, k)
         t.status = RESIDENT
-
-
-def storage_key_of(s: torch.UntypedStorage) -> int:
-    return s._cdata
 
 
 def _parse_intermediate(name: str) -> tuple[int, int]:

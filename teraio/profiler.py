@@ -45,9 +45,14 @@ def iter_tensors(args: tuple, kwargs: dict | None) -> Iterator[torch.Tensor]:
         yield from iter_tensors(tuple(kwargs.values()), None)
 
 
+def storage_id(s: torch.UntypedStorage) -> int:
+    """Identity of a storage: its StorageImpl address, which ``resize_`` keeps."""
+    return s._cdata
+
+
 def storage_key(t: torch.Tensor) -> int:
-    """Identity of ``t``'s storage (its StorageImpl address)."""
-    return t.untyped_storage()._cdata
+    """Identity of ``t``'s storage (:func:`storage_id`)."""
+    return storage_id(t.untyped_storage())
 
 
 def fresh_outputs(out, in_keys: set[int]) -> list[torch.Tensor]:
