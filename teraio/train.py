@@ -118,7 +118,7 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
     losses = [step_fn(0)()]
     t0 = time.perf_counter()
     loss, trace = profile_step(step_fn(1), model, optimizer, device,
-                               meta={"model": cfg.model.name, **cfg.point()})
+                               meta=cfg.point())
     losses.append(loss)
     result["profile_seconds"] = time.perf_counter() - t0
     trace.save(job_dir / "trace.json")
