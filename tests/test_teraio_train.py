@@ -19,21 +19,21 @@ MODEL = {"name": "tiny", "dim": 64, "n_layers": 2, "n_heads": 4, "vocab_size": 2
 WORK = {"batch_size": 2, "micro_batch_size": 1, "seq_len": 32, "warmup_steps": 2, "measure_steps": 18}
 
 
-def config(system, ssd_dir, capacity, **hw):
-    hardware = {"ssd_dirs": [str(ssd_dir)], "gpu_capacity_bytes": capacity, "host_mem_cap_bytes": 1 << 28,
+def config(system, ssd_dir, capacity, model=None, device="cpu", **hw):
+    hardware = {"device": device, "ssd_dirs": [str(ssd_dir)], "gpu_capacity_bytes": capacity, "host_mem_cap_bytes": 1 << 28,
                 "ssd_write_gbps": 50.0, "ssd_read_gbps": 50.0, "host_d2h_gbps": 50.0, "host_h2d_gbps": 50.0,
                 **hw}
-    return run_config_from_dict({"model": MODEL, "workload": WORK, "hardware": hardware,
+    return run_config_from_dict({"model": {**MODEL, **(model or {})}, "workload": WORK, "hardware": hardware,
                                  "system": {"name": system, "options": {"min_tensor_bytes": 1024}}})
 
 
-def reference():
-    cfg = config("teraio_ssd", "/unused", None)
-    model = build_model(cfg.model, cfg.workload.seq_len, CPU, cfg.seed)
+def reference(device=CPU, **model):
+    cfg = config("teraio_ssd", "/unused", None, model=model)
+    model = build_model(cfg.model, cfg.workload.seq_len, device, cfg.seed)
     opt = make_optimizer(model, cfg.workload.lr)
     losses = []
     for s in range(cfg.workload.warmup_steps + cfg.workload.measure_steps):
-        x, y = make_batch(s, cfg.workload, cfg.model.vocab_size, cfg.seed, CPU)
+        x, y = make_batch(s, cfg.workload, cfg.model.vocab_size, cfg.seed, device)
         losses.append(train_step(model, opt, x, y, cfg.workload.micro_batch_size))
     return losses, param_digest(model)
 
@@ -43,10 +43,10 @@ def ref():
     return reference()
 
 
-def run_teraio(cfg, job_dir):
+def run_teraio(cfg, job_dir, device=CPU):
     job_dir.mkdir()
     result = empty_result(cfg.point(), cfg.to_dict())
-    run(cfg, job_dir, result, CPU)
+    run(cfg, job_dir, result, device)
     return result
 
 
@@ -65,12 +65,30 @@ def test_bandwidth_starved_plan_stalls_but_fits(tmp_path, ref):
     assert all(it["stall_count"] > 0 for it in result["iterations"])
 
 
-def check_bit_identical(tmp_path, ref, system, hw, fraction):
+# On the GPU: CUDA streams, events, kvikio and the pinned pool in play; a model large enough
+# that 50 % of its peak is many allocator blocks.
+@pytest.mark.gpu
+@pytest.mark.parametrize("system,hw", [("teraio_ssd", {}),
+                                       ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5})],
+                         ids=["ssd", "mixed"])
+def test_half_capacity_is_bit_identical_on_gpu(tmp_path, system, hw):
+    gpu = torch.device("cuda")
+    ref = reference(gpu, **GPU_MODEL)
+    allocated = torch.cuda.memory_allocated()
+    check_bit_identical(tmp_path, ref, system, hw, fraction=0.5, device=gpu, model=GPU_MODEL)
+    assert torch.cuda.memory_allocated() == allocated
+
+
+GPU_MODEL = {"dim": 512, "vocab_size": 8192}
+
+
+def check_bit_identical(tmp_path, ref, system, hw, fraction, device=CPU, model=None):
     ref_losses, ref_digest = ref
     (tmp_path / "ssd").mkdir()
-    probe = run_teraio(config(system, tmp_path / "ssd", None, **hw), tmp_path / "probe")
+    dev = {"device": device.type, "model": model}
+    probe = run_teraio(config(system, tmp_path / "ssd", None, **dev, **hw), tmp_path / "probe", device)
     capacity = int(probe["unoffloaded_peak_bytes"] * fraction)
-    result = run_teraio(config(system, tmp_path / "ssd", capacity, **hw), tmp_path / "job")
+    result = run_teraio(config(system, tmp_path / "ssd", capacity, **dev, **hw), tmp_path / "job", device)
 
     assert result["losses"] == ref_losses
     assert result["final_params_sha256"] == ref_digest

@@ -1,0 +1,37 @@
+#!/bin/bash
+# Two measurement lanes on an nvidia-h200-x2 machine, one per GPU, in one device call, so
+# that one call's start-up serves both GPUs. Each lane is a list of steps (shell commands)
+# run in order on its GPU; every step gets what is left of the call's deadline, so the
+# lanes end and their outputs are packed before the call's limit.
+#
+#   source scripts/remote_env.sh && bash benchmarks/h200x2_lanes.sh SECONDS OUT_DIR \
+#       "gpu0 step 1" "gpu0 step 2" -- "gpu1 step 1" ...
+#
+# Each step runs with CUDA_VISIBLE_DEVICES set to its lane's GPU; its output goes to
+# OUT_DIR/lane<g>.log. A step that runs past the deadline is killed (the sweep resumes
+# such a point later: a killed point has no result.json). Exit status: 0.
+set -u
+budget=$1 out=$2; shift 2
+deadline=$((SECONDS + budget))
+lane0=() lane1=()
+while (($#)) && [[ $1 != -- ]]; do lane0+=("$1"); shift; done
+(($#)) && shift
+lane1=("$@")
+mkdir -p "$out"
+
+run_lane() {  # gpu, steps...
+  local gpu=$1; shift
+  for step in "$@"; do
+    local left=$((deadline - SECONDS))
+    ((left > 5)) || { echo "[lane $gpu] deadline: skipped: $step"; continue; }
+    echo "[lane $gpu] $(date +%T) ($left s left) $step"
+    CUDA_VISIBLE_DEVICES=$gpu timeout --kill-after=10 "$left" bash -c "$step"
+    local rc=$?
+    echo "[lane $gpu] $(date +%T) exit $rc"
+  done
+}
+
+run_lane 0 "${lane0[@]}" >"$out/lane0.log" 2>&1 &
+run_lane 1 "${lane1[@]}" >"$out/lane1.log" 2>&1 &
+wait
+exit 0
