@@ -28,6 +28,7 @@ import concurrent.futures
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -195,9 +196,17 @@ class MigrationEngine(TorchDispatchMode):
         self.history.append(self.stats)
         return out
 
-    def close(self) -> None:
-        """Restore every offloaded tensor to the device, stop the I/O threads and close the
-        tiers (offload files deleted, pinned pool freed). Idempotent."""
+    def close(self, restore: Callable[[str], bool] | None = None) -> None:
+        """Restore offloaded tensors to the device, stop the I/O threads and close the tiers
+        (offload files deleted, pinned pool freed). Idempotent.
+
+        Args:
+            restore: which tensors to restore, by stable name (e.g. ``"param:"`` names);
+                None restores every one. A tensor not restored keeps its storage freed
+                (0 bytes): the caller must not use it again. A runner that only reads the
+                parameters after training saves reading the rest back (from an SSD tier,
+                tens of GB at a few GB/s).
+        """
         if self._pool is None:
             return
         # Restores after the last step are not part of any step's statistics.
@@ -209,6 +218,8 @@ class MigrationEngine(TorchDispatchMode):
             if t.status == OFFLOADING:  # the bytes never left the device: a failed write loses nothing
                 concurrent.futures.wait([t.job])
                 t.status, t.job = RESIDENT, None
+                continue
+            if t.status == OFFLOADED and restore is not None and not restore(t.name):
                 continue
             try:
                 self._make_resident(tid, t, urgent=False)

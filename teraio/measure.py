@@ -25,14 +25,19 @@ def apply_memory_cap(capacity_bytes: int | None, device: torch.device) -> None:
     if not 0 < capacity_bytes <= total:
         raise ValueError(f"hardware.gpu_capacity_bytes={capacity_bytes} must be in (0, {total}] "
                          f"(the total memory of {torch.cuda.get_device_name(device)})")
-    torch.cuda.set_per_process_memory_fraction(capacity_bytes / total, device)
+    torch.cuda.set_per_process_memory_fraction(capacity_bytes / total, _index(device))
 
 
 def lift_memory_cap(device: torch.device) -> None:
     """Undo :func:`apply_memory_cap`: the emulated capacity binds training, not the cleanup
     after it (restoring every offloaded tensor needs the un-offloaded footprint)."""
     if device.type == "cuda":
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        torch.cuda.set_per_process_memory_fraction(1.0, _index(device))
+
+
+def _index(device: torch.device) -> int:
+    # set_per_process_memory_fraction rejects a device without an index ("cuda").
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def synchronize(device: torch.device) -> None:

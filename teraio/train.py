@@ -169,7 +169,9 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
         result["peak_allocated_bytes"], result["peak_reserved_bytes"] = peak_memory(device)
     finally:
         lift_memory_cap(device)
-        engine.close()
+        # Only the parameters are read after training (their digest); reading back the
+        # optimizer state too would add minutes from an SSD tier.
+        engine.close(restore=lambda name: name.startswith("param:"))
     result["losses"] = losses
     result["final_params_sha256"] = param_digest(model)
     _write_logs(engine, trace, job_dir, first_step=w.warmup_steps)

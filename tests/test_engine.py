@@ -172,3 +172,22 @@ def test_fifty_steps_stay_flat_and_cleanup_is_complete(tmp_path):
     # Everything is back on the "device" and whole: one more ordinary step runs.
     assert all(p.untyped_storage().nbytes() == p.numel() * p.element_size() for p in model.parameters())
     step_fn(model, opt, 52)()
+
+
+def test_close_restores_only_what_is_asked_and_cleans_up(tmp_path):
+    # After steps under the harshest plan, close(restore=params): the parameters come back
+    # bit-exact, optimizer state offloaded at that moment stays freed, files are gone.
+    n_steps = 4
+    _, ref_params = reference(n_steps)
+    model, opt, _, trace = profiled()
+    plan = every_gap_plan(trace)
+    eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), open_tiers(plan, tmp_path), CPU)
+    eng.prime()
+    for s in range(2, n_steps):
+        eng.run_step(step_fn(model, opt, s), s)
+    eng.close(restore=lambda name: name.startswith("param:"))
+    for p, q in zip(model.parameters(), ref_params):
+        assert torch.equal(p, q)
+    states = [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v) and v.nbytes >= 256]
+    assert any(v.untyped_storage().nbytes() == 0 for v in states)
+    assert not [f for d in tmp_path.iterdir() for f in d.iterdir()]
