@@ -34,7 +34,15 @@ as ``<job dir>/deepspeed_config.json``.
   ``param_buffer_size``      zero_infinity: elements per parameter buffer; null is the
                              largest parameter's element count (Table 4: 300M/540M; it
                              must hold the largest parameter)
-  ``optimizer_buffer_count`` zero_infinity: optimizer-state swap buffers (Table 4: 4)
+  ``optimizer_buffer_count`` zero_infinity: optimizer-state swap buffers (Table 4: 4; default
+                             12). DeepSpeed 0.19.8's pipelined swapper takes 4 buffers (FP32
+                             partition, exp_avg, exp_avg_sq, gradient) per swap in flight: the
+                             current sub-group, plus one read ahead (``pipeline_read``), plus
+                             one write behind (``pipeline_write``); with fewer, a model of more
+                             than one sub-group fails its first optimizer step ("ran out of
+                             swap buffers"). Seen on the H200 with Table 4's 4, reproduced on
+                             CPU (``tests/test_zero.py``). Each buffer holds one sub-group
+                             (``sub_group_size``, DeepSpeed's default 1e9 elements).
   ``pipeline_read``, ``pipeline_write``  zero_infinity: overlap optimizer-state swapping
                              with the optimizer step (Table 4: true)
   ``aio``                    zero_infinity: DeepSpeed's ``aio`` section (``block_size``
@@ -79,11 +87,14 @@ CONFIG_FILE = "deepspeed_config.json"
 
 _COMMON = {"stage": 2, "pin_memory": True, "param_persistence_threshold": 100_000,
            "model_persistence_threshold": None, "prefetch_bucket_size": None, "ds_config": {}}
+# AdamW under ZeRO-3 NVMe: FP32 partition, exp_avg, exp_avg_sq and the gradient per swap.
+OPTIMIZER_BUFFERS_PER_SWAP = 4
+
 DEFAULTS: dict[str, dict] = {
     "zero_offload": {**_COMMON, "offload_param": False},
     "zero_infinity": {
         **_COMMON, "stage": 3, "prefetch_bucket_size": 0, "nvme_path": None,
-        "param_buffer_count": 18, "param_buffer_size": None, "optimizer_buffer_count": 4,
+        "param_buffer_count": 18, "param_buffer_size": None, "optimizer_buffer_count": 12,
         "pipeline_read": True, "pipeline_write": True,
         "aio": {"block_size": 1 << 20, "queue_depth": 8, "intra_op_parallelism": 1,
                 "single_submit": False, "overlap_events": True}},
@@ -137,6 +148,12 @@ def resolve_options(system: str, options: dict) -> dict:
     for key in ("param_buffer_count", "optimizer_buffer_count"):
         if key in opts and not (isinstance(opts[key], int) and opts[key] > 0):
             raise ValueError(f"system.options.{key}={opts[key]!r}; must be a positive int")
+    if "optimizer_buffer_count" in opts:
+        need = OPTIMIZER_BUFFERS_PER_SWAP * (1 + bool(opts["pipeline_read"]) + bool(opts["pipeline_write"]))
+        if opts["optimizer_buffer_count"] < need:
+            raise ValueError(f"system.options.optimizer_buffer_count={opts['optimizer_buffer_count']}; with "
+                             f"pipeline_read={opts['pipeline_read']} and pipeline_write={opts['pipeline_write']} "
+                             f"DeepSpeed's optimizer swapper needs at least {need} (4 per swap in flight)")
     if not isinstance(opts["ds_config"], dict):
         raise ValueError(f"system.options.ds_config={opts['ds_config']!r}; must be a mapping")
     return opts

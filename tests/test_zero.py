@@ -97,8 +97,9 @@ def test_infinity_config_has_table4_keys(tmp_path):
     ds = zero.deepspeed_config(make_cfg("zero_infinity"), opts, largest_param(), nvme_path=str(tmp_path))
     z = ds["zero_optimization"]
     assert z["stage"] == 3
+    # buffer_count: Table 4's 4 is too few for DeepSpeed 0.19.8's pipelined swapper (3 x 4).
     assert z["offload_optimizer"] == {"device": "nvme", "nvme_path": str(tmp_path), "pin_memory": True,
-                                      "buffer_count": 4, "pipeline_read": True, "pipeline_write": True}
+                                      "buffer_count": 12, "pipeline_read": True, "pipeline_write": True}
     assert z["offload_param"] == {"device": "nvme", "nvme_path": str(tmp_path), "pin_memory": True,
                                   "buffer_count": 18, "buffer_size": largest_param()}
     assert z["stage3_param_persistence_threshold"] == 100_000
@@ -135,6 +136,8 @@ def test_conf_yaml_mirrors_defaults(system):
     ("zero_offload", {"offload_param": True}, r"offload_param=true needs stage 3"),
     ("zero_infinity", {"aio": {"thread_count": 4}}, r"thread_count is ignored.*intra_op_parallelism"),
     ("zero_infinity", {"param_buffer_count": 0}, r"param_buffer_count=0; must be a positive int"),
+    ("zero_infinity", {"optimizer_buffer_count": 4}, r"optimizer_buffer_count=4; .* needs at least 12"),
+    ("zero_infinity", {"optimizer_buffer_count": 7, "pipeline_write": False}, r"needs at least 8"),
     ("zero_infinity", {"ds_config": [1]}, r"ds_config=\[1\]; must be a mapping"),
     ("zero_infinity", {"aio": None}, r"aio=None; must be a mapping"),
     ("ideal", {}, r"'ideal' is not a ZeRO system"),
@@ -206,7 +209,10 @@ def test_zero_infinity_swaps_to_nvme_and_follows_plain_torch(tmp_path, reference
 
     monkeypatch.setattr(deepspeed.DeepSpeedEngine, "step", step_and_look)
     job = tmp_path / "job"
-    result = run_point(make_cfg("zero_infinity", ssd_dir=ssd), job, runner=zero.run)
+    # Several optimizer sub-groups, so that the pipelined swapper reads ahead and writes
+    # behind (with Table 4's 4 buffers it ran out here and on the H200).
+    options = {"ds_config": {"zero_optimization": {"sub_group_size": 500_000}}}
+    result = run_point(make_cfg("zero_infinity", options, ssd_dir=ssd), job, runner=zero.run)
     check_row(result, job, reference)
     assert len(seen) == 8  # 4 iterations x 2 micro-batches
     files = seen[-1]
