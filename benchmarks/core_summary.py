@@ -1,19 +1,25 @@
 """Condense the raw output of ``benchmarks/teraio_core.py`` calls into
-``benchmarks/results/teraio_core_h200.json`` (issue 2, item 7), and replay the measured
-TeraIO plan through the performance model (``teraio.simulator``) for
+``benchmarks/results/teraio_core_h200.json`` (issue 2, item 7), and replay every measured
+TeraIO run through the performance model (``teraio.simulator``) for
 ``benchmarks/results/simulator_validation_h200.json`` (issue 5, item 2).
 
-    python benchmarks/core_summary.py benchmarks/results/h200x2_llama3_8b_70gib
+    python benchmarks/core_summary.py benchmarks/results/h200x2_session2 \\
+        --overhead benchmarks/results/h200x2_llama3_8b_70gib/call6_teraio_core.json \\
+        --sweep runs/reference/h200/fig7_h200_slice
 
-Inputs (committed, as the GPU machine returned them): ``call9_teraio_core.json`` (the
-systems, one call), ``call6_teraio_core.json`` (the dispatch-overhead measurement, an
-earlier call on the same kind of machine whose TeraIO runs failed), and the TeraIO-Mixed
-trace, plan and result of call 9 (``teraio_mixed_*.json.gz``).
+Inputs, as the GPU machine returned them (``RAW/COMMANDS.md`` says which call made what):
+``RAW/call<N>_teraio_core.json`` (one per call; each holds an Ideal row of the same call,
+so every ratio to Ideal is taken within one call), ``RAW/call<N>_<system>_{trace,plan,
+result}.json.gz`` of the TeraIO runs, the dispatch-overhead measurement (``--overhead``)
+and the TeraIO rows of a sweep (``--sweep``: job dirs holding trace.json, plan.json and
+result.json), which add configurations to the simulator's validation.
 """
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -26,70 +32,123 @@ from teraio.simulator import simulate  # noqa: E402
 from teraio.trace import Trace  # noqa: E402
 
 GiB = 1 << 30
+TERAIO = ("teraio_mixed", "teraio_ssd")
 
 
-def main(raw: Path) -> None:
-    systems_call = json.loads((raw / "call9_teraio_core.json").read_text())
-    overhead_call = json.loads((raw / "call6_teraio_core.json").read_text())
-    mixed_result = json.loads(gzip.decompress((raw / "teraio_mixed_result.json.gz").read_bytes()))
-    ideal = systems_call["systems"]["ideal"]
-    ideal_tps = ideal["tokens_per_s"]
-    ideal_loss = {i["step"]: i["loss"] for i in ideal["iterations"]}
-    out = {
-        "what": "Llama3-8B (torchtitan 0.2.2, sdpa), fp32, AdamW(foreach=False), batch 1 x seq 2048, "
-                "capacity emulated at 70 GiB on one H200 of an nvidia-h200-x2 machine",
-        "commands": {"systems": "python " + systems_call["command"],
-                     "dispatch_overhead": "python " + overhead_call["command"],
-                     "summary": "python benchmarks/core_summary.py " + str(raw)},
-        "systems": {},
+def _json(path: Path) -> dict:
+    raw = path.read_bytes()
+    return json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
+
+
+def system_row(name: str, result: dict, ideal: dict, call: str) -> dict:
+    """One system's measured iterations, against the Ideal row of the same call."""
+    its = result.get("iterations") or []
+    tps = [i["tokens_per_s"] for i in its]
+    ideal_loss = {i["step"]: i["loss"] for i in ideal.get("iterations") or []}
+    peak = result.get("peak_allocated_bytes")
+    return {
+        "call": call,
+        "status": result["status"],
+        "tokens_per_s": statistics.fmean(tps) if tps else None,
+        "tokens_per_s_per_iteration": tps,
+        "ratio_to_ideal": statistics.fmean(tps) / ideal["tokens_per_s"] if tps else None,
+        "ideal_tokens_per_s_same_call": ideal["tokens_per_s"],
+        "iteration_seconds": [i["seconds"] for i in its],
+        "stall_count_per_iteration": [i.get("stall_count") for i in its],
+        "stall_seconds_per_iteration": [i.get("stall_seconds") for i in its],
+        "bytes_per_iteration": [{"offloaded": i.get("bytes_offloaded"), "prefetched": i.get("bytes_prefetched")}
+                                for i in its],
+        "same_losses_as_ideal": ({i["step"]: i["loss"] for i in its} == ideal_loss) if its else None,
+        "peak_allocated_gib": peak / GiB if peak else None,
+        "capacity_gib": result["capacity_bytes"] / GiB if result.get("capacity_bytes") else None,
+        "unoffloaded_peak_gib": (result["unoffloaded_peak_bytes"] / GiB if result.get("unoffloaded_peak_bytes")
+                                 else None),
+        "plan": result.get("plan"),
+        "plan_compile_seconds": result.get("plan_compile_seconds"),
+        "kvikio_mode": result.get("kvikio_mode"),
     }
-    for name, s in systems_call["systems"].items():
-        its = s.get("iterations") or []
-        if name == "teraio_mixed":
-            its = mixed_result["iterations"]  # measured steps; the row's status covers the cleanup too
-        tps = [i["tokens_per_s"] for i in its]
-        out["systems"][name] = {
-            "status": s["status"],
-            "tokens_per_s": statistics.fmean(tps) if tps else None,
-            "tokens_per_s_per_iteration": tps,
-            "ratio_to_ideal": statistics.fmean(tps) / ideal_tps if tps else None,
-            "stall_count_per_iteration": [i.get("stall_count") for i in its],
-            "stall_seconds_per_iteration": [i.get("stall_seconds") for i in its],
-            "bytes_per_iteration": [{"offloaded": i.get("bytes_offloaded"), "prefetched": i.get("bytes_prefetched")}
-                                    for i in its],
-            "same_losses_as_ideal": ({i["step"]: i["loss"] for i in its} == ideal_loss) if its else None,
-            "peak_allocated_gib": (mixed_result if name == "teraio_mixed" else s).get("peak_allocated_bytes") and
-                                  (mixed_result if name == "teraio_mixed" else s)["peak_allocated_bytes"] / GiB,
-            "unoffloaded_peak_gib": s.get("unoffloaded_peak_bytes") and s["unoffloaded_peak_bytes"] / GiB,
-            "plan": s.get("plan"),
-            "plan_compile_seconds": s.get("plan_compile_seconds"),
-            "kvikio_mode": (mixed_result if name == "teraio_mixed" else s).get("kvikio_mode"),
-        }
-    ov = overhead_call["dispatch_overhead"]
-    out["dispatch_overhead"] = {**ov, "percent_of_step": 100 * ov["overhead_fraction"]}
-    (raw.parent / "teraio_core_h200.json").write_text(json.dumps(out, indent=1))
 
-    trace = Trace.from_dict(json.loads(gzip.decompress((raw / "teraio_mixed_trace.json.gz").read_bytes())))
-    plan = MigrationPlan.from_dict(json.loads(gzip.decompress((raw / "teraio_mixed_plan.json.gz").read_bytes())))
-    hw = mixed_result["config"]["hardware"]
+
+def validate(label: str, trace: Trace, plan: MigrationPlan, result: dict) -> list[dict]:
+    """Predicted (FIFO and EDF transfer order) vs measured iteration seconds of one run."""
+    hw = result["config"]["hardware"]
     n = len(hw["ssd_dirs"])
-    tiers = TierBandwidth(hw["ssd_write_gbps"] * n, hw["ssd_read_gbps"] * n, hw["host_d2h_gbps"], hw["host_h2d_gbps"])
-    measured = statistics.fmean(i["seconds"] for i in mixed_result["iterations"])
-    validation = {"command": "python benchmarks/core_summary.py " + str(raw), "configs": []}
+    tiers = TierBandwidth(hw["ssd_write_gbps"] * n, hw["ssd_read_gbps"] * n, hw["host_d2h_gbps"],
+                          hw["host_h2d_gbps"])
+    measured = statistics.fmean(i["seconds"] for i in result["iterations"])
+    rows = []
     for policy in ("fifo", "edf"):
         sim = simulate(trace, plan, tiers, policy=policy)
-        validation["configs"].append({
-            "config": "llama3_8b bs1 seq2048, teraio_mixed, 70 GiB", "policy": policy,
-            "predicted_iteration_seconds": sim.iteration_seconds, "measured_iteration_seconds": measured,
-            "predicted_over_measured": sim.iteration_seconds / measured,
-            "predicted_stall_seconds": sim.stall_seconds, "predicted_stall_count": sim.stall_count,
-            "ideal_seconds_model": sim.ideal_seconds,
-            "ideal_seconds_measured": statistics.fmean(i["seconds"] for i in ideal["iterations"])})
-    (raw.parent / "simulator_validation_h200.json").write_text(json.dumps(validation, indent=1))
-    print(json.dumps({k: {kk: v[kk] for kk in ("status", "tokens_per_s", "ratio_to_ideal", "same_losses_as_ideal")}
+        rows.append({"config": label, "policy": policy,
+                     "predicted_iteration_seconds": sim.iteration_seconds,
+                     "measured_iteration_seconds": measured,
+                     "predicted_over_measured": sim.iteration_seconds / measured,
+                     "predicted_stall_seconds": sim.stall_seconds, "predicted_stall_count": sim.stall_count,
+                     "measured_stall_seconds": statistics.fmean(i["stall_seconds"] for i in result["iterations"]),
+                     "measured_stall_count": statistics.fmean(i["stall_count"] for i in result["iterations"]),
+                     "ideal_seconds_model": sim.ideal_seconds})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("raw", type=Path)
+    ap.add_argument("--overhead", type=Path, required=True)
+    ap.add_argument("--sweep", type=Path)
+    args = ap.parse_args()
+    command = "python benchmarks/core_summary.py " + " ".join(sys.argv[1:])
+
+    out = {"what": "Llama3-8B (torchtitan 0.2.2, sdpa), fp32, AdamW(foreach=False), batch 1 x seq 2048, "
+                   "capacity emulated at 70 GiB on one H200 of an nvidia-h200-x2 machine; each system's "
+                   "ratio to Ideal is taken against the Ideal run of the same call",
+           "commands": {"summary": command,
+                        "calls": str(args.raw / "COMMANDS.md")},
+           "systems": {}}
+    validation = {"command": command, "configs": []}
+    for call_file in sorted(args.raw.glob("call*_teraio_core.json")):
+        call = call_file.name.split("_")[0]
+        summary = json.loads(call_file.read_text())
+        ideal = summary["systems"]["ideal"]
+        out["commands"][call] = "python " + summary["command"]
+        for name, s in summary["systems"].items():
+            result_file = args.raw / f"{call}_{name}_result.json.gz"
+            if name in TERAIO and not result_file.exists():
+                continue  # a run that wrote no result (COMMANDS.md says why)
+            result = _json(result_file) if result_file.exists() else s
+            if name == "ideal":
+                out["systems"].setdefault("ideal", {})[call] = system_row(name, result, ideal, call)
+                continue
+            out["systems"][name] = system_row(name, result, ideal, call)
+            trace = Trace.from_dict(_json(args.raw / f"{call}_{name}_trace.json.gz"))
+            plan = MigrationPlan.from_dict(_json(args.raw / f"{call}_{name}_plan.json.gz"))
+            validation["configs"] += validate(f"llama3_8b bs1 seq2048, {name}, 70 GiB ({call})", trace, plan,
+                                              result)
+    ov = json.loads(args.overhead.read_text())["dispatch_overhead"]
+    out["commands"]["dispatch_overhead"] = "python " + json.loads(args.overhead.read_text())["command"]
+    out["dispatch_overhead"] = {**ov, "percent_of_step": 100 * ov["overhead_fraction"], "source": str(args.overhead)}
+
+    if args.sweep:
+        for job in sorted(args.sweep.glob("*")):
+            if not re.search(r"-teraio_(mixed|ssd)-", job.name) or not (job / "result.json").exists():
+                continue
+            result = json.loads((job / "result.json").read_text())
+            if result["status"] != "ok":
+                continue
+            validation["configs"] += validate(job.name, Trace.load(job / "trace.json"),
+                                              MigrationPlan.load(job / "plan.json"), result)
+    ratios = {p: [c["predicted_over_measured"] for c in validation["configs"] if c["policy"] == p]
+              for p in ("fifo", "edf")}
+    validation["summary"] = {p: {"n": len(r), "min": min(r), "max": max(r), "median": statistics.median(r),
+                                 "within_10_percent": sum(abs(x - 1) <= 0.10 for x in r)}
+                             for p, r in ratios.items() if r}
+
+    (args.raw.parent / "teraio_core_h200.json").write_text(json.dumps(out, indent=1))
+    (args.raw.parent / "simulator_validation_h200.json").write_text(json.dumps(validation, indent=1))
+    print(json.dumps({k: ({kk: v[kk] for kk in ("status", "tokens_per_s", "ratio_to_ideal", "same_losses_as_ideal")}
+                          if k != "ideal" else {c: r["tokens_per_s"] for c, r in v.items()})
                       for k, v in out["systems"].items()}, indent=1))
-    print(json.dumps(validation["configs"], indent=1))
+    print(json.dumps(validation["summary"], indent=1))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main()
