@@ -110,7 +110,7 @@ def test_fig3_experiment_makes_the_figure_from_saved_traces(tmp_path):
     large.save(tmp_path / "large.json")
     cfg = fig3_config([f"roofline.models.llama3_8b.trace={tmp_path / 'small.json.gz'}",
                        f"roofline.models.llama3_70b.trace={tmp_path / 'large.json'}",
-                       "roofline.bandwidths_gbps=[0,8,64]"])
+                       "roofline.models.granite_8b.trace=null", "roofline.bandwidths_gbps=[0,8,64]"])
     df = run_fig3(cfg, tmp_path / "out")
     assert set(df["model"]) == {"llama3_8b", "llama3_70b"}  # granite_8b has no trace: left out
     assert len(df) == 2 * 3 * 2  # models x bandwidths x policies
@@ -127,7 +127,8 @@ def test_fig3_experiment_makes_the_figure_from_saved_traces(tmp_path):
 def test_fig3_config_points_at_the_committed_trace_and_refuses_missing_ones(tmp_path):
     cfg = fig3_config([])
     assert cfg.roofline.bandwidths_gbps == list(BANDWIDTHS_GBPS)
-    assert (CONF.parent / cfg.roofline.models.llama3_8b.trace).is_file()
+    for model in cfg.roofline.models.values():
+        assert (CONF.parent / model.trace).is_file()
     with pytest.raises(ValueError, match="no such file"):
         run_fig3(fig3_config([f"roofline.models.granite_8b.trace={tmp_path / 'nope.json'}"]), tmp_path)
     with pytest.raises(ValueError, match="run with \\+experiment=fig3"):
@@ -151,7 +152,8 @@ def test_sweep_entry_point_runs_fig3(tmp_path):
     layered_trace(3, mm_seconds=10e-3).save(tmp_path / "small.json.gz")
     out = subprocess.run(
         [sys.executable, "-m", "teraio.sweep", "+experiment=fig3", f"sweep.runs_dir={tmp_path / 'runs'}",
-         f"roofline.models.llama3_8b.trace={tmp_path / 'small.json.gz'}", "roofline.bandwidths_gbps=[0,16]"],
+         f"roofline.models.llama3_8b.trace={tmp_path / 'small.json.gz'}", "roofline.models.granite_8b.trace=null",
+         "roofline.models.llama3_70b.trace=null", "roofline.bandwidths_gbps=[0,16]"],
         capture_output=True, text=True, cwd=CONF.parent, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     for name in OUTPUT_FILES:
