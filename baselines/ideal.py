@@ -1,9 +1,12 @@
 """Ideal: the shared training step with no memory cap and no offload (PAPER.md §3–§4,
-"a GPU with infinite on-board memory"), measured on hardware wherever the model fits.
+"a GPU with infinite on-board memory"), measured on hardware wherever the model fits,
+modeled from profiled kernel times where it cannot.
 
 The paper does not say how its Ideal was obtained; for models that cannot fit it was
-presumably modeled (PAPER.md §3). Here Ideal is always measured, on the real device,
-ignoring ``hardware.gpu_capacity_bytes``.
+presumably modeled (PAPER.md §3). Here Ideal is measured on the real device, ignoring
+``hardware.gpu_capacity_bytes``, unless ``system.options.modeled_traces`` names a trace
+for the point's model: then the row is ``modeled`` (``measure: "modeled"``) from that
+trace's kernel times (:func:`modeled_iteration_seconds`), and no model is built.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from teraio.measure import peak_memory, reset_peak_memory, timed
 from teraio.models import build_model
 from teraio.result import iteration_row, progress_line
 from teraio.step import make_batch, make_optimizer, train_step
+from teraio.trace import Trace
 
 NO_BYTES = {"ssd": 0, "host": 0}
 
@@ -33,13 +37,23 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
     hardware names a capacity — the M the capped systems run under; ``capacity_bytes``
     stays null because Ideal itself runs uncapped.
 
+    ``system.options.modeled_traces`` (optional): ``{model name: trace file}``; a point
+    whose model is named there gets a modeled row instead (:func:`run_modeled`).
+
     Raises:
-        ValueError: ``system.options`` is not empty (Ideal has none).
+        ValueError: an unknown option, or a modeled trace that does not match the point.
         FloatingPointError: a non-finite loss.
         torch.OutOfMemoryError: the model does not fit the real device.
     """
-    if cfg.system.options:
-        raise ValueError(f"system.options={cfg.system.options!r}: ideal takes no options")
+    unknown = sorted(set(cfg.system.options) - {"modeled_traces"})
+    if unknown:
+        raise ValueError(f"system.options {unknown}: ideal takes only modeled_traces "
+                         "({model name: trace file})")
+    traces = cfg.system.options.get("modeled_traces") or {}
+    if not isinstance(traces, dict):
+        raise ValueError(f"system.options.modeled_traces={traces!r}; must map model names to trace files")
+    if cfg.model.name in traces:
+        return run_modeled(cfg, Path(traces[cfg.model.name]), result)
     w = cfg.workload
     model = build_model(cfg.model, w.seq_len, device, cfg.seed)
     optimizer = make_optimizer(model, w.lr)
@@ -63,3 +77,61 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
                   unoffloaded_peak_bytes=peak,
                   memory_pressure=peak / capacity if peak is not None and capacity else None,
                   losses=losses)
+
+
+def optimizer_phase_start(trace: Trace) -> int:
+    """Index of the first op that touches optimizer state (AdamW's per-parameter updates,
+    ``foreach=False``): where the step's optimizer phase begins.
+
+    Raises:
+        ValueError: the trace has no optimizer state.
+    """
+    uses = [min(t.uses) for t in trace.tensors if t.kind == "optim" and t.uses]
+    if not uses:
+        raise ValueError("trace has no optimizer-state tensor: cannot find the optimizer phase")
+    return min(uses)
+
+
+def modeled_iteration_seconds(trace: Trace, micro_batches: int) -> float:
+    """Ideal iteration time (seconds) from profiled kernel times (PAPER.md §3: kernels run
+    for their profiled time, nothing waits): the forward/backward ops of the trace's one
+    micro-batch ``micro_batches`` times, then its optimizer phase once.
+
+    Raises:
+        ValueError: ``micro_batches`` < 1, or no optimizer phase in the trace.
+    """
+    if micro_batches < 1:
+        raise ValueError(f"micro_batches={micro_batches}; must be >= 1")
+    k = optimizer_phase_start(trace)
+    return micro_batches * float(trace.op_seconds[:k].sum()) + float(trace.op_seconds[k:].sum())
+
+
+def run_modeled(cfg: RunConfig, trace_file: Path, result: dict) -> None:
+    """Fill ``result`` with a modeled Ideal row: one iteration of
+    :func:`modeled_iteration_seconds` from ``trace_file`` (a one-micro-batch step of the
+    point's model, micro-batch and sequence length, e.g. synthesized to full depth by
+    ``benchmarks/profile_reduced.py``), ``measure: "modeled"``, no loss, no memory.
+
+    Raises:
+        ValueError: the file is missing, or its ``meta`` (model, n_layers, micro_batch_size,
+            seq_len; one micro-batch per step) does not match the point.
+    """
+    if not trace_file.is_file():
+        raise ValueError(f"system.options.modeled_traces.{cfg.model.name}: no such file {trace_file}")
+    trace = Trace.load(trace_file)
+    w, meta = cfg.workload, trace.meta
+    want = {"model": cfg.model.name, "n_layers": cfg.model.n_layers, "micro_batch_size": w.micro_batch_size,
+            "batch_size": w.micro_batch_size, "seq_len": w.seq_len}
+    wrong = {k: (meta[k], v) for k, v in want.items() if k in meta and meta[k] != v}
+    if wrong or "model" not in meta:
+        raise ValueError(f"{trace_file} does not model this point: (trace, point) differ in "
+                         f"{wrong or {'model': (None, cfg.model.name)}}; it must be one micro-batch of "
+                         f"the same model, micro-batch size and sequence length")
+    seconds = modeled_iteration_seconds(trace, w.batch_size // w.micro_batch_size)
+    result["measure"] = "modeled"
+    result["modeled_from"] = str(trace_file)
+    result["iterations"].append(iteration_row(
+        w.warmup_steps, seconds, w.tokens_per_step, None, stall_count=0, stall_seconds=0.0,
+        migration_seconds=0.0, bytes_offloaded=NO_BYTES, bytes_prefetched=NO_BYTES))
+    print(f"modeled from {trace_file}: {seconds:.3f} s per iteration, "
+          f"{w.tokens_per_step / seconds:.1f} tokens/s", flush=True)

@@ -79,9 +79,11 @@ def _version(dist: str) -> str | None:
 
 
 def environment_facts(device: torch.device) -> dict:
-    """Versions, host and GPU name for a result row."""
+    """Versions, host and GPU name for a result row. No GPU name where this process sees no
+    GPU (a modeled row, made on any machine, for a CUDA point)."""
     return {
-        "gpu_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "gpu_name": (torch.cuda.get_device_name(device) if device.type == "cuda" and torch.cuda.is_available()
+                     else None),
         "host": socket.gethostname(),
         "versions": {
             "python": platform.python_version(), "torch": torch.__version__,

@@ -6,7 +6,12 @@ import math
 import torch
 
 from baselines import ideal
+import numpy as np
+import pytest
+
 from teraio.config import run_config_from_dict
+from teraio.run import run_point
+from teraio.trace import TensorRecord, Trace
 from teraio.models import build_model
 from teraio.result import empty_result
 from teraio.step import make_batch, make_optimizer, train_step
@@ -48,6 +53,49 @@ def test_ideal_refuses_options(tmp_path):
     try:
         ideal.run(cfg, tmp_path, result, torch.device("cpu"))
     except ValueError as e:
-        assert "ideal takes no options" in str(e)
+        assert "ideal takes only modeled_traces" in str(e)
     else:
         raise AssertionError("ideal accepted options")
+
+
+def hand_trace(meta: dict) -> Trace:
+    # ops 0-2: forward/backward of one micro-batch; op 3 first touches optimizer state.
+    tensors = [TensorRecord(0, "param:w", 64, "param", True, [0, 2, 3]),
+               TensorRecord(1, "optim:w:exp_avg", 64, "optim", True, [3, 4])]
+    return Trace(op_names=["mm", "mm", "mm", "lerp_", "addcdiv_"],
+                 op_seconds=np.array([1.0, 2.0, 3.0, 4.0, 5.0]), tensors=tensors, meta=meta)
+
+
+def test_modeled_iteration_repeats_the_micro_batch_then_the_optimizer_once():
+    tr = hand_trace({})
+    assert ideal.optimizer_phase_start(tr) == 3
+    assert ideal.modeled_iteration_seconds(tr, 1) == 15.0
+    assert ideal.modeled_iteration_seconds(tr, 4) == 4 * 6.0 + 9.0
+    with pytest.raises(ValueError, match="micro_batches=0"):
+        ideal.modeled_iteration_seconds(tr, 0)
+
+
+def modeled_cfg(trace_file, **workload):
+    w = {"batch_size": 8, "micro_batch_size": 2, "seq_len": 16, "warmup_steps": 2, "measure_steps": 3, **workload}
+    return run_config_from_dict({"model": TINY, "workload": w, "system": {
+        "name": "ideal", "options": {"modeled_traces": {TINY["name"]: str(trace_file)}}}})
+
+
+def test_modeled_ideal_row_is_labelled_and_timed_from_the_trace(tmp_path):
+    meta = {"model": TINY["name"], "n_layers": 2, "batch_size": 2, "micro_batch_size": 2, "seq_len": 16}
+    hand_trace(meta).save(tmp_path / "t.json.gz")
+    row = run_point(modeled_cfg(tmp_path / "t.json.gz"), tmp_path / "job", runner=ideal.run)
+    assert row["status"] == "ok", row["error"]
+    assert row["measure"] == "modeled" and row["modeled_from"] == str(tmp_path / "t.json.gz")
+    (it,) = row["iterations"]
+    assert it["seconds"] == 4 * 6.0 + 9.0  # 8 / 2 micro-batches
+    assert row["tokens_per_s"] == pytest.approx(8 * 16 / 33.0)
+
+
+def test_modeled_ideal_refuses_a_trace_of_another_point(tmp_path):
+    meta = {"model": TINY["name"], "n_layers": 2, "batch_size": 2, "micro_batch_size": 2, "seq_len": 32}
+    hand_trace(meta).save(tmp_path / "t.json.gz")
+    row = run_point(modeled_cfg(tmp_path / "t.json.gz"), tmp_path / "job", runner=ideal.run)
+    assert row["status"] == "error" and "'seq_len': (32, 16)" in row["error"]
+    row = run_point(modeled_cfg(tmp_path / "missing.json"), tmp_path / "job2", runner=ideal.run)
+    assert row["status"] == "error" and "no such file" in row["error"]
