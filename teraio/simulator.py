@@ -84,9 +84,6 @@ class SimResult:
 POLICIES: tuple[str, ...] = ("fifo", "edf")
 
 
-POLICIES: tuple[str, ...] = ("fifo", "edf")
-
-
 def simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: str = "fifo") -> SimResult:
     """Predict the steady-state iteration of ``trace`` under ``plan`` (module docstring).
 
@@ -150,6 +147,7 @@ def simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: st
     op_start = np.zeros(total)
     op_stall = np.zeros(total)
     stalls = np.zeros(total, dtype=np.int64)
+
     def wait(g: int, i: int, direction: int, t: float) -> float:
         """Time once instance i's transfer is done (a stall at op g if later than t)."""
         ch, key, _, _ = transfer(i, direction)

@@ -20,7 +20,8 @@ WORK = {"batch_size": 2, "micro_batch_size": 1, "seq_len": 32, "warmup_steps": 2
 
 
 def config(system, ssd_dir, capacity, model=None, device="cpu", **hw):
-    hardware = {"device": device, "ssd_dirs": [str(ssd_dir)], "gpu_capacity_bytes": capacity, "host_mem_cap_bytes": 1 << 28,
+    hardware = {"device": device, "ssd_dirs": [str(ssd_dir)], "gpu_capacity_bytes": capacity,
+                "host_mem_cap_bytes": 1 << 28,
                 "ssd_write_gbps": 50.0, "ssd_read_gbps": 50.0, "host_d2h_gbps": 50.0, "host_h2d_gbps": 50.0,
                 **hw}
     return run_config_from_dict({"model": {**MODEL, **(model or {})}, "workload": WORK, "hardware": hardware,
