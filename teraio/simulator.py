@@ -6,7 +6,11 @@ Model
 -----
 * Op k runs for its profiled ``op_seconds[k]``; ops run one after another.
 * Each (tier, direction) is a channel (``ssd_write``, ``ssd_read``, ``host_d2h``,
-  ``host_h2d``) that moves one transfer at a time at the channel's full bandwidth.
+  ``host_h2d``) that moves one transfer at a time at the channel's full bandwidth. With
+  ``shared_ssd`` the SSD tier's two channels share one queue: a drive serving one request
+  at a time, reads at the read bandwidth and writes at the write bandwidth (the lent
+  H200's single drive behaves so: its TeraIO-SSD iterations took the sum of the read and
+  write times, not the larger, ``benchmarks/results/teraio_core_h200.json``).
   ``policy="fifo"`` (default) serves transfers whole in the order they are issued.
   ``policy="edf"`` serves the transfer with the earliest deadline (the op that waits for
   it) first, preempting a later-deadline one when an earlier-deadline one is issued: the
@@ -84,7 +88,8 @@ class SimResult:
 POLICIES: tuple[str, ...] = ("fifo", "edf")
 
 
-def simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: str = "fifo") -> SimResult:
+def simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: str = "fifo",
+             shared_ssd: bool = False) -> SimResult:
     """Predict the steady-state iteration of ``trace`` under ``plan`` (module docstring).
 
     Args:
@@ -92,6 +97,7 @@ def simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: st
         plan: migrations with op indices into ``trace``.
         tiers: bandwidths in GB/s per tier and direction.
         policy: ``"fifo"`` or ``"edf"``, the order in which a channel serves transfers.
+        shared_ssd: the SSD tier's reads and writes share one queue (module docstring).
 
     Raises:
         ValueError: unknown policy, a plan for another op count, or a migration whose ops
@@ -133,15 +139,18 @@ def simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: st
                 if 0 <= g < total:
                     events.setdefault(g, []).append(i)
 
-    chans = {c: _Channel(tiers.bytes_per_second(c), policy) for c in CHANNELS}
+    chans = {c: _Channel(policy) for c in CHANNELS}
+    if shared_ssd:
+        chans["ssd_read"] = chans["ssd_write"]
 
-    def transfer(i: int, direction: int) -> tuple[_Channel, tuple, int, int]:
-        """(channel, key, bytes, deadline op) of instance i's offload (0) or prefetch (1)."""
+    def transfer(i: int, direction: int) -> tuple[_Channel, tuple, int, int, str]:
+        """(channel, key, bytes, deadline op, channel name) of instance i's offload (0) or
+        prefetch (1)."""
         mi, anchor = inst[i]
         m = plan.migrations[mi]
         df, _, db = steps[mi]
-        return (chans[TIER_CHANNELS[m.tier][direction]], (i, direction), m.nbytes,
-                anchor + (df if direction == 0 else db))
+        name = TIER_CHANNELS[m.tier][direction]
+        return chans[name], (i, direction), m.nbytes, anchor + (df if direction == 0 else db), name
 
     boundary = np.zeros(total + 1)
     op_start = np.zeros(total)
@@ -150,7 +159,7 @@ def simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: st
 
     def wait(g: int, i: int, direction: int, t: float) -> float:
         """Time once instance i's transfer is done (a stall at op g if later than t)."""
-        ch, key, _, _ = transfer(i, direction)
+        ch, key, _, _, _ = transfer(i, direction)
         if key not in ch.issued:  # it moved before step one
             return t
         done = ch.done_time(key, t)
@@ -166,49 +175,53 @@ def simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: st
         for i in free_at.get(g, ()):
             t = wait(g, i, 0, t)
         for i in pf_at.get(g, ()):
-            ch, key, nbytes, dl = transfer(i, 1)
-            ch.issue(t, key, nbytes, dl)
+            ch, key, nbytes, dl, name = transfer(i, 1)
+            ch.issue(t, key, nbytes, dl, tiers.bytes_per_second(name), name)
         for i in need_at.get(g, ()):
             t = wait(g, i, 1, t)
         op_stall[g] = t - t0
         op_start[g] = t
         t += tau[g % n]
         for i in off_after.get(g, ()):
-            ch, key, nbytes, dl = transfer(i, 0)
-            ch.issue(t, key, nbytes, dl)
+            ch, key, nbytes, dl, name = transfer(i, 0)
+            ch.issue(t, key, nbytes, dl, tiers.bytes_per_second(name), name)
     boundary[total] = t
 
     first = (iterations - 1) * n
     last = slice(first, total)
     ideal = float(tau.sum())
     stall = float(op_stall[last].sum())
-    slot_bytes = {c: np.diff(_bytes_done_by(ch.pieces, boundary[first:])) for c, ch in chans.items()}
+    slot_bytes = {c: np.diff(_bytes_done_by([p for p in ch.pieces if p[3] == c], boundary[first:]))
+                  for c, ch in chans.items()}
     return SimResult(iteration_seconds=ideal + stall, ideal_seconds=ideal, stall_seconds=stall,
                      stall_count=int(stalls[last].sum()), op_start_seconds=op_start[last] - boundary[first],
                      op_stall_seconds=op_stall[last].copy(), slot_bytes=slot_bytes)
 
 
 class _Channel:
-    """One (tier, direction): serves issued transfers one at a time at ``bytes_per_s``,
+    """A queue that serves issued transfers one at a time, each at its own rate (bytes/s),
     lazily, up to the time the replay asks about. FIFO: whole, in issue order. EDF:
-    earliest deadline first, preempted when an earlier deadline is issued."""
+    earliest deadline first, preempted when an earlier deadline is issued. One per
+    (tier, direction), or one for both SSD directions (``shared_ssd``)."""
 
-    def __init__(self, bytes_per_s: float, policy: str):
-        self.rate = bytes_per_s
+    def __init__(self, policy: str):
         self.fifo = policy == "fifo"
         self.time = 0.0  # everything before this is served
         self.queue: list[tuple[int, int, tuple]] = []  # heap of (priority, issue order, key)
-        self.left: dict[tuple, float] = {}
+        self.left: dict[tuple, float] = {}  # seconds of service left
+        self.rate: dict[tuple, float] = {}
+        self.channel: dict[tuple, str] = {}
         self.done: dict[tuple, float] = {}
         self.issued: set[tuple] = set()
-        self.pieces: list[tuple[float, float, float]] = []  # (start, end, bytes) served
+        self.pieces: list[tuple[float, float, float, str]] = []  # (start, end, bytes, channel) served
         self._seq = 0
 
-    def issue(self, t: float, key: tuple, nbytes: int, deadline: int) -> None:
+    def issue(self, t: float, key: tuple, nbytes: int, deadline: int, bytes_per_s: float, channel: str) -> None:
         self._serve(until=t)
         heapq.heappush(self.queue, (self._seq if self.fifo else deadline, self._seq, key))
         self._seq += 1
-        self.left[key] = float(nbytes)
+        self.left[key] = nbytes / bytes_per_s
+        self.rate[key], self.channel[key] = bytes_per_s, channel
         self.issued.add(key)
 
     def done_time(self, key: tuple, t: float) -> float:
@@ -221,9 +234,9 @@ class _Channel:
     def _serve(self, until: float, one: bool = False) -> None:
         while self.queue and self.time < until:
             key = self.queue[0][2]
-            need = self.left[key] / self.rate
+            need = self.left[key]
             if self.time + need <= until:
-                self.pieces.append((self.time, self.time + need, self.left[key]))
+                self.pieces.append((self.time, self.time + need, need * self.rate[key], self.channel[key]))
                 self.time += need
                 self.done[key] = self.time
                 heapq.heappop(self.queue)
@@ -231,9 +244,9 @@ class _Channel:
                 if one:
                     return
             else:
-                moved = (until - self.time) * self.rate
-                self.pieces.append((self.time, until, moved))
-                self.left[key] -= moved
+                served = until - self.time
+                self.pieces.append((self.time, until, served * self.rate[key], self.channel[key]))
+                self.left[key] -= served
                 self.time = until
         if not self.queue and until < np.inf:
             self.time = max(self.time, until)
@@ -244,7 +257,7 @@ def _bytes_done_by(pieces: list[tuple[float, float, float]], times: np.ndarray) 
     never overlap)."""
     if not pieces:
         return np.zeros(len(times))
-    start, end, nbytes = (np.asarray(x, dtype=np.float64) for x in zip(*pieces))
+    start, end, nbytes = (np.asarray(x, dtype=np.float64) for x in list(zip(*pieces))[:3])
     before = np.concatenate([[0.0], np.cumsum(nbytes)])
     i = np.searchsorted(start, times, side="right") - 1
     j = np.maximum(i, 0)

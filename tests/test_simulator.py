@@ -123,3 +123,19 @@ def test_bad_inputs_are_named():
         simulate(tr, plan_of(5), TierBandwidth.uniform(1.0))
     with pytest.raises(ValueError, match="cyclic order"):
         simulate(tr, plan_of(4, (GB, 0, 3, 2, 1, "ssd")), TierBandwidth.uniform(1.0))
+
+
+def test_shared_ssd_serves_reads_and_writes_in_one_queue():
+    # X (2 GB) is offloaded after op 0; Y (1 GB, wrapping) is prefetched before op 1 and
+    # needed by op 2. Separate channels: Y's read runs beside X's write and is done when op
+    # 2 starts. One shared drive: Y waits for X's 2 s write, then reads 1 s: op 2 stalls
+    # 2 s. The rest (Y's offload after op 4, X's prefetch before op 5) is the same in both.
+    tr = trace_of([1.0] * 6)
+    plan = plan_of(6, (2 * GB, 0, 5, 5, 5, "ssd"), (GB, 4, 5, 1, 2, "ssd"))
+    tiers = TierBandwidth.uniform(1.0)
+    separate, shared = simulate(tr, plan, tiers), simulate(tr, plan, tiers, shared_ssd=True)
+    assert separate.op_stall_seconds.tolist() == [0.0, 0.0, 0.0, 0.0, 0.0, 3.0]
+    assert shared.op_stall_seconds.tolist() == [0.0, 0.0, 2.0, 0.0, 0.0, 3.0]
+    # Bytes stay attributed to their direction on the shared queue.
+    assert shared.slot_bytes["ssd_write"].sum() == separate.slot_bytes["ssd_write"].sum() == 3e9
+    assert shared.slot_bytes["ssd_read"].sum() == separate.slot_bytes["ssd_read"].sum() == 3e9
