@@ -70,6 +70,34 @@ def system_row(name: str, result: dict, ideal: dict, call: str) -> dict:
     }
 
 
+def _union_seconds(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, -float("inf")
+    for a, b in sorted(intervals):
+        total += max(0.0, b - max(a, end))
+        end = max(end, b)
+    return total
+
+
+def transfer_busy(transfers_csv: Path) -> dict:
+    """Per measured step and tier: how long each direction had a transfer in flight (the
+    union of its transfers' issue-to-done intervals, seconds), the bytes moved and the
+    resulting GB/s, and how long either direction was busy. A link busy for a small part
+    of the iteration means the schedule, not the link, set the iteration time."""
+    import pandas as pd
+
+    df = pd.read_csv(transfers_csv)
+    out: dict = {}
+    for (step, tier), g in df.groupby(["step", "tier"]):
+        row = {}
+        for direction, d in g.groupby("direction"):
+            busy = _union_seconds(list(zip(d.t_issued_s, d.t_done_s)))
+            row[direction] = {"bytes": int(d.nbytes.sum()), "busy_seconds": busy,
+                              "gbps_while_busy": d.nbytes.sum() / busy / 1e9}
+        row["either_busy_seconds"] = _union_seconds(list(zip(g.t_issued_s, g.t_done_s)))
+        out.setdefault(f"step{step}", {})[tier] = row
+    return out
+
+
 def validate(label: str, trace: Trace, plan: MigrationPlan, result: dict) -> list[dict]:
     """Predicted vs measured iteration seconds of one run: FIFO and EDF transfer order,
     each with the SSD's reads and writes in separate queues (the paper's model) and in one
@@ -122,6 +150,7 @@ def main() -> None:
                 out["systems"].setdefault("ideal", {})[call] = system_row(name, result, ideal, call)
                 continue
             out["systems"][name] = system_row(name, result, ideal, call)
+            out["systems"][name]["transfers_in_flight"] = transfer_busy(args.raw / f"{call}_{name}_transfers.csv.gz")
             trace = Trace.from_dict(_json(args.raw / f"{call}_{name}_trace.json.gz"))
             plan = MigrationPlan.from_dict(_json(args.raw / f"{call}_{name}_plan.json.gz"))
             validation["configs"] += validate(f"llama3_8b bs1 seq2048, {name}, 70 GiB ({call})", trace, plan,
