@@ -23,6 +23,7 @@ bars), ``"failed"`` (× marks), ``"stall"``/``"overlapped"``/``"compute"``/``"to
 from __future__ import annotations
 
 import math
+import textwrap
 import warnings
 from pathlib import Path
 
@@ -92,6 +93,14 @@ def _failed_mark(ax, x: float, color) -> None:
             gid="failed", clip_on=False, zorder=5)
 
 
+def _suptitle(fig: Figure, text: str, fontsize: float = 9) -> None:
+    """The figure's title, each line wrapped to the figure's width (a narrow figure, e.g.
+    one configuration, would otherwise cut a long title off at both edges)."""
+    chars = max(20, int(fig.get_figwidth() * 72 / (0.6 * fontsize)))  # ~0.6 em per character
+    lines = [textwrap.fill(line, chars) for line in text.split("\n")]
+    fig.suptitle("\n".join(lines), fontsize=fontsize)
+
+
 def _new_figure(n_panels: int, width: float, height: float = 3.4) -> tuple[Figure, list]:
     fig = Figure(figsize=(width, height * n_panels + 0.8), layout="constrained")
     return fig, list(fig.subplots(n_panels, 1, squeeze=False)[:, 0])
@@ -149,8 +158,8 @@ def fig7_throughput(sweep: Sweep) -> Figure:
         if (best["measure"] == "modeled").any():
             handles.append(Patch(facecolor="white", edgecolor="k", hatch="//", label="modeled"))
         fig.legend(handles=handles, fontsize=7, ncols=min(len(handles), 4), loc="outside lower center")
-    fig.suptitle("Fig. 7 — average training throughput (bars: mean of ok trials; error bars: "
-                 f"95% t-CI; M: memory pressure)\n{describe(sweep)}", fontsize=9)
+    _suptitle(fig, "Fig. 7 — average training throughput (bars: mean of ok trials; error bars: "
+              f"95% t-CI; M: memory pressure)\n{describe(sweep)}")
     return fig
 
 
@@ -209,8 +218,8 @@ def fig8_breakdown(sweep: Sweep) -> Figure:
         handles.append(Patch(facecolor="0.8", hatch="..", label="total only (not instrumented)"))
         handles.append(Line2D([], [], marker="x", color="k", ls="none", label="failed"))
         fig.legend(handles=handles, fontsize=7, ncols=3, loc="outside lower center")
-    fig.suptitle("Fig. 8 — latency breakdown of a training iteration (mean over ok trials)\n"
-                 f"{describe(sweep)}", fontsize=9)
+    _suptitle(fig, "Fig. 8 — latency breakdown of a training iteration (mean over ok trials)\n"
+              f"{describe(sweep)}")
     return fig
 
 
@@ -268,8 +277,8 @@ def fig9_host_memory(sweep: Sweep) -> Figure:
             ax.set_title(f"{keys['model']} · {keys['hardware']} · "
                          f"{config_label(keys['batch_size'], keys['seq_len'])}")
             ax.legend(fontsize=7)
-    fig.suptitle("Fig. 9 — throughput vs host-memory capacity and SSDs (error bars: 95% t-CI; "
-                 f"× failed)\n{describe(sweep)}", fontsize=9)
+    _suptitle(fig, "Fig. 9 — throughput vs host-memory capacity and SSDs (error bars: 95% t-CI; "
+              f"× failed)\n{describe(sweep)}")
     return fig
 
 
@@ -313,7 +322,7 @@ def fig10_bandwidth(sweep: Sweep) -> tuple[Figure, pd.DataFrame]:
                          f"{agg.system_label(r['system'])}\n{r['job_dir']}, step {step}: "
                          f"> 16 GB/s for {100 * share:.1f}% of the step", fontsize=8)
             ax.legend(fontsize=7, loc="upper right")
-    fig.suptitle(f"Fig. 10 — migration bandwidth over one iteration\n{describe(sweep)}", fontsize=9)
+    _suptitle(fig, f"Fig. 10 — migration bandwidth over one iteration\n{describe(sweep)}")
     return fig, pd.DataFrame(rows)
 
 

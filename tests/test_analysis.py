@@ -500,3 +500,15 @@ def test_ideal_only_sweep_is_analyzed(tmp_path):
         write_run(tmp_path, f"ideal_{trial}", system="ideal", batch=4, seq=64, micro=2, trial=trial, tps=100.0 + trial)
     written = analyze(tmp_path)
     assert any(str(p).endswith("throughput.md") for p in written)
+
+
+def test_title_of_a_narrow_figure_stays_inside_it(tmp_path):
+    # One configuration: the narrowest Fig. 7. Its two-line title used to run off both edges.
+    root = tmp_path / "a_sweep_with_a_rather_long_name_for_its_title"
+    for system, tps in (("ideal", 400), ("teraio_mixed", 100)):
+        write_run(root, system, system=system, batch=4, seq=64, micro=2, trial=0, tps=tps)
+    fig = fig7_throughput(load_sweep(root))
+    fig.canvas.draw()
+    box = fig.texts[0].get_window_extent()
+    assert 0 <= box.x0 and box.x1 <= fig.bbox.width
+    assert "a_sweep_with_a_rather_long_name_for_its_title" in fig.texts[0].get_text().replace("\n", "")
