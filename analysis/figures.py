@@ -93,7 +93,7 @@ def _failed_mark(ax, x: float, color) -> None:
             gid="failed", clip_on=False, zorder=5)
 
 
-def _suptitle(fig: Figure, text: str, fontsize: float = 9) -> None:
+def suptitle(fig: Figure, text: str, fontsize: float = 9) -> None:
     """The figure's title, each line wrapped to the figure's width (a narrow figure, e.g.
     one configuration, would otherwise cut a long title off at both edges)."""
     chars = max(20, int(fig.get_figwidth() * 72 / (0.6 * fontsize)))  # ~0.6 em per character
@@ -101,7 +101,7 @@ def _suptitle(fig: Figure, text: str, fontsize: float = 9) -> None:
     fig.suptitle("\n".join(lines), fontsize=fontsize)
 
 
-def _new_figure(n_panels: int, width: float, height: float = 3.4) -> tuple[Figure, list]:
+def new_figure(n_panels: int, width: float, height: float = 3.4) -> tuple[Figure, list]:
     fig = Figure(figsize=(width, height * n_panels + 0.8), layout="constrained")
     return fig, list(fig.subplots(n_panels, 1, squeeze=False)[:, 0])
 
@@ -121,7 +121,7 @@ def fig7_throughput(sweep: Sweep) -> Figure:
     ok = sweep.runs[~sweep.runs["failed"]].merge(best[agg.GROUP_KEYS], on=agg.GROUP_KEYS)
     facets = _facets(best)
     n_cfg = max(len(_configs(g)) for _, g in facets)
-    fig, axes = _new_figure(len(facets), max(6.0, 0.45 * n_cfg * len(systems) + 2))
+    fig, axes = new_figure(len(facets), max(6.0, 0.45 * n_cfg * len(systems) + 2))
     n_sys = len(systems)
     with sns.axes_style("whitegrid"), sns.plotting_context("paper"):
         for k, (ax, (title, g)) in enumerate(zip(axes, facets)):
@@ -158,7 +158,7 @@ def fig7_throughput(sweep: Sweep) -> Figure:
         if (best["measure"] == "modeled").any():
             handles.append(Patch(facecolor="white", edgecolor="k", hatch="//", label="modeled"))
         fig.legend(handles=handles, fontsize=7, ncols=min(len(handles), 4), loc="outside lower center")
-    _suptitle(fig, "Fig. 7 — average training throughput (bars: mean of ok trials; error bars: "
+    suptitle(fig, "Fig. 7 — average training throughput (bars: mean of ok trials; error bars: "
               f"95% t-CI; M: memory pressure)\n{describe(sweep)}")
     return fig
 
@@ -183,7 +183,7 @@ def fig8_breakdown(sweep: Sweep) -> Figure:
     facets = _facets(pd.concat([its, failed], ignore_index=True))
     n_cfg = max(len(_configs(g)) for _, g in facets)
     n_sys = len(systems)
-    fig, axes = _new_figure(len(facets), max(6.0, 0.5 * n_cfg * n_sys + 2), 3.8)
+    fig, axes = new_figure(len(facets), max(6.0, 0.5 * n_cfg * n_sys + 2), 3.8)
     with sns.axes_style("whitegrid"), sns.plotting_context("paper"):
         for ax, (title, g) in zip(axes, facets):
             configs = _configs(g)
@@ -218,7 +218,7 @@ def fig8_breakdown(sweep: Sweep) -> Figure:
         handles.append(Patch(facecolor="0.8", hatch="..", label="total only (not instrumented)"))
         handles.append(Line2D([], [], marker="x", color="k", ls="none", label="failed"))
         fig.legend(handles=handles, fontsize=7, ncols=3, loc="outside lower center")
-    _suptitle(fig, "Fig. 8 — latency breakdown of a training iteration (mean over ok trials)\n"
+    suptitle(fig, "Fig. 8 — latency breakdown of a training iteration (mean over ok trials)\n"
               f"{describe(sweep)}")
     return fig
 
@@ -243,7 +243,7 @@ def fig9_host_memory(sweep: Sweep) -> Figure:
     ideal = ideal[(ideal["system"] == "ideal") & (ideal["n"] > 0)]
     palette = system_palette(_systems(best))
     styles = {"teraio_mixed": "-", "teraio_ssd": "--"}
-    fig, axes = _new_figure(len(panels), 6.5)
+    fig, axes = new_figure(len(panels), 6.5)
     with sns.axes_style("whitegrid"), sns.plotting_context("paper"):
         for ax, (_, p) in zip(axes, panels.iterrows()):
             keys = p.to_dict()
@@ -277,7 +277,7 @@ def fig9_host_memory(sweep: Sweep) -> Figure:
             ax.set_title(f"{keys['model']} · {keys['hardware']} · "
                          f"{config_label(keys['batch_size'], keys['seq_len'])}")
             ax.legend(fontsize=7)
-    _suptitle(fig, "Fig. 9 — throughput vs host-memory capacity and SSDs (error bars: 95% t-CI; "
+    suptitle(fig, "Fig. 9 — throughput vs host-memory capacity and SSDs (error bars: 95% t-CI; "
               f"× failed)\n{describe(sweep)}")
     return fig
 
@@ -308,7 +308,7 @@ def fig10_bandwidth(sweep: Sweep) -> tuple[Figure, pd.DataFrame]:
                      "share_above_16gbps": share})
     if not panels:
         raise NoData("every run's transfer/op log was unreadable (see warnings)")
-    fig, axes = _new_figure(len(panels), 7.0, 3.0)
+    fig, axes = new_figure(len(panels), 7.0, 3.0)
     with sns.axes_style("whitegrid"), sns.plotting_context("paper"):
         for ax, (r, bins, step, share) in zip(axes, panels):
             ax.plot(bins["op"], bins["offload_gbps"], lw=0.8, label="offload (eviction from GPU)",
@@ -322,7 +322,7 @@ def fig10_bandwidth(sweep: Sweep) -> tuple[Figure, pd.DataFrame]:
                          f"{agg.system_label(r['system'])}\n{r['job_dir']}, step {step}: "
                          f"> 16 GB/s for {100 * share:.1f}% of the step", fontsize=8)
             ax.legend(fontsize=7, loc="upper right")
-    _suptitle(fig, f"Fig. 10 — migration bandwidth over one iteration\n{describe(sweep)}")
+    suptitle(fig, f"Fig. 10 — migration bandwidth over one iteration\n{describe(sweep)}")
     return fig, pd.DataFrame(rows)
 
 
