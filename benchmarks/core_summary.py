@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from teraio.engine import union_seconds  # noqa: E402
 from teraio.plan import MigrationPlan  # noqa: E402
 from teraio.planner import TierBandwidth  # noqa: E402
 from teraio.simulator import simulate  # noqa: E402
@@ -70,14 +71,6 @@ def system_row(name: str, result: dict, ideal: dict, call: str) -> dict:
     }
 
 
-def _union_seconds(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, -float("inf")
-    for a, b in sorted(intervals):
-        total += max(0.0, b - max(a, end))
-        end = max(end, b)
-    return total
-
-
 def transfer_busy(transfers_csv: Path) -> dict:
     """Per measured step and tier: how long each direction had a transfer in flight (the
     union of its transfers' issue-to-done intervals, seconds), the bytes moved and the
@@ -90,10 +83,10 @@ def transfer_busy(transfers_csv: Path) -> dict:
     for (step, tier), g in df.groupby(["step", "tier"]):
         row = {}
         for direction, d in g.groupby("direction"):
-            busy = _union_seconds(list(zip(d.t_issued_s, d.t_done_s)))
+            busy = union_seconds(list(zip(d.t_issued_s, d.t_done_s)))
             row[direction] = {"bytes": int(d.nbytes.sum()), "busy_seconds": busy,
                               "gbps_while_busy": d.nbytes.sum() / busy / 1e9}
-        row["either_busy_seconds"] = _union_seconds(list(zip(g.t_issued_s, g.t_done_s)))
+        row["either_busy_seconds"] = union_seconds(list(zip(g.t_issued_s, g.t_done_s)))
         out.setdefault(f"step{step}", {})[tier] = row
     return out
 

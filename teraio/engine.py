@@ -189,7 +189,7 @@ class MigrationEngine(TorchDispatchMode):
         leaked = [t.name for t in self.tensors.values() if not t.persistent and t.storage is not None]
         if leaked:
             raise RuntimeError(f"engine still holds intermediates after the step: {leaked[:5]}")
-        self.stats.migration_seconds = _union_seconds(
+        self.stats.migration_seconds = union_seconds(
             [(r["t_issued_s"], r["t_done_s"]) for r in self.transfers[first_transfer:] if r["step"] == step])
         if self.log_ops:
             self.oplog.append({"step": step, "t_start_s": self._op_t.copy(), "stall_s": self._op_stall.copy()})
@@ -378,7 +378,7 @@ def _done_future() -> Future:
     return f
 
 
-def _union_seconds(intervals: list[tuple[float, float | None]]) -> float:
+def union_seconds(intervals: list[tuple[float, float | None]]) -> float:
     """Total length of the union of [start, end] intervals (seconds)."""
     total, cur_s, cur_e = 0.0, None, None
     for s, e in sorted((s, e) for s, e in intervals if e is not None):

@@ -139,7 +139,8 @@ def simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: st
                 if 0 <= g < total:
                     events.setdefault(g, []).append(i)
 
-    chans = {c: _Channel(policy) for c in CHANNELS}
+    rates = {c: tiers.bytes_per_second(c) for c in CHANNELS}
+    chans = {c: _Channel(policy, rates) for c in CHANNELS}
     if shared_ssd:
         chans["ssd_read"] = chans["ssd_write"]
 
@@ -176,7 +177,7 @@ def simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: st
             t = wait(g, i, 0, t)
         for i in pf_at.get(g, ()):
             ch, key, nbytes, dl, name = transfer(i, 1)
-            ch.issue(t, key, nbytes, dl, tiers.bytes_per_second(name), name)
+            ch.issue(t, key, nbytes, dl, name)
         for i in need_at.get(g, ()):
             t = wait(g, i, 1, t)
         op_stall[g] = t - t0
@@ -184,7 +185,7 @@ def simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: st
         t += tau[g % n]
         for i in off_after.get(g, ()):
             ch, key, nbytes, dl, name = transfer(i, 0)
-            ch.issue(t, key, nbytes, dl, tiers.bytes_per_second(name), name)
+            ch.issue(t, key, nbytes, dl, name)
     boundary[total] = t
 
     first = (iterations - 1) * n
@@ -204,24 +205,24 @@ class _Channel:
     earliest deadline first, preempted when an earlier deadline is issued. One per
     (tier, direction), or one for both SSD directions (``shared_ssd``)."""
 
-    def __init__(self, policy: str):
+    def __init__(self, policy: str, rates: dict[str, float]):
         self.fifo = policy == "fifo"
+        self.rates = rates  # bytes/s per channel name
         self.time = 0.0  # everything before this is served
         self.queue: list[tuple[int, int, tuple]] = []  # heap of (priority, issue order, key)
         self.left: dict[tuple, float] = {}  # seconds of service left
-        self.rate: dict[tuple, float] = {}
         self.channel: dict[tuple, str] = {}
         self.done: dict[tuple, float] = {}
         self.issued: set[tuple] = set()
         self.pieces: list[tuple[float, float, float, str]] = []  # (start, end, bytes, channel) served
         self._seq = 0
 
-    def issue(self, t: float, key: tuple, nbytes: int, deadline: int, bytes_per_s: float, channel: str) -> None:
+    def issue(self, t: float, key: tuple, nbytes: int, deadline: int, channel: str) -> None:
         self._serve(until=t)
         heapq.heappush(self.queue, (self._seq if self.fifo else deadline, self._seq, key))
         self._seq += 1
-        self.left[key] = nbytes / bytes_per_s
-        self.rate[key], self.channel[key] = bytes_per_s, channel
+        self.left[key] = nbytes / self.rates[channel]
+        self.channel[key] = channel
         self.issued.add(key)
 
     def done_time(self, key: tuple, t: float) -> float:
@@ -234,9 +235,9 @@ class _Channel:
     def _serve(self, until: float, one: bool = False) -> None:
         while self.queue and self.time < until:
             key = self.queue[0][2]
-            need = self.left[key]
+            need, channel = self.left[key], self.channel[key]
             if self.time + need <= until:
-                self.pieces.append((self.time, self.time + need, need * self.rate[key], self.channel[key]))
+                self.pieces.append((self.time, self.time + need, need * self.rates[channel], channel))
                 self.time += need
                 self.done[key] = self.time
                 heapq.heappop(self.queue)
@@ -245,7 +246,7 @@ class _Channel:
                     return
             else:
                 served = until - self.time
-                self.pieces.append((self.time, until, served * self.rate[key], self.channel[key]))
+                self.pieces.append((self.time, until, served * self.rates[channel], channel))
                 self.left[key] -= served
                 self.time = until
         if not self.queue and until < np.inf:
