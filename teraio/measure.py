@@ -30,7 +30,7 @@ def apply_memory_cap(capacity_bytes: int | None, device: torch.device) -> None:
 
 def lift_memory_cap(device: torch.device) -> None:
     """Undo :func:`apply_memory_cap`: the emulated capacity binds training, not the cleanup
-    after it (restoring every offloaded tensor needs the un-offloaded footprint)."""
+    after it (restoring offloaded tensors at close can need more than the cap)."""
     if device.type == "cuda":
         torch.cuda.set_per_process_memory_fraction(1.0, _index(device))
 
