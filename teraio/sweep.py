@@ -14,7 +14,10 @@ named after the point keys, so a rerun finds it:
 * ``resolved.yaml`` is written and ``python -m teraio.run resolved.yaml`` runs as a
   subprocess (``torchrun`` for ``hardware.n_gpus`` > 1), its output streamed to the
   terminal and appended to ``worker.log``; past ``timeout_s`` its process group is killed
-  and a ``timeout`` row written; a worker that dies without a row gets an ``error`` row.
+  and a ``timeout`` row written; a worker that dies without a row gets an ``error`` row;
+* a worker of a system that moves data through a drive (``SSD_SYSTEMS``) starts only when
+  no other run on this host uses that drive (``sweep.exclusive_drives``,
+  :mod:`teraio.drive_lock`); its ``timeout_s`` counts from its start.
 
 A failed point is a row, and the sweep goes on. After the last point,
 ``python -m analysis <sweep dir>`` makes the tables and figures.
@@ -52,6 +55,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from teraio.config import ModelConfig, RunConfig, WorkloadConfig, run_config_from_dict
+from teraio.drive_lock import hold_drives
 from teraio.result import empty_result, read_status, write_result
 from teraio.run import iso_time
 
@@ -333,6 +337,16 @@ def failure_row(run: RunConfig, status: str, error: str, started: float) -> dict
     return row
 
 
+def drive_dirs(run: RunConfig) -> list[str]:
+    """The directories whose drives a run of ``run.system`` moves data through: none for a
+    system outside ``SSD_SYSTEMS``; else ``hardware.ssd_dirs`` and ZeRO-Infinity's
+    ``system.options.nvme_path`` where set."""
+    if run.system.name not in SSD_SYSTEMS:
+        return []
+    extra = run.system.options.get("nvme_path")
+    return [*run.hardware.ssd_dirs, *([extra] if extra else [])]
+
+
 def run_point_job(cfg: DictConfig, job_dir: Path, label: str = "") -> str:
     """Validate, resume-check and run one point in ``job_dir``; returns its final status,
     or ``"skip"`` for a point already ok. Never raises for a failed point: the failure is
@@ -358,7 +372,11 @@ def run_point_job(cfg: DictConfig, job_dir: Path, label: str = "") -> str:
         validate(run, check_device=cfg.sweep.check_device, make_ssd_dirs=cfg.sweep.make_ssd_dirs)
         resolved = job_dir / "resolved.yaml"
         resolved.write_text(yaml.safe_dump(run.to_dict(), sort_keys=False))
-        rc, tail = launch_worker(run, job_dir, resolved)
+        drives = drive_dirs(run) if cfg.sweep.exclusive_drives else []
+        with hold_drives(drives, on_wait=lambda lock: console.print(
+                f"  waiting for the drive of {', '.join(drives)}: another run holds {lock}")):
+            started = time.time()  # a timeout row's time starts with its worker
+            rc, tail = launch_worker(run, job_dir, resolved)
     except ValueError as e:  # a check that only the machine running the job can make
         write_result(result_path, failure_row(run, "error", f"invalid config: {e}", started))
         rc, tail = 0, []
