@@ -65,7 +65,7 @@ def summarize_runs(runs: pd.DataFrame) -> pd.DataFrame:
     (e.g. ``"oom"``), ``error`` (first error text), ``tokens_per_s_mean``/``_ci95``
     (tokens/s; 95 % t half-width, NaN for n < 2), ``stall_count_per_iter_mean``/``_ci95``,
     ``stall_seconds_per_iter_mean``/``_ci95`` (s), ``peak_allocated_bytes``,
-    ``peak_reserved_bytes`` (means over ok trials, bytes), ``capacity_bytes``,
+    ``peak_reserved_bytes``, ``peak_host_rss_bytes`` (means over ok trials, bytes), ``capacity_bytes``,
     ``unoffloaded_peak_bytes``, ``memory_pressure`` (M as a fraction, from any trial
     that has it: M is a property of the model and workload, known even for an OOM),
     ``peak_fraction`` (peak allocated ÷ capacity), ``transfers_path``/``oplog_path``/
@@ -80,7 +80,7 @@ def summarize_runs(runs: pd.DataFrame) -> pd.DataFrame:
                    failures=_failures(g["status"]), error=_first(g["error"]))
         for name in ("tokens_per_s", "stall_count_per_iter", "stall_seconds_per_iter"):
             _ci_columns(out, name, ok[name])
-        for name in ("peak_allocated_bytes", "peak_reserved_bytes", "peak_fraction"):
+        for name in ("peak_allocated_bytes", "peak_reserved_bytes", "peak_host_rss_bytes", "peak_fraction"):
             out[name] = ok[name].mean() if len(ok) else math.nan
         for name in ("capacity_bytes", "unoffloaded_peak_bytes", "memory_pressure"):
             out[name] = g[name].median()

@@ -13,7 +13,7 @@ into two tidy pandas frames.
 - stalls: ``stall_count``, ``stall_seconds`` (totals over measured iterations, s),
   ``stall_count_per_iter``, ``stall_seconds_per_iter``;
 - bytes: ``bytes_ssd``, ``bytes_host`` (offloaded + prefetched over measured iterations);
-- memory: ``peak_allocated_bytes``, ``peak_reserved_bytes``, ``capacity_bytes``,
+- memory: ``peak_allocated_bytes``, ``peak_reserved_bytes``, ``peak_host_rss_bytes``, ``capacity_bytes``,
   ``unoffloaded_peak_bytes``, ``memory_pressure`` (M, a fraction: unoffloaded peak ÷
   capacity, computed from those two when the row leaves it null), ``peak_fraction``
   (peak allocated ÷ capacity);
@@ -139,6 +139,7 @@ def _rows(result: dict, sweep: str, job_rel: Path) -> tuple[dict, list[dict]]:
         "stall_seconds_per_iter": _div(_num(result.get("stall_seconds")), n_it),
         "bytes_ssd": _num(tiers.get("ssd")), "bytes_host": _num(tiers.get("host")),
         "peak_allocated_bytes": peak, "peak_reserved_bytes": _num(result.get("peak_reserved_bytes")),
+        "peak_host_rss_bytes": _num(result.get("peak_host_rss_bytes")),  # absent in older rows
         "capacity_bytes": cap, "unoffloaded_peak_bytes": unoff,
         "memory_pressure": m if math.isfinite(m) else _div(unoff, cap),
         "peak_fraction": _div(peak, cap),
@@ -174,8 +175,8 @@ def _typed(rows: list[dict], columns: list[str]) -> pd.DataFrame:
 RUN_COLUMNS = list(ID_COLUMNS) + [
     "tokens_per_s", "n_iterations", "iteration_seconds", "stall_count", "stall_seconds",
     "stall_count_per_iter", "stall_seconds_per_iter", "bytes_ssd", "bytes_host",
-    "peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes", "unoffloaded_peak_bytes",
-    "memory_pressure", "peak_fraction", "plan_compile_seconds", "profile_seconds", "kvikio_mode",
+    "peak_allocated_bytes", "peak_reserved_bytes", "peak_host_rss_bytes", "capacity_bytes",
+    "unoffloaded_peak_bytes", "memory_pressure", "peak_fraction", "plan_compile_seconds", "profile_seconds", "kvikio_mode",
     "gpu_name", "n_gpus", "wall_seconds", "started_at", "finished_at", "prices_json",
     "transfers_path", "oplog_path"]
 ITERATION_COLUMNS = list(ID_COLUMNS) + [

@@ -126,6 +126,8 @@ def memory_table(summary: pd.DataFrame) -> pd.DataFrame:
                               for _, r in summary.iterrows()]
     d["unoffloaded peak GiB"] = (summary["unoffloaded_peak_bytes"] / GIB).map(fmt)
     d["M %"] = (100 * summary["memory_pressure"]).map(lambda v: fmt(v, 2))
+    d["peak host RSS GiB"] = [_value_or_failed(r, fmt(r["peak_host_rss_bytes"] / GIB))
+                              for _, r in summary.iterrows()]
     return d
 
 
@@ -170,8 +172,10 @@ def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
                              ["Per-iteration frame, means over ok trials. migration GB/s: all "
                               "bytes moved ÷ all iteration time."])
     paths += write_table(memory_table(summary), out_dir / "memory",
-                         f"Peak GPU memory and memory pressure M — {who}",
+                         f"Peak GPU memory, memory pressure M and peak host memory — {who}",
                          ["M = peak live bytes without offloading ÷ emulated GPU capacity "
                           "(paper Fig. 7), median over trials; peak ÷ capacity is the peak "
-                          "allocated with offloading."])
+                          "allocated with offloading; peak host RSS is the worker process's "
+                          "peak resident host memory (pinned buffers, host-side state and the "
+                          "Python runtime; n/a in rows made before it was recorded)."])
     return paths

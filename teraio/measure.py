@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import platform
+import resource
 import socket
+import sys
 import time
 from contextlib import contextmanager
 
@@ -55,6 +57,16 @@ def peak_memory(device: torch.device) -> tuple[int | None, int | None]:
     if device.type != "cuda":
         return None, None
     return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
+
+
+def peak_host_rss_bytes() -> int | None:
+    """Peak resident set size of this process since it started, in bytes (Linux
+    ``getrusage(RUSAGE_SELF).ru_maxrss``, which the kernel gives in KiB); None on another OS.
+    It counts every page the process has touched: page-locked (pinned) buffers, host-side
+    model and optimizer state, and the Python runtime with its libraries."""
+    if not sys.platform.startswith("linux"):
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 @contextmanager

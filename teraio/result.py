@@ -16,6 +16,9 @@ Schema (keys always present; unknown values are ``null``):
 ``stall_count``, ``stall_seconds``   totals over measured iterations
 ``bytes_per_tier``    ``{ssd, host}``: bytes offloaded + prefetched over measured iterations
 ``peak_allocated_bytes``, ``peak_reserved_bytes``   device memory peaks (bytes)
+``peak_host_rss_bytes``  peak resident host memory of the worker process (bytes; rank 0's
+                      under torchrun; ``teraio.measure.peak_host_rss_bytes``), null for a
+                      modeled row or where unknown
 ``capacity_bytes``    emulated GPU capacity (bytes), null when uncapped
 ``unoffloaded_peak_bytes``  peak live bytes with no offloading (from the trace), null if unknown
 ``memory_pressure``   M = unoffloaded peak ÷ capacity (paper Fig. 7), null if unknown
@@ -49,8 +52,8 @@ def empty_result(point: dict, config: dict) -> dict[str, Any]:
         "point": dict(point), "config": config, "iterations": [],
         "tokens_per_s": None, "stall_count": None, "stall_seconds": None,
         "bytes_per_tier": {"ssd": None, "host": None},
-        "peak_allocated_bytes": None, "peak_reserved_bytes": None, "capacity_bytes": None,
-        "unoffloaded_peak_bytes": None, "memory_pressure": None,
+        "peak_allocated_bytes": None, "peak_reserved_bytes": None, "peak_host_rss_bytes": None,
+        "capacity_bytes": None, "unoffloaded_peak_bytes": None, "memory_pressure": None,
         "plan_compile_seconds": None, "profile_seconds": None, "kvikio_mode": None,
         "gpu_name": None, "versions": {}, "host": None, "started_at": None,
         "finished_at": None, "wall_seconds": None, "artifacts": {},

@@ -34,7 +34,7 @@ from typing import Callable
 import torch
 
 from teraio.config import RunConfig, load_run_config
-from teraio.measure import environment_facts
+from teraio.measure import environment_facts, peak_host_rss_bytes
 from teraio.result import empty_result, summarize_iterations, write_result
 
 RUNNER_MODULES: dict[str, str] = {
@@ -111,6 +111,8 @@ def run_point(cfg: RunConfig, job_dir: Path, runner: Runner | None = None) -> di
     except Exception as e:  # every failure becomes the row's status and message
         result["status"] = "oom" if is_oom(e) else "error"
         result["error"] = traceback.format_exc()
+    if result["measure"] == "measured":  # a modeled row ran nothing worth counting
+        result["peak_host_rss_bytes"] = peak_host_rss_bytes()
     result["finished_at"] = iso_time()
     result["wall_seconds"] = time.perf_counter() - t0
     return result

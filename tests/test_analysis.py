@@ -62,7 +62,10 @@ def write_run(root, name, *, system, batch, seq, micro, trial, tps=None, status=
         r["stall_seconds"] = 0.2 * s if inst else None
         r["peak_allocated_bytes"] = 3 * GIB
         r["peak_reserved_bytes"] = 3.5 * GIB
+        r["peak_host_rss_bytes"] = (5 + trial) * GIB
         r["artifacts"] = artifacts or {}
+    if micro is None:  # as rows made before the host peak was recorded
+        del r["peak_host_rss_bytes"]
     job = root / name
     job.mkdir(parents=True)
     write_result(job / "result.json", r)
@@ -264,6 +267,12 @@ def test_written_tables_show_values_failures_and_missing_keys(sweep_dir, tmp_pat
     assert f"{93 / 52.5:.2f}×" in sp and "ZeRO-Offload failed (oom×2)" in sp
     mem = paths["tables/memory.md"].read_text()
     assert "180.00" in mem and "75.0" in mem          # M = 180 %, peak 3 GiB of 4 GiB
+    host_rss = {(c[2], c[6]): c[-1] for c in (tuple(x.strip() for x in ln.strip("|").split("|"))
+                                              for ln in mem.splitlines() if ln.startswith("| tiny"))}
+    assert host_rss[("bs4_seq64", "TeraIO-Mixed")] == "6.00"  # mean of 5, 6 and 7 GiB
+    assert host_rss[("bs4_seq64", "TeraIO-SSD")] == "5.50"    # the failed trial left out
+    assert host_rss[("bs8_seq64", "TeraIO-SSD")] == "n/a"     # rows without the key
+    assert host_rss[("bs8_seq64", "ZeRO-Offload")] == "×"
     for name in ("stalls", "bytes", "speedup_summary", "pct_of_ideal_summary", "cost", "cost_saving",
                  "cost_efficiency", "migration_bandwidth"):
         assert paths[f"tables/{name}.md"].stat().st_size > 0
