@@ -176,9 +176,9 @@ RUN_COLUMNS = list(ID_COLUMNS) + [
     "tokens_per_s", "n_iterations", "iteration_seconds", "stall_count", "stall_seconds",
     "stall_count_per_iter", "stall_seconds_per_iter", "bytes_ssd", "bytes_host",
     "peak_allocated_bytes", "peak_reserved_bytes", "peak_host_rss_bytes", "capacity_bytes",
-    "unoffloaded_peak_bytes", "memory_pressure", "peak_fraction", "plan_compile_seconds", "profile_seconds", "kvikio_mode",
-    "gpu_name", "n_gpus", "wall_seconds", "started_at", "finished_at", "prices_json",
-    "transfers_path", "oplog_path"]
+    "unoffloaded_peak_bytes", "memory_pressure", "peak_fraction", "plan_compile_seconds",
+    "profile_seconds", "kvikio_mode", "gpu_name", "n_gpus", "wall_seconds", "started_at",
+    "finished_at", "prices_json", "transfers_path", "oplog_path"]
 ITERATION_COLUMNS = list(ID_COLUMNS) + [
     "step", "seconds", "tokens", "tokens_per_s", "loss", "stall_count", "stall_seconds",
     "migration_seconds", "overlapped_seconds", "compute_seconds", "bytes_offloaded_ssd",
