@@ -191,3 +191,30 @@ def test_close_restores_only_what_is_asked_and_cleans_up(tmp_path):
     states = [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v) and v.nbytes >= 256]
     assert any(v.untyped_storage().nbytes() == 0 for v in states)
     assert not [f for d in tmp_path.iterdir() for f in d.iterdir()]
+
+
+class InjectedOOM(torch.OutOfMemoryError):
+    pass
+
+
+@pytest.mark.timeout(120, method="thread")
+@pytest.mark.parametrize("mixed", [False, True], ids=["ssd", "mixed"])
+def test_error_mid_step_propagates_and_close_cleans_up(tmp_path, mixed):
+    # An out-of-memory error halfway through a step, with migrations in flight under the
+    # harshest plan: the step raises it (no hang), close() then brings the parameters back
+    # whole and deletes the offload files.
+    model, opt, _, trace = profiled()
+    plan = every_gap_plan(trace, (lambda i: "host" if i % 2 else "ssd") if mixed else (lambda i: "ssd"))
+    eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), open_tiers(plan, tmp_path), CPU)
+    eng.prime()
+    eng.run_step(step_fn(model, opt, 2), 2)
+
+    def out_of_memory(*args):
+        raise InjectedOOM("injected: CUDA out of memory")
+
+    model.layers["1"].register_forward_hook(out_of_memory)
+    with pytest.raises(InjectedOOM):
+        eng.run_step(step_fn(model, opt, 3), 3)
+    eng.close(restore=lambda name: name.startswith("param:"))
+    assert all(p.untyped_storage().nbytes() == p.numel() * p.element_size() for p in model.parameters())
+    assert not [f for d in tmp_path.iterdir() for f in d.iterdir()]
