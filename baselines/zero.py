@@ -1,7 +1,9 @@
 """DeepSpeed ZeRO baselines (PAPER.md §4): ``zero_offload`` and ``zero_infinity``.
 
-- ``zero_offload``: ZeRO stage 2 (or 3) with the optimizer state and step on the host
-  (``offload_optimizer.device: cpu``, DeepSpeedCPUAdam in AdamW mode).
+- ``zero_offload``: ZeRO stage 3 (Table 4: stage=3; or stage 2) with the optimizer state
+  and step on the host (``offload_optimizer.device: cpu``, DeepSpeedCPUAdam in AdamW mode)
+  and, at stage 3, the parameters in host memory too (``offload_param.device: cpu``): the
+  paper's "GPU → CPU memory only" (PAPER.md §4).
 - ``zero_infinity``: ZeRO stage 3 with parameters and optimizer state on NVMe
   (``offload_param``/``offload_optimizer.device: nvme``) through DeepSpeed's ``async_io``
   op, under ``hardware.ssd_dirs[0]``.
@@ -15,8 +17,10 @@ config is generated from ``system.options`` (defaults: :data:`DEFAULTS`, mirrore
 as ``<job dir>/deepspeed_config.json``.
 
 ``system.options``:
-  ``stage``                  ZeRO stage: 2 or 3 for zero_offload, 3 for zero_infinity
-  ``offload_param``          zero_offload, stage 3 only: parameters in host memory too
+  ``stage``                  ZeRO stage (Table 4: 3): 3 or 2 for zero_offload, 3 for
+                             zero_infinity
+  ``offload_param``          zero_offload: parameters in host memory too; stage 3 only;
+                             null is true at stage 3 and false at stage 2
   ``pin_memory``             page-locked host buffers (Table 4: true)
   ``param_persistence_threshold``   stage 3: parameters with fewer elements stay on the
                              device (Table 4: 100K, DeepSpeed's default)
@@ -85,15 +89,15 @@ REPO = Path(__file__).resolve().parents[1]
 ZERO_SYSTEMS = ("zero_offload", "zero_infinity")
 CONFIG_FILE = "deepspeed_config.json"
 
-_COMMON = {"stage": 2, "pin_memory": True, "param_persistence_threshold": 100_000,
+_COMMON = {"stage": 3, "pin_memory": True, "param_persistence_threshold": 100_000,
            "model_persistence_threshold": None, "prefetch_bucket_size": None, "ds_config": {}}
 # AdamW under ZeRO-3 NVMe: FP32 partition, exp_avg, exp_avg_sq and the gradient per swap.
 OPTIMIZER_BUFFERS_PER_SWAP = 4
 
 DEFAULTS: dict[str, dict] = {
-    "zero_offload": {**_COMMON, "offload_param": False},
+    "zero_offload": {**_COMMON, "offload_param": None},
     "zero_infinity": {
-        **_COMMON, "stage": 3, "prefetch_bucket_size": 0, "nvme_path": None,
+        **_COMMON, "prefetch_bucket_size": 0, "nvme_path": None,
         "param_buffer_count": 18, "param_buffer_size": None, "optimizer_buffer_count": 12,
         "pipeline_read": True, "pipeline_write": True,
         "aio": {"block_size": 1 << 20, "queue_depth": 8, "intra_op_parallelism": 1,
@@ -142,6 +146,8 @@ def resolve_options(system: str, options: dict) -> dict:
     if opts["stage"] not in VALID_STAGES[system]:
         raise ValueError(f"system.options.stage={opts['stage']!r}; {system} runs ZeRO stage "
                          f"{' or '.join(map(str, VALID_STAGES[system]))}")
+    if "offload_param" in opts and opts["offload_param"] is None:
+        opts["offload_param"] = opts["stage"] == 3
     if opts.get("offload_param") and opts["stage"] != 3:
         raise ValueError("system.options.offload_param=true needs stage 3 "
                          f"(got stage={opts['stage']}): ZeRO-2 keeps parameters on the device")

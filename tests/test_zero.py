@@ -72,9 +72,9 @@ def test_offload_config_has_table4_keys_and_shared_hyperparameters():
     assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"],
             ds["gradient_accumulation_steps"]) == (4, 2, 2)
     z = ds["zero_optimization"]
-    assert z["stage"] == 2
+    assert z["stage"] == 3  # Table 4
     assert z["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
-    assert "offload_param" not in z
+    assert z["offload_param"] == {"device": "cpu", "pin_memory": True}
     torch_defaults = torch.optim.AdamW([torch.zeros(1)], lr=1e-3).defaults
     assert ds["optimizer"] == {"type": "AdamW", "params": {
         "lr": 1e-3, "betas": list(torch_defaults["betas"]), "eps": torch_defaults["eps"],
@@ -85,11 +85,13 @@ def test_offload_config_has_table4_keys_and_shared_hyperparameters():
     assert ds["gradient_clipping"] == 0.0
     json.dumps(ds)  # serialisable as is
 
-    stage3 = zero.deepspeed_config(make_cfg("zero_offload"), zero.resolve_options(
-        "zero_offload", {"stage": 3, "offload_param": True}), largest_param())["zero_optimization"]
-    assert stage3["offload_param"] == {"device": "cpu", "pin_memory": True}
-    assert stage3["stage3_param_persistence_threshold"] == 100_000
-    assert stage3["stage3_model_persistence_threshold"] == sys.maxsize
+    assert z["stage3_param_persistence_threshold"] == 100_000
+    assert z["stage3_model_persistence_threshold"] == sys.maxsize
+    # Stage 2 keeps the parameters on the device: no offload_param unless asked (an error).
+    stage2 = zero.deepspeed_config(make_cfg("zero_offload"), zero.resolve_options(
+        "zero_offload", {"stage": 2}), largest_param())["zero_optimization"]
+    assert stage2["stage"] == 2 and "offload_param" not in stage2
+    assert "stage3_param_persistence_threshold" not in stage2
 
 
 def test_infinity_config_has_table4_keys(tmp_path):
@@ -133,7 +135,7 @@ def test_conf_yaml_mirrors_defaults(system):
     ("zero_offload", {"stag": 2}, r"unknown key\(s\) \['stag'\].*valid: .*'stage'"),
     ("zero_offload", {"stage": 1}, r"stage=1.*stage 2 or 3"),
     ("zero_infinity", {"stage": 2}, r"stage=2.*zero_infinity runs ZeRO stage 3"),
-    ("zero_offload", {"offload_param": True}, r"offload_param=true needs stage 3"),
+    ("zero_offload", {"stage": 2, "offload_param": True}, r"offload_param=true needs stage 3"),
     ("zero_infinity", {"aio": {"thread_count": 4}}, r"thread_count is ignored.*intra_op_parallelism"),
     ("zero_infinity", {"param_buffer_count": 0}, r"param_buffer_count=0; must be a positive int"),
     ("zero_infinity", {"optimizer_buffer_count": 4}, r"optimizer_buffer_count=4; .* needs at least 12"),
