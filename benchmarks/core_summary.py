@@ -148,8 +148,9 @@ def main() -> None:
             plan = MigrationPlan.from_dict(_json(args.raw / f"{call}_{name}_plan.json.gz"))
             validation["configs"] += validate(f"llama3_8b bs1 seq2048, {name}, 70 GiB ({call})", trace, plan,
                                               result)
-    ov = json.loads(args.overhead.read_text())["dispatch_overhead"]
-    out["commands"]["dispatch_overhead"] = "python " + json.loads(args.overhead.read_text())["command"]
+    overhead = json.loads(args.overhead.read_text())
+    ov = overhead["dispatch_overhead"]
+    out["commands"]["dispatch_overhead"] = "python " + overhead["command"]
     out["dispatch_overhead"] = {**ov, "percent_of_step": 100 * ov["overhead_fraction"], "source": str(args.overhead)}
 
     if args.sweep:
