@@ -2,6 +2,7 @@
 a tiny Llama3 at 50 % of its un-offloaded peak, bit-identical to training without offload."""
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -76,22 +77,26 @@ def test_bandwidth_starved_plan_stalls_but_fits(tmp_path, ref):
 def test_half_capacity_is_bit_identical_on_gpu(tmp_path, system, hw):
     gpu = torch.device("cuda")
     ref = reference(gpu, **GPU_MODEL)
-    clear_cublas_workspaces()
-    allocated = torch.cuda.memory_allocated()
+    settle_gpu()
     check_bit_identical(tmp_path, ref, system, hw, fraction=0.5, device=gpu, model=GPU_MODEL,
-                        options=GPU_OPTIONS, between_runs=clear_cublas_workspaces)
-    clear_cublas_workspaces()
-    assert torch.cuda.memory_allocated() == allocated
+                        options=GPU_OPTIONS, between_runs=settle_gpu)
+    settle_gpu()
 
 
-def clear_cublas_workspaces():
-    """Free the cuBLAS workspaces PyTorch keeps per (handle, stream) in the caching
-    allocator. Each run's compute stream gets one (32 MiB or more on Hopper,
-    pytorch/pytorch#120925), counted by ``memory_allocated`` and outlasting the run;
-    ``empty_cache`` does not free them, ``torch._C._cuda_clearCublasWorkspaces`` does
-    (PyTorch docs, "cuBLAS workspaces" in notes/cuda.rst; pytorch/pytorch#184084)."""
+def settle_gpu():
+    """Free what the last run left in this process and check that nothing is: the emulated
+    capacity caps the whole process, the plan covers only its own run, so a leftover here
+    would be memory the plan never saw (a sweep runs each point in a fresh process).
+    The cuBLAS workspaces PyTorch keeps per (handle, stream) in the caching allocator (32 MiB
+    or more on Hopper, pytorch/pytorch#120925) outlast a run and ``empty_cache`` keeps them;
+    ``torch._C._cuda_clearCublasWorkspaces`` frees them (PyTorch notes/cuda.rst, "cuBLAS
+    workspaces")."""
+    gc.collect()
     torch.cuda.synchronize()
     torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
+    left = torch.cuda.memory_allocated()
+    assert left == 0, f"{left} bytes still allocated between runs"
 
 
 # About 1.55 GiB of unoffloaded peak (parameters, gradients and AdamW state; the CPU probe of
