@@ -106,9 +106,10 @@ GPU_MODEL = {"dim": 1024, "vocab_size": 32768}
 # Outside the plan at this small capacity (about 0.8-1.2 GiB): two cuBLAS workspaces (the
 # profiled step's on the default stream, the measured steps' on the compute stream: 64 MiB
 # or more on Hopper) and the allocator's fragmentation, about one 128 MiB tensor (the
-# embedding and its gradient). With 20 % headroom the H200 ran out of memory with 116 and
-# 179 MiB reserved but unallocated (benchmarks/results/h200_session4/call1_pytest_gpu.log).
-# Real runs have GiBs of headroom at the default 8 %.
+# embedding and its gradient). With 20 % and with 35 % headroom the H200 ran out of memory
+# (benchmarks/results/h200_session4/call1_pytest_gpu.log, call5_pytest_gpu.log), the second
+# time 177 MiB above the plan's capacity: what settle_gpu now checks for, leftovers of the
+# reference and probe runs in this process. Real runs have GiBs of headroom at the default 8 %.
 GPU_OPTIONS = {"headroom_fraction": 0.35}
 
 
