@@ -20,6 +20,13 @@ waits for the ops queued before it (no write-out before the producer finished); 
 prefetch's I/O waits for the ops queued before the re-allocation (the reused memory's
 earlier readers are done); the storage is freed only once the write completed.
 
+With ``device_waits`` (host-tier copies on a CUDA device only) the training thread does not
+block on those: a prefetch's ``needed_by`` wait becomes a wait of the compute stream on the
+copy's CUDA event, and an offloaded storage is freed as soon as op k is issued, the caching
+allocator holding its memory until the copy ran (``record_stream`` in the host tier; PyTorch
+"CUDA semantics"). The paper's runtime stalls kernels, not the host (§3.2); this keeps the
+host issuing kernels ahead of the GPU. A stall is then the compute stream's measured wait.
+
 Everything is per engine instance (per process, per GPU): no module-level state.
 """
 from __future__ import annotations
@@ -36,6 +43,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from teraio.plan import Migration, MigrationPlan, cyclic_between
 from teraio.profiler import fresh_outputs, iter_tensors, storage_id, storage_key
+from teraio.storage import Transfer
 from teraio.trace import Trace
 
 RESIDENT, OFFLOADING, OFFLOADED, PREFETCHING = "resident", "offloading", "offloaded", "prefetching"
@@ -55,6 +63,7 @@ class _Tensor:
     job: Future | None = None
     tier: str | None = None
     transfer: dict | None = None  # the in-flight transfer's log row
+    handle: Transfer | None = None  # the in-flight transfer
 
 
 @dataclass
@@ -85,13 +94,17 @@ class MigrationEngine(TorchDispatchMode):
         io_threads: threads that wait on in-flight transfers to timestamp them (the tiers
             have their own I/O threads); at least the transfers expected in flight at once.
         log_ops: keep a per-op log (op start time and stall seconds) for the analysis.
+        device_waits: order host-tier transfers on the CUDA compute stream instead of
+            blocking the training thread (module docstring). Op start times in the log are
+            then the host's issue times, and stall seconds the compute stream's waits.
 
     Use :meth:`prime` once before the first step, run each step with :meth:`run_step`, and
     :meth:`close` at the end (restores every offloaded tensor and frees the tiers).
     """
 
     def __init__(self, trace: Trace, plan: MigrationPlan, persistent: dict[str, torch.Tensor],
-                 tiers: dict, device: torch.device, io_threads: int = 64, log_ops: bool = True):
+                 tiers: dict, device: torch.device, io_threads: int = 64, log_ops: bool = True,
+                 device_waits: bool = False):
         super().__init__()
         if plan.n_ops != trace.n_ops:
             raise ValueError(f"plan is for {plan.n_ops} ops but the trace has {trace.n_ops}")
@@ -103,6 +116,10 @@ class MigrationEngine(TorchDispatchMode):
         self.op_names = trace.op_names
         self.required_bytes = trace.required_bytes()
         self.log_ops = log_ops
+        self.device_waits = device_waits
+        self._in_step = False
+        # (op, start, end) CUDA timing events around each compute-stream wait of this step
+        self._device_stalls: list[tuple[int | None, torch.cuda.Event, torch.cuda.Event]] = []
         self._pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="teraio-io")
         self._func_names: dict = {}
 
@@ -181,8 +198,13 @@ class MigrationEngine(TorchDispatchMode):
         self._op_stall[:] = 0.0
         self._step_t0 = time.perf_counter()
         first_transfer = len(self.transfers)
-        with self:
-            out = step_fn()
+        self._in_step = True
+        try:
+            with self:
+                out = step_fn()
+        finally:
+            self._in_step = False
+        self._settle_device_stalls()
         if self._k != self.n_ops:
             raise ExecutionDivergedError(
                 f"step {step} ran {self._k} ops; the profiled trace has {self.n_ops}")
@@ -263,7 +285,10 @@ class MigrationEngine(TorchDispatchMode):
         for m in self.free_before[k]:
             t = self.tensors[m.tid]
             if t.status == OFFLOADING:
-                self._wait(t, k)
+                if self._stream_ordered(t):  # the allocator holds the memory until the copy ran
+                    self._mark_done(t, k)
+                else:
+                    self._wait(t, k)
                 self._free(m.tid, t)
         for m in self.prefetch_before[k]:
             t = self.tensors[m.tid]
@@ -316,7 +341,7 @@ class MigrationEngine(TorchDispatchMode):
             finally:
                 row["t_done_s"] = time.perf_counter() - t0
 
-        t.job, t.tier, t.transfer = self._pool.submit(waiter), tier, row
+        t.job, t.tier, t.transfer, t.handle = self._pool.submit(waiter), tier, row, transfer
         self.transfers.append(row)
         (self.stats.bytes_offloaded if direction == "offload" else self.stats.bytes_prefetched)[tier] += t.nbytes
 
@@ -360,8 +385,46 @@ class MigrationEngine(TorchDispatchMode):
             self._launch_prefetch(t, k if k is not None else -1)
         if urgent and self.stats is not None:
             self.stats.urgent_count += 1
-        self._wait(t, k)
+        if self._stream_ordered(t):
+            self._wait_on_stream(t, k)
+        else:
+            self._wait(t, k)
         t.status = RESIDENT
+
+    # ---- device-side waits (device_waits) ----------------------------------------
+    def _stream_ordered(self, t: _Tensor) -> bool:
+        return (self.device_waits and self._in_step and t.job is not None
+                and t.handle is not None and t.handle.stream_ordered)
+
+    def _mark_done(self, t: _Tensor, k: int | None) -> None:
+        # The waiter thread still timestamps the transfer's completion for the log.
+        if t.transfer is not None:
+            t.transfer["op_done"] = k
+        t.job = None
+
+    def _wait_on_stream(self, t: _Tensor, k: int | None) -> None:
+        """Order the compute stream after ``t``'s copy; time the wait if it is unfinished."""
+        if not t.handle.done():  # a finished copy needs no ordering
+            stream = torch.cuda.current_stream(self.device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            t.handle.wait_on_stream(stream)
+            end.record(stream)
+            self._device_stalls.append((k, start, end))
+        self._mark_done(t, k)
+
+    def _settle_device_stalls(self) -> None:
+        """After a step: add each compute-stream wait's measured seconds to the stalls."""
+        if not self._device_stalls:
+            return
+        self._device_stalls[-1][2].synchronize()  # events of one stream complete in order
+        for k, start, end in self._device_stalls:
+            dt = start.elapsed_time(end) / 1e3
+            self.stats.stall_count += 1
+            self.stats.stall_seconds += dt
+            if k is not None:
+                self._op_stall[k] += dt
+        self._device_stalls.clear()
 
 
 def _parse_intermediate(name: str) -> tuple[int, int]:

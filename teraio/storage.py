@@ -69,6 +69,24 @@ class Transfer:
             return self._event.query()
         return True
 
+    @property
+    def stream_ordered(self) -> bool:
+        """True when a CUDA stream can be ordered after this transfer without blocking the
+        host (:meth:`wait_on_stream`): the host tier's copies on a CUDA device."""
+        return self._event is not None
+
+    def wait_on_stream(self, stream: torch.cuda.Stream) -> None:
+        """Make ``stream``'s later work wait for this transfer on the device
+        (``cudaStreamWaitEvent``, PyTorch ``Stream.wait_event``); returns at once. Errors of
+        an asynchronous CUDA copy surface at a later synchronization, as any kernel's.
+
+        Raises:
+            ValueError: the transfer is not :attr:`stream_ordered` (use :meth:`wait`).
+        """
+        if self._event is None:
+            raise ValueError(f"{self._what}: no CUDA event to order a stream after; use wait()")
+        stream.wait_event(self._event)
+
     def wait(self) -> int:
         """Block until the transfer finished; return the bytes moved.
 

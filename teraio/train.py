@@ -20,6 +20,9 @@ tokens at the same step):
   ``allow_stalls``       when bandwidth cannot hide enough migrations, still bring the peak
                          under capacity with migrations the engine stalls for (paper §3.2:
                          the runtime stalls kernels until memory is freed); default true
+  ``device_waits``       host-tier transfers on a CUDA device ordered on the compute stream
+                         (CUDA events) instead of blocking the training thread
+                         (``teraio.engine``); default false, as every committed GPU row ran
 """
 from __future__ import annotations
 
@@ -52,6 +55,7 @@ class TeraIOOptions:
     headroom_fraction: float | None = None
     io_threads: int = 4
     allow_stalls: bool = True
+    device_waits: bool = False
 
 
 def tier_bandwidth(cfg: RunConfig) -> TierBandwidth:
@@ -144,7 +148,8 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
 
     tiers = open_tiers(plan, cfg, device, opts.io_threads)
     result["kvikio_mode"] = tiers["ssd"].mode if "ssd" in tiers else None
-    engine = MigrationEngine(trace, plan, persistent_tensors(model, optimizer), tiers, device)
+    engine = MigrationEngine(trace, plan, persistent_tensors(model, optimizer), tiers, device,
+                             device_waits=opts.device_waits)
     try:
         engine.prime()
         if device.type == "cuda":

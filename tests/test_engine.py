@@ -16,7 +16,7 @@ from teraio.models import build_model
 from teraio.plan import Migration, MigrationPlan
 from teraio.profiler import persistent_tensors, profile_step
 from teraio.step import make_batch, make_optimizer, train_step
-from teraio.storage import HostTier, SSDTier, TierIOError
+from teraio.storage import HostTier, SSDTier, TierIOError, Transfer
 
 CPU = torch.device("cpu")
 MODEL = ModelConfig(name="tiny", dim=64, n_layers=2, n_heads=4, vocab_size=256)
@@ -60,7 +60,7 @@ def every_gap_plan(trace, tier_of=lambda i: "ssd", min_gap=4, min_bytes=256):
     return MigrationPlan(n, 0, trace.peak_bytes(), 0, migs)
 
 
-def open_tiers(plan, tmp_path):
+def open_tiers(plan, tmp_path, host_tier=None):
     slots = {"ssd": {}, "host": {}}
     for m in plan.migrations:
         slots[m.tier][m.name] = m.nbytes
@@ -71,7 +71,8 @@ def open_tiers(plan, tmp_path):
             d.mkdir()
         tiers["ssd"] = SSDTier([str(d) for d in dirs], slots["ssd"], backend="posix")
     if slots["host"]:
-        tiers["host"] = HostTier(sum(slots["host"].values()) + 4096 * len(slots["host"]), slots["host"], CPU)
+        tiers["host"] = (host_tier or HostTier)(sum(slots["host"].values()) + 4096 * len(slots["host"]),
+                                                slots["host"], CPU)
     return tiers
 
 
@@ -218,3 +219,51 @@ def test_error_mid_step_propagates_and_close_cleans_up(tmp_path, mixed):
     eng.close(restore=lambda name: name.startswith("param:"))
     assert all(p.untyped_storage().nbytes() == p.numel() * p.element_size() for p in model.parameters())
     assert not [f for d in tmp_path.iterdir() for f in d.iterdir()]
+
+
+class _FinishedEvent:
+    """A CUDA event's interface for a copy that already ran (CPU copies are synchronous)."""
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+class _StreamOrderedHostTier(HostTier):
+    """The host tier as on a CUDA device, where its transfers carry a CUDA event and can be
+    stream-ordered; on the CPU each copy has run by the time it returns."""
+
+    def _copy(self, kind, name, storage):
+        done = super()._copy(kind, name, storage)
+        return Transfer(done.name, done.path, f"host {kind} of {name!r}", done.nbytes, event=_FinishedEvent())
+
+
+@pytest.mark.parametrize("device_waits", [False, True])
+def test_device_waits_skip_host_waits_and_stay_bit_exact(tmp_path, device_waits):
+    n_steps = 6
+    ref_losses, ref_params = reference(n_steps)
+    model, opt, losses, trace = profiled()
+    plan = every_gap_plan(trace, lambda i: "host" if i % 2 else "ssd")
+    tiers = open_tiers(plan, tmp_path, host_tier=_StreamOrderedHostTier)
+    eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), tiers, CPU, device_waits=device_waits)
+    waited = []
+    wait = eng._wait
+
+    def recording_wait(t, k):
+        waited.append((eng._in_step, t.tier))
+        wait(t, k)
+
+    eng._wait = recording_wait
+    eng.prime()
+    for s in range(2, n_steps):
+        losses.append(eng.run_step(step_fn(model, opt, s), s))
+    eng.close()
+    assert losses == ref_losses
+    for p, q in zip(model.parameters(), ref_params):
+        assert torch.equal(p, q)
+    in_step = {tier for in_step, tier in waited if in_step}
+    # Without device_waits the thread waits on both tiers; with it, on the SSD tier only.
+    assert in_step == ({"ssd"} if device_waits else {"ssd", "host"})
+    assert all(r["op_done"] is not None for r in eng.transfers if r["step"] >= 2)
