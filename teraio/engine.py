@@ -265,11 +265,27 @@ class MigrationEngine(TorchDispatchMode):
             self._before(k, args, kwargs)
             out = func(*args, **(kwargs or {}))
             self._after(k, args, kwargs, out)
+        except torch.OutOfMemoryError as e:
+            self._failed = True
+            e.add_note(self._memory_note(k))  # shown by traceback, so in the result row's error
+            raise
         except BaseException:
             self._failed = True
             raise
         self._k = k + 1
         return out
+
+    def _memory_note(self, k: int) -> str:
+        """What the plan and the allocator hold at op ``k``: the numbers that tell a plan
+        that did not fit from memory the plan never saw (fragmentation, workspaces)."""
+        accounted = int(self.required_bytes[k]) - self._away_bytes
+        note = (f"TeraIO: out of memory at op {k} ({self.op_names[k]}) of step {self.step_index}; "
+                f"the plan accounts {accounted} B resident there (planned peak "
+                f"{self.plan.predicted_peak_bytes} B)")
+        if self.device.type == "cuda":
+            note += (f"; the caching allocator holds {torch.cuda.memory_allocated(self.device)} B "
+                     f"allocated, {torch.cuda.memory_reserved(self.device)} B reserved")
+        return note
 
     def _check_op(self, k: int, func) -> None:
         if k >= self.n_ops:

@@ -221,6 +221,29 @@ def test_error_mid_step_propagates_and_close_cleans_up(tmp_path, mixed):
     assert not [f for d in tmp_path.iterdir() for f in d.iterdir()]
 
 
+def test_out_of_memory_in_an_op_names_the_op_and_the_planned_bytes(tmp_path):
+    model, opt, _, trace = profiled()
+    plan = every_gap_plan(trace)
+    eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), open_tiers(plan, tmp_path), CPU)
+    eng.prime()
+    k_fail = next(m.prefetch_before for m in plan.migrations if not m.wraps)
+    launch = eng._launch_prefetch
+
+    def launch_or_fail(t, k):
+        if k == k_fail:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        launch(t, k)
+
+    eng._launch_prefetch = launch_or_fail
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        eng.run_step(step_fn(model, opt, 2), 2)
+    accounted = int(eng.required_bytes[k_fail]) - eng._away_bytes  # nothing moved since
+    eng.close()
+    assert info.value.__notes__ == [
+        f"TeraIO: out of memory at op {k_fail} ({trace.op_names[k_fail]}) of step 2; the plan "
+        f"accounts {accounted} B resident there (planned peak {plan.predicted_peak_bytes} B)"]
+
+
 class _FinishedEvent:
     """A CUDA event's interface for a copy that already ran (CPU copies are synchronous)."""
 
