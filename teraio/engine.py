@@ -386,9 +386,7 @@ class MigrationEngine(TorchDispatchMode):
                     self._op_stall[k] += dt
         else:
             job.result()  # re-raises an I/O error naming the tensor and path
-        if t.transfer is not None:
-            t.transfer["op_done"] = k
-        t.job = None
+        self._mark_done(t, k)
 
     def _free(self, tid: int, t: _Tensor) -> None:
         t.storage.resize_(0)
@@ -409,11 +407,12 @@ class MigrationEngine(TorchDispatchMode):
 
     # ---- device-side waits (device_waits) ----------------------------------------
     def _stream_ordered(self, t: _Tensor) -> bool:
-        return (self.device_waits and self._in_step and t.job is not None
-                and t.handle is not None and t.handle.stream_ordered)
+        # job and handle are set together when a transfer starts; job is cleared once it is waited on
+        return self.device_waits and self._in_step and t.job is not None and t.handle.stream_ordered
 
     def _mark_done(self, t: _Tensor, k: int | None) -> None:
-        # The waiter thread still timestamps the transfer's completion for the log.
+        """Log op ``k`` as where the transfer was needed and drop the job; the waiter thread
+        still timestamps the transfer's completion for the log."""
         if t.transfer is not None:
             t.transfer["op_done"] = k
         t.job = None

@@ -60,6 +60,24 @@ def every_gap_plan(trace, tier_of=lambda i: "ssd", min_gap=4, min_bytes=256):
     return MigrationPlan(n, 0, trace.peak_bytes(), 0, migs)
 
 
+def alternate_tiers(i):
+    """Every other migration to the host tier, the rest to the SSD tier (TeraIO-Mixed)."""
+    return "host" if i % 2 else "ssd"
+
+
+def train_bit_exact(eng, model, opt, losses, n_steps):
+    """Prime ``eng``, run steps 2 .. n_steps-1 under it and close it; the losses (``losses``
+    holds steps 0 and 1) and the parameters equal plain PyTorch's, bit for bit."""
+    ref_losses, ref_params = reference(n_steps)
+    eng.prime()
+    for s in range(2, n_steps):
+        losses.append(eng.run_step(step_fn(model, opt, s), s))
+    eng.close()
+    assert losses == ref_losses
+    for p, q in zip(model.parameters(), ref_params):
+        assert torch.equal(p, q)
+
+
 def open_tiers(plan, tmp_path, host_tier=None):
     slots = {"ssd": {}, "host": {}}
     for m in plan.migrations:
@@ -78,19 +96,11 @@ def open_tiers(plan, tmp_path, host_tier=None):
 
 @pytest.mark.parametrize("mixed", [False, True], ids=["ssd", "mixed"])
 def test_every_gap_offloaded_is_bit_exact(tmp_path, mixed):
-    n_steps = 8
-    ref_losses, ref_params = reference(n_steps)
     model, opt, losses, trace = profiled()
-    plan = every_gap_plan(trace, (lambda i: "host" if i % 2 else "ssd") if mixed else (lambda i: "ssd"))
+    plan = every_gap_plan(trace, alternate_tiers if mixed else (lambda i: "ssd"))
     assert any(m.wraps for m in plan.migrations) and any(not m.wraps for m in plan.migrations)
     eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), open_tiers(plan, tmp_path), CPU)
-    eng.prime()
-    for s in range(2, n_steps):
-        losses.append(eng.run_step(step_fn(model, opt, s), s))
-    eng.close()
-    assert losses == ref_losses
-    for p, q in zip(model.parameters(), ref_params):
-        assert torch.equal(p, q)
+    train_bit_exact(eng, model, opt, losses, n_steps=8)
     # The hand plan frees almost everything between uses: accounted residency drops far
     # below the un-offloaded peak, and every planned byte really moved.
     assert max(h.max_accounted_bytes for h in eng.history) < trace.peak_bytes() / 4
@@ -205,7 +215,7 @@ def test_error_mid_step_propagates_and_close_cleans_up(tmp_path, mixed):
     # harshest plan: the step raises it (no hang), close() then brings the parameters back
     # whole and deletes the offload files.
     model, opt, _, trace = profiled()
-    plan = every_gap_plan(trace, (lambda i: "host" if i % 2 else "ssd") if mixed else (lambda i: "ssd"))
+    plan = every_gap_plan(trace, alternate_tiers if mixed else (lambda i: "ssd"))
     eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), open_tiers(plan, tmp_path), CPU)
     eng.prime()
     eng.run_step(step_fn(model, opt, 2), 2)
@@ -265,10 +275,8 @@ class _StreamOrderedHostTier(HostTier):
 
 @pytest.mark.parametrize("device_waits", [False, True])
 def test_device_waits_skip_host_waits_and_stay_bit_exact(tmp_path, device_waits):
-    n_steps = 6
-    ref_losses, ref_params = reference(n_steps)
     model, opt, losses, trace = profiled()
-    plan = every_gap_plan(trace, lambda i: "host" if i % 2 else "ssd")
+    plan = every_gap_plan(trace, alternate_tiers)
     tiers = open_tiers(plan, tmp_path, host_tier=_StreamOrderedHostTier)
     eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), tiers, CPU, device_waits=device_waits)
     waited = []
@@ -279,13 +287,7 @@ def test_device_waits_skip_host_waits_and_stay_bit_exact(tmp_path, device_waits)
         wait(t, k)
 
     eng._wait = recording_wait
-    eng.prime()
-    for s in range(2, n_steps):
-        losses.append(eng.run_step(step_fn(model, opt, s), s))
-    eng.close()
-    assert losses == ref_losses
-    for p, q in zip(model.parameters(), ref_params):
-        assert torch.equal(p, q)
+    train_bit_exact(eng, model, opt, losses, n_steps=6)
     in_step = {tier for in_step, tier in waited if in_step}
     # Without device_waits the thread waits on both tiers; with it, on the SSD tier only.
     assert in_step == ({"ssd"} if device_waits else {"ssd", "host"})
