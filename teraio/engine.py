@@ -180,8 +180,9 @@ class MigrationEngine(TorchDispatchMode):
                                                m.prefetch_before, self.n_ops)):
                 continue
             t.tier = m.tier
-            self.tiers[m.tier].write(t.name, t.storage).wait()
-            t.status, t.job = OFFLOADING, _done_future()
+            transfer = self.tiers[m.tier].write(t.name, t.storage)
+            transfer.wait()
+            t.status, t.job, t.handle = OFFLOADING, _done_future(), transfer
             if m.offloaded_at_iteration_start(self.n_ops):
                 self._free(m.tid, t)
 
