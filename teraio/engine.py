@@ -282,7 +282,7 @@ class MigrationEngine(TorchDispatchMode):
         accounted = int(self.required_bytes[k]) - self._away_bytes
         note = (f"TeraIO: out of memory at op {k} ({self.op_names[k]}) of step {self.step_index}; "
                 f"the plan accounts {accounted} B resident there (planned peak "
-                f"{self.plan.predicted_peak_bytes} B)")
+                f"{self.plan.predicted_peak_bytes} B for a capacity of {self.plan.capacity_bytes} B)")
         if self.device.type == "cuda":
             note += (f"; the caching allocator holds {torch.cuda.memory_allocated(self.device)} B "
                      f"allocated, {torch.cuda.memory_reserved(self.device)} B reserved")

@@ -254,7 +254,8 @@ def test_out_of_memory_in_an_op_names_the_op_and_the_planned_bytes(tmp_path):
     eng.close()
     assert info.value.__notes__ == [
         f"TeraIO: out of memory at op {k_fail} ({trace.op_names[k_fail]}) of step 2; the plan "
-        f"accounts {accounted} B resident there (planned peak {plan.predicted_peak_bytes} B)"]
+        f"accounts {accounted} B resident there (planned peak {plan.predicted_peak_bytes} B for a "
+        f"capacity of {plan.capacity_bytes} B)"]
 
 
 class _FinishedEvent:
