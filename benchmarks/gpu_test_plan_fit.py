@@ -1,13 +1,14 @@
 """Does TeraIO's plan fit the GPU test's cap when the trace comes from the CPU?
 
-The GPU bit-identity test (``tests/test_teraio_train.py``, ``GPU_MODEL``, 50 % of the
-un-offloaded peak, ``GPU_OPTIONS`` headroom) got a plan that did not fit on the H200
+The GPU bit-identity test (``tests/test_teraio_train.py``, ``GPU_MODEL``, then 50 % of
+the un-offloaded peak, ``GPU_OPTIONS`` headroom) got a plan that did not fit on the H200
 (``benchmarks/results/h200_session5/COMMANDS.md``, call 4). This probe profiles the same
 model on the CPU. It sets every op to ``--op-us`` microseconds, as short as a GPU's ops,
-so that bandwidth hides almost nothing. Then it plans both test systems at the test's
-capacity with the planner's options from ``teraio.train``.
+so that bandwidth hides almost nothing. Then it plans both test systems at ``--fraction``
+of the un-offloaded peak, as the test does (``allow_stalls``, the test's headroom and
+minimum tensor size).
 
-    python benchmarks/gpu_test_plan_fit.py [--op-us 5] [--out FILE.json]
+    python benchmarks/gpu_test_plan_fit.py [--fraction 0.5] [--op-us 5] [--out FILE.json]
 
 Prints, and writes to ``--out``, per system: un-offloaded peak, plan capacity, predicted
 peak and shortfall, in bytes.
@@ -25,21 +26,21 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-import torch  # noqa: E402
+import torch
+from test_teraio_train import GPU_MODEL, GPU_OPTIONS, config
 
-from teraio.models import build_model  # noqa: E402
-from teraio.planner import plan_migrations  # noqa: E402
-from teraio.profiler import profile_step  # noqa: E402
-from teraio.step import make_batch, make_optimizer, train_step  # noqa: E402
-from teraio.train import tier_bandwidth  # noqa: E402
-from test_teraio_train import GPU_MODEL, GPU_OPTIONS, config  # noqa: E402
+from teraio.models import build_model
+from teraio.planner import plan_migrations
+from teraio.profiler import profile_step
+from teraio.step import make_batch, make_optimizer, train_step
+from teraio.train import tier_bandwidth
 
 SYSTEMS = {"teraio_ssd": {}, "teraio_mixed": {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}}
-FRACTION = 0.5  # the GPU test's capacity, of the un-offloaded peak
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--fraction", type=float, default=0.5, help="capacity, of the un-offloaded peak")
     ap.add_argument("--op-us", type=float, default=5.0, help="every op's time, microseconds")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -56,7 +57,7 @@ def main() -> None:
     step_fn(0)()
     _, trace = profile_step(step_fn(1), model, optimizer, cpu)
     trace.op_seconds = np.full(trace.n_ops, args.op_us * 1e-6)
-    capacity = int(trace.peak_bytes() * FRACTION)
+    capacity = int(trace.peak_bytes() * args.fraction)
     plan_capacity = int(capacity * (1 - GPU_OPTIONS["headroom_fraction"]))
     rows = {}
     for system, hw in SYSTEMS.items():
@@ -67,7 +68,7 @@ def main() -> None:
         rows[system] = {"unoffloaded_peak_bytes": trace.peak_bytes(), "plan_capacity_bytes": plan_capacity,
                         "predicted_peak_bytes": plan.predicted_peak_bytes,
                         "shortfall_bytes": plan.meta["shortfall_bytes"], "n_exposed": plan.meta["n_exposed"]}
-    out = {"model": GPU_MODEL, "options": GPU_OPTIONS, "fraction": FRACTION, "op_us": args.op_us,
+    out = {"model": GPU_MODEL, "options": GPU_OPTIONS, "fraction": args.fraction, "op_us": args.op_us,
            "systems": rows}
     print(json.dumps(out, indent=1))
     if args.out:

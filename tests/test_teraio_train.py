@@ -69,18 +69,18 @@ def test_bandwidth_starved_plan_stalls_but_fits(tmp_path, ref):
 
 
 # On the GPU: CUDA streams, events, kvikio and the pinned pool in play; a model large enough
-# that 50 % of its peak is many allocator blocks.
+# that its capped peak is many allocator blocks.
 @pytest.mark.gpu
 @pytest.mark.parametrize("system,hw,device_waits", [
     ("teraio_ssd", {}, False),
     ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, False),
     ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, True),
 ], ids=["ssd", "mixed", "mixed-device-waits"])
-def test_half_capacity_is_bit_identical_on_gpu(tmp_path, system, hw, device_waits):
+def test_capped_run_is_bit_identical_on_gpu(tmp_path, system, hw, device_waits):
     gpu = torch.device("cuda")
     ref = reference(gpu, **GPU_MODEL)
     settle_gpu()
-    check_bit_identical(tmp_path, ref, system, hw, fraction=0.5, device=gpu, model=GPU_MODEL,
+    check_bit_identical(tmp_path, ref, system, hw, fraction=GPU_FRACTION, device=gpu, model=GPU_MODEL,
                         options={**GPU_OPTIONS, "device_waits": device_waits}, between_runs=settle_gpu)
     settle_gpu()
 
@@ -102,17 +102,18 @@ def settle_gpu():
 
 
 # Many allocator blocks, none large: a 4-layer dim-1024 model with an 8192-token vocabulary
-# (1.06 GiB of unoffloaded peak on the CPU probe; largest tensor, the embedding, 32 MiB).
-# The earlier dim-1024, 32768-token model (128 MiB embedding) could not be planned under its
-# cap on the H200: the planned peak was 845 MB for a plan capacity of about 593 MB
-# (benchmarks/results/h200_session5/call1_pytest_teraio.log), where the CPU trace's plan
-# fits. Likely cause: AdamW's update of a 128 MiB tensor holds several such tensors at
-# once, and the CUDA trace's allocator-measured floor (``Trace.op_allocated_bytes``) adds
-# the temporaries Python keeps past their last use; 32 MiB tensors shrink both.
+# (largest tensor, the embedding, 32 MiB).
 GPU_MODEL = {"dim": 1024, "n_layers": 4, "vocab_size": 8192}
-# Outside the plan at this small capacity (about half a GiB): two cuBLAS workspaces (64 MiB
-# or more on Hopper) and the allocator's fragmentation. Real runs have GiBs of headroom at
-# the default 8 %.
+# 50 % of the peak cannot be planned on the H200 for this model, nor for a dim-1024
+# 32768-token one: the CUDA trace's plan came out 43 MB over its capacity, where a CPU trace
+# fits (benchmarks/results/h200_session5/COMMANDS.md, call 4). Likely the CUDA trace's
+# allocator-measured floor (``Trace.op_allocated_bytes``: bytes that are no tensor of the
+# trace), which migrations cannot lower. 70 % leaves the plan about 115 MB above that
+# planned peak; not yet run on a GPU.
+GPU_FRACTION = 0.7
+# Outside the plan at this small capacity (under a GiB): cuBLAS workspaces (64 MiB or more
+# on Hopper), 64 MiB the allocator held beyond the plan and 111-129 MiB of fragmentation in
+# the H200 run above. Real runs have GiBs of headroom at the default 8 %.
 GPU_OPTIONS = {"headroom_fraction": 0.35}
 
 
