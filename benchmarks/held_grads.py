@@ -1,0 +1,60 @@
+"""How much of a CUDA trace's allocator-measured floor is gradients held past their last use.
+
+The trace counts a gradient as live from its first to its last use (its parameter's
+AdamW update). ``param.grad`` keeps it allocated until ``zero_grad`` after the whole
+optimizer step (``teraio/step.py``). The allocator's per-op peak
+(``Trace.op_allocated_bytes``, CUDA profiles only) sees those bytes; no migration of the
+plan can lower them. This prints, at ops through the optimizer step, the allocator's
+excess over the tensor-lifetime count and the bytes of gradients already past their last
+use, both in bytes.
+
+    python benchmarks/held_grads.py TRACE.json [--out FILE.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from teraio.trace import Trace  # noqa: E402
+
+
+def held_grad_bytes(trace: Trace) -> np.ndarray:
+    """int64 ``[n_ops]``: bytes of gradients past their last use at each op, as ``param.grad``
+    holds them until ``zero_grad``."""
+    held = np.zeros(trace.n_ops + 1, dtype=np.int64)
+    for t in trace.tensors:
+        if t.kind == "grad":
+            held[t.uses[-1] + 1] += t.nbytes
+    return np.cumsum(held)[:-1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trace", type=Path)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    trace = Trace.load(args.trace)
+    if trace.op_allocated_bytes is None:
+        raise SystemExit(f"{args.trace}: no op_allocated_bytes (not a CUDA profile)")
+    excess = trace.op_allocated_bytes - trace.live_bytes()
+    held = held_grad_bytes(trace)
+    last_uses = sorted(t.uses[-1] for t in trace.tensors if t.kind == "grad")
+    first, last = last_uses[0], last_uses[-1]
+    ops = sorted({first, (first + last) // 2, last, min(last + 1, trace.n_ops - 1)})
+    out = {"trace": str(args.trace), "n_ops": trace.n_ops,
+           "grad_bytes": int(sum(t.nbytes for t in trace.tensors if t.kind == "grad")),
+           "ops": [{"op": k, "name": trace.op_names[k], "allocator_excess_bytes": int(excess[k]),
+                    "held_grad_bytes": int(held[k])} for k in ops]}
+    print(json.dumps(out, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
