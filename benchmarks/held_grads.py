@@ -25,8 +25,10 @@ from teraio.trace import Trace  # noqa: E402
 
 
 def held_grad_bytes(trace: Trace) -> np.ndarray:
-    """int64 ``[n_ops]``: bytes of gradients past their last use at each op, as ``param.grad``
-    holds them until ``zero_grad``."""
+    """int64 ``[n_ops]``: bytes of gradients past their last use at each op, counted to the
+    trace's end. Traces profiled before ``meta["optimizer_ops"]`` existed (the committed
+    slice's) do not say where ``optimizer.step`` ends, so this overcounts after it; the ops
+    printed lie inside it. ``Trace.held_grad_bytes`` stops at the step's end."""
     held = np.zeros(trace.n_ops + 1, dtype=np.int64)
     for t in trace.tensors:
         if t.kind == "grad":

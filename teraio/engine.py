@@ -27,6 +27,12 @@ allocator holding its memory until the copy ran (``record_stream`` in the host t
 "CUDA semantics"). The paper's runtime stalls kernels, not the host (§3.2); this keeps the
 host issuing kernels ahead of the GPU. A stall is then the compute stream's measured wait.
 
+With ``release_grads`` the engine also frees each gradient's storage right after its last
+use (its parameter's update inside ``optimizer.step``) instead of leaving it to
+``zero_grad`` after the whole step: ``param.grad`` otherwise holds every gradient through
+the step, bytes the plan can neither move nor free (``Trace.held_grad_bytes``). Plan with
+``Trace.with_released_grads`` then.
+
 Everything is per engine instance (per process, per GPU): no module-level state.
 """
 from __future__ import annotations
@@ -97,6 +103,9 @@ class MigrationEngine(TorchDispatchMode):
         device_waits: order host-tier transfers on the CUDA compute stream instead of
             blocking the training thread (module docstring). Op start times in the log are
             then the host's issue times, and stall seconds the compute stream's waits.
+        release_grads: free each gradient's storage after its last use in the step
+            (module docstring). The step must not read a gradient after the optimizer
+            has used it; ``teraio.step.train_step`` does not (``zero_grad(set_to_none=True)``).
 
     Use :meth:`prime` once before the first step, run each step with :meth:`run_step`, and
     :meth:`close` at the end (restores every offloaded tensor and frees the tiers).
@@ -104,7 +113,7 @@ class MigrationEngine(TorchDispatchMode):
 
     def __init__(self, trace: Trace, plan: MigrationPlan, persistent: dict[str, torch.Tensor],
                  tiers: dict, device: torch.device, io_threads: int = 64, log_ops: bool = True,
-                 device_waits: bool = False):
+                 device_waits: bool = False, release_grads: bool = False):
         super().__init__()
         if plan.n_ops != trace.n_ops:
             raise ValueError(f"plan is for {plan.n_ops} ops but the trace has {trace.n_ops}")
@@ -155,6 +164,18 @@ class MigrationEngine(TorchDispatchMode):
             self.produced_at.setdefault(k, []).append((j, tid))
             last = max(m.needed_by for m in plan.migrations if m.tid == tid)
             self.release_after.setdefault(last, []).append(tid)
+
+        # Gradients (release_grads): the op and slot that allocate each, and the op after
+        # which its storage is freed; their storages while alive.
+        self.grad_produced_at: dict[int, list[tuple[int, int]]] = {}
+        self.grad_free_after: dict[int, list[int]] = {}
+        self._grads: dict[int, torch.UntypedStorage] = {}
+        if release_grads:
+            for rec in trace.tensors:
+                if rec.kind == "grad":
+                    k, j = _parse_intermediate(rec.name)
+                    self.grad_produced_at.setdefault(k, []).append((j, rec.tid))
+                    self.grad_free_after.setdefault(rec.uses[-1], []).append(rec.tid)
 
         self._away: dict[int, int] = {}  # storage key -> tid, for storages freed right now
         self._away_bytes = 0
@@ -210,6 +231,7 @@ class MigrationEngine(TorchDispatchMode):
             raise ExecutionDivergedError(
                 f"step {step} ran {self._k} ops; the profiled trace has {self.n_ops}")
         leaked = [t.name for t in self.tensors.values() if not t.persistent and t.storage is not None]
+        leaked += [self.trace.tensors[tid].name for tid in self._grads]
         if leaked:
             raise RuntimeError(f"engine still holds intermediates after the step: {leaked[:5]}")
         self.stats.migration_seconds = union_seconds(
@@ -325,11 +347,15 @@ class MigrationEngine(TorchDispatchMode):
             self.stats.max_accounted_bytes = accounted
 
     def _after(self, k: int, args, kwargs, out) -> None:
-        produced = self.produced_at.get(k)
-        if produced:
+        produced, grads = self.produced_at.get(k), self.grad_produced_at.get(k)
+        if produced or grads:
             fresh = fresh_outputs(out, {storage_key(x) for x in iter_tensors(args, kwargs)})
-            for j, tid in produced:
+            for j, tid in produced or ():
                 self.tensors[tid].storage = fresh[j].untyped_storage()
+            for j, tid in grads or ():
+                self._grads[tid] = fresh[j].untyped_storage()
+        for tid in self.grad_free_after.get(k, ()):
+            self._grads.pop(tid).resize_(0)  # param.grad keeps the tensor; zero_grad drops it
         for m in self.offload_after[k]:
             t = self.tensors[m.tid]
             if t.status == RESIDENT and t.storage is not None:

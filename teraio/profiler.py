@@ -184,23 +184,31 @@ def profile_step(step_fn: Callable[[], float], model: nn.Module, optimizer: torc
 
     Call it after at least one ordinary step, so that the optimizer state exists and is
     profiled as persistent (PAPER.md §2.1: the profile stands for every later iteration).
+    The trace's ``meta["optimizer_ops"]`` is ``[first, end)``, the ops of
+    ``optimizer.step`` (from its pre- and post-step hooks).
 
     Returns:
         (the step's return value, the :class:`Trace`).
     """
     grad_keys: set[int] = set()
+    prof = LifetimeProfiler(persistent_tensors(model, optimizer), device)
+    optimizer_ops: list[int] = []  # [first op of optimizer.step, first op after it)
 
     def capture_grads(opt, args, kwargs):
+        optimizer_ops[:] = [len(prof.op_names)]
         for group in opt.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
                     grad_keys.add(storage_key(p.grad))
 
-    handle = optimizer.register_step_pre_hook(capture_grads)
-    prof = LifetimeProfiler(persistent_tensors(model, optimizer), device)
+    def mark_step_end(opt, args, kwargs):
+        optimizer_ops.append(len(prof.op_names))
+
+    handles = [optimizer.register_step_pre_hook(capture_grads), optimizer.register_step_post_hook(mark_step_end)]
     try:
         with prof:
             out = step_fn()
     finally:
-        handle.remove()
-    return out, prof.trace(grad_keys, dict(meta or {}, device=str(device)))
+        for h in handles:
+            h.remove()
+    return out, prof.trace(grad_keys, dict(meta or {}, device=str(device), optimizer_ops=optimizer_ops))

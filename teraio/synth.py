@@ -328,6 +328,7 @@ def synthesize_layers(trace: Trace, n_layers_profiled: int, n_layers: int) -> Tr
     rows.sort(key=lambda r: r[0])
     tensors = [dataclasses.replace(r, tid=i) for i, (_, r) in enumerate(rows)]
     meta = dict(trace.meta)
+    meta.pop("optimizer_ops", None)  # op indices of the profile, not of this trace
     if "n_layers" in meta:
         meta["n_layers"] = Lp
     meta["synthesized"] = {"n_layers_profiled": L, "n_layers": Lp,

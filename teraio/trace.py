@@ -135,6 +135,42 @@ class Trace:
         """Peak of :meth:`required_bytes` (bytes): the un-offloaded peak, M's numerator."""
         return int(self.required_bytes().max()) if self.n_ops else 0
 
+    def held_grad_bytes(self) -> np.ndarray:
+        """int64 ``[n_ops]``: bytes of gradients past their last use that ``param.grad``
+        still holds during each op, until ``optimizer.step`` ends (``zero_grad`` follows it,
+        ``teraio.step``). The tensor-lifetime count omits them; a CUDA profile's
+        ``op_allocated_bytes`` includes them.
+
+        Raises:
+            ValueError: the trace has no ``meta["optimizer_ops"]`` (profiles made before
+                ``teraio.profiler`` recorded it, and synthesized traces).
+        """
+        if "optimizer_ops" not in self.meta or len(self.meta["optimizer_ops"]) != 2:
+            raise ValueError("trace has no meta['optimizer_ops'] = [first, end) of optimizer.step; "
+                             "profile it again with teraio.profiler.profile_step")
+        end = int(self.meta["optimizer_ops"][1])
+        delta = np.zeros(self.n_ops + 1, dtype=np.int64)
+        for t in self.tensors:
+            if t.kind == "grad" and t.uses[-1] + 1 < end:
+                delta[t.uses[-1] + 1] += t.nbytes
+                delta[end] -= t.nbytes
+        return np.cumsum(delta[:-1])
+
+    def with_released_grads(self) -> "Trace":
+        """This trace as seen by an engine that frees each gradient right after its last use
+        (``MigrationEngine(release_grads=True)``): ``op_allocated_bytes`` less
+        :meth:`held_grad_bytes`. Tensors, op names and times are shared, not copied; a trace
+        without ``op_allocated_bytes`` (CPU profiles) is returned as is.
+
+        Raises:
+            ValueError: as :meth:`held_grad_bytes`.
+        """
+        held = self.held_grad_bytes()
+        if self.op_allocated_bytes is None:
+            return self
+        return dataclasses.replace(self, op_allocated_bytes=self.op_allocated_bytes - held,
+                                   meta={**self.meta, "released_grads": True})
+
     def active_bytes(self) -> np.ndarray:
         """int64 ``[n_ops]``: bytes of the tensors op k itself touches (paper Fig. 1 "active")."""
         out = np.zeros(self.n_ops, dtype=np.int64)

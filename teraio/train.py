@@ -23,6 +23,9 @@ tokens at the same step):
   ``device_waits``       host-tier transfers on a CUDA device ordered on the compute stream
                          (CUDA events) instead of blocking the training thread
                          (``teraio.engine``); default false, as every committed GPU row ran
+  ``release_grads``      free each gradient right after its last use in the optimizer step
+                         and plan for it (``Trace.with_released_grads``, ``teraio.engine``);
+                         default false, as every committed GPU row ran
 """
 from __future__ import annotations
 
@@ -56,6 +59,7 @@ class TeraIOOptions:
     io_threads: int = 4
     allow_stalls: bool = True
     device_waits: bool = False
+    release_grads: bool = False
 
 
 def tier_bandwidth(cfg: RunConfig) -> TierBandwidth:
@@ -127,7 +131,9 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
     result["profile_seconds"] = time.perf_counter() - t0
     trace.save(job_dir / "trace.json")
 
-    unoffloaded_peak = trace.peak_bytes()
+    unoffloaded_peak = trace.peak_bytes()  # M's numerator: the plain step's, for every option
+    if opts.release_grads:
+        trace = trace.with_released_grads()
     capacity = cfg.hardware.gpu_capacity_bytes
     headroom = opts.headroom_fraction if opts.headroom_fraction is not None else (
         0.08 if device.type == "cuda" else 0.0)
@@ -149,7 +155,7 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
     tiers = open_tiers(plan, cfg, device, opts.io_threads)
     result["kvikio_mode"] = tiers["ssd"].mode if "ssd" in tiers else None
     engine = MigrationEngine(trace, plan, persistent_tensors(model, optimizer), tiers, device,
-                             device_waits=opts.device_waits)
+                             device_waits=opts.device_waits, release_grads=opts.release_grads)
     try:
         engine.prime()
         if device.type == "cuda":

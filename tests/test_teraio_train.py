@@ -54,11 +54,13 @@ def run_teraio(cfg, job_dir, device=CPU):
 
 
 # Mixed: SSD made slow so that host memory wins windows the SSD cannot cover.
-@pytest.mark.parametrize("system,hw", [("teraio_ssd", {}),
-                                       ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5})],
-                         ids=["ssd", "mixed"])
-def test_half_capacity_is_bit_identical(tmp_path, ref, system, hw):
-    check_bit_identical(tmp_path, ref, system, hw, fraction=0.5)
+@pytest.mark.parametrize("system,hw,options", [
+    ("teraio_ssd", {}, {}),
+    ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, {}),
+    ("teraio_ssd", {}, {"release_grads": True}),
+], ids=["ssd", "mixed", "ssd-release-grads"])
+def test_half_capacity_is_bit_identical(tmp_path, ref, system, hw, options):
+    check_bit_identical(tmp_path, ref, system, hw, fraction=0.5, options=options)
 
 
 def test_bandwidth_starved_plan_stalls_but_fits(tmp_path, ref):
@@ -71,17 +73,18 @@ def test_bandwidth_starved_plan_stalls_but_fits(tmp_path, ref):
 # On the GPU: CUDA streams, events, kvikio and the pinned pool in play; a model large enough
 # that its capped peak is many allocator blocks.
 @pytest.mark.gpu
-@pytest.mark.parametrize("system,hw,device_waits", [
-    ("teraio_ssd", {}, False),
-    ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, False),
-    ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, True),
-], ids=["ssd", "mixed", "mixed-device-waits"])
-def test_capped_run_is_bit_identical_on_gpu(tmp_path, system, hw, device_waits):
+@pytest.mark.parametrize("system,hw,options", [
+    ("teraio_ssd", {}, {}),
+    ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, {}),
+    ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, {"device_waits": True}),
+    ("teraio_ssd", {}, {"release_grads": True}),
+], ids=["ssd", "mixed", "mixed-device-waits", "ssd-release-grads"])
+def test_capped_run_is_bit_identical_on_gpu(tmp_path, system, hw, options):
     gpu = torch.device("cuda")
     ref = reference(gpu, **GPU_MODEL)
     settle_gpu()
     check_bit_identical(tmp_path, ref, system, hw, fraction=GPU_FRACTION, device=gpu, model=GPU_MODEL,
-                        options={**GPU_OPTIONS, "device_waits": device_waits}, between_runs=settle_gpu)
+                        options={**GPU_OPTIONS, **options}, between_runs=settle_gpu)
     settle_gpu()
 
 
