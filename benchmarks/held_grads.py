@@ -17,23 +17,9 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from teraio.trace import Trace  # noqa: E402
-
-
-def held_grad_bytes(trace: Trace) -> np.ndarray:
-    """int64 ``[n_ops]``: bytes of gradients past their last use at each op, counted to the
-    trace's end. Traces profiled before ``meta["optimizer_ops"]`` existed (the committed
-    slice's) do not say where ``optimizer.step`` ends, so this overcounts after it; the ops
-    printed lie inside it. ``Trace.held_grad_bytes`` stops at the step's end."""
-    held = np.zeros(trace.n_ops + 1, dtype=np.int64)
-    for t in trace.tensors:
-        if t.kind == "grad":
-            held[t.uses[-1] + 1] += t.nbytes
-    return np.cumsum(held)[:-1]
 
 
 def main() -> None:
@@ -45,7 +31,10 @@ def main() -> None:
     if trace.op_allocated_bytes is None:
         raise SystemExit(f"{args.trace}: no op_allocated_bytes (not a CUDA profile)")
     excess = trace.op_allocated_bytes - trace.live_bytes()
-    held = held_grad_bytes(trace)
+    # Traces profiled before meta["optimizer_ops"] existed (the committed slice's) do not
+    # say where optimizer.step ends: count to the trace's end, which overcounts after the
+    # step; the ops printed lie inside it.
+    held = trace.held_grad_bytes(end=trace.meta.get("optimizer_ops", [0, trace.n_ops])[1])
     last_uses = sorted(t.uses[-1] for t in trace.tensors if t.kind == "grad")
     first, last = last_uses[0], last_uses[-1]
     ops = sorted({first, (first + last) // 2, last, min(last + 1, trace.n_ops - 1)})

@@ -135,20 +135,24 @@ class Trace:
         """Peak of :meth:`required_bytes` (bytes): the un-offloaded peak, M's numerator."""
         return int(self.required_bytes().max()) if self.n_ops else 0
 
-    def held_grad_bytes(self) -> np.ndarray:
+    def held_grad_bytes(self, end: int | None = None) -> np.ndarray:
         """int64 ``[n_ops]``: bytes of gradients past their last use that ``param.grad``
         still holds during each op, until ``optimizer.step`` ends (``zero_grad`` follows it,
         ``teraio.step``). The tensor-lifetime count omits them; a CUDA profile's
         ``op_allocated_bytes`` includes them.
 
+        Args:
+            end: the first op after ``optimizer.step``; None reads ``meta["optimizer_ops"]``.
+
         Raises:
-            ValueError: the trace has no ``meta["optimizer_ops"]`` (profiles made before
-                ``teraio.profiler`` recorded it, and synthesized traces).
+            ValueError: ``end`` is None and the trace has no ``meta["optimizer_ops"]``
+                (profiles made before ``teraio.profiler`` recorded it, and synthesized traces).
         """
-        if "optimizer_ops" not in self.meta or len(self.meta["optimizer_ops"]) != 2:
-            raise ValueError("trace has no meta['optimizer_ops'] = [first, end) of optimizer.step; "
-                             "profile it again with teraio.profiler.profile_step")
-        end = int(self.meta["optimizer_ops"][1])
+        if end is None:
+            if len(self.meta.get("optimizer_ops", ())) != 2:
+                raise ValueError("trace has no meta['optimizer_ops'] = [first, end) of optimizer.step; "
+                                 "profile it again with teraio.profiler.profile_step")
+            end = int(self.meta["optimizer_ops"][1])
         delta = np.zeros(self.n_ops + 1, dtype=np.int64)
         for t in self.tensors:
             if t.kind == "grad" and t.uses[-1] + 1 < end:
@@ -165,7 +169,7 @@ class Trace:
         Raises:
             ValueError: as :meth:`held_grad_bytes`.
         """
-        held = self.held_grad_bytes()
+        held = self.held_grad_bytes()  # first, so that every trace without the meta is refused
         if self.op_allocated_bytes is None:
             return self
         return dataclasses.replace(self, op_allocated_bytes=self.op_allocated_bytes - held,

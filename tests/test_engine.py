@@ -307,6 +307,14 @@ def test_device_waits_skip_host_waits_and_stay_bit_exact(tmp_path, device_waits)
     assert unwaited <= {(n_steps - 1, "offload")}
 
 
+def grad_bytes_at_step_end(model, opt) -> list[int]:
+    """A list that gets, each time ``opt.step`` returns, the bytes ``param.grad`` still holds."""
+    held = []
+    opt.register_step_post_hook(lambda o, a, kw: held.append(
+        sum(p.grad.untyped_storage().nbytes() for p in model.parameters())))
+    return held
+
+
 @pytest.mark.parametrize("migrate", [False, True], ids=["no-migrations", "every-gap"])
 def test_release_grads_frees_each_gradient_within_the_step_and_stays_bit_exact(tmp_path, migrate):
     model, opt, losses, trace = profiled()
@@ -317,11 +325,8 @@ def test_release_grads_frees_each_gradient_within_the_step_and_stays_bit_exact(t
     plan = every_gap_plan(trace) if migrate else MigrationPlan(trace.n_ops, 0, trace.peak_bytes(), 0, [])
     eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), open_tiers(plan, tmp_path), CPU,
                           release_grads=True)
-    held = []  # bytes still held by param.grad when optimizer.step returns, per step
-    hook = opt.register_step_post_hook(lambda o, a, kw: held.append(
-        sum(p.grad.untyped_storage().nbytes() for p in model.parameters())))
+    held = grad_bytes_at_step_end(model, opt)
     train_bit_exact(eng, model, opt, losses, n_steps=5)
-    hook.remove()
     assert held == [0, 0, 0]
 
 
@@ -329,9 +334,6 @@ def test_without_release_grads_the_step_holds_every_gradient(tmp_path):
     model, opt, losses, trace = profiled()
     plan = MigrationPlan(trace.n_ops, 0, trace.peak_bytes(), 0, [])
     eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), {}, CPU)
-    held = []
-    hook = opt.register_step_post_hook(lambda o, a, kw: held.append(
-        sum(p.grad.untyped_storage().nbytes() for p in model.parameters())))
+    held = grad_bytes_at_step_end(model, opt)
     train_bit_exact(eng, model, opt, losses, n_steps=3)
-    hook.remove()
     assert held == [sum(t.nbytes for t in trace.tensors if t.kind == "grad")]

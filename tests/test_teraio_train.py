@@ -111,8 +111,10 @@ GPU_MODEL = {"dim": 1024, "n_layers": 4, "vocab_size": 8192}
 # 32768-token one: the CUDA trace's plan came out 43 MB over its capacity, where a CPU trace
 # fits (benchmarks/results/h200_session5/COMMANDS.md, call 4). Likely the CUDA trace's
 # allocator-measured floor (``Trace.op_allocated_bytes``: bytes that are no tensor of the
-# trace), which migrations cannot lower. 70 % leaves the plan about 115 MB above that
-# planned peak; not yet run on a GPU.
+# trace), which migrations cannot lower; through AdamW's step it is mostly gradients that
+# param.grad holds past their last use (``Trace.held_grad_bytes``; the release_grads case).
+# 70 % leaves the plan capacity about 116 MB above that planned peak (0.7 x 0.65 x the
+# run's 1,226 MB peak, less 441 MB); not yet run on a GPU.
 GPU_FRACTION = 0.7
 # Outside the plan at this small capacity (under a GiB): cuBLAS workspaces (64 MiB or more
 # on Hopper), 64 MiB the allocator held beyond the plan and 111-129 MiB of fragmentation in

@@ -36,6 +36,8 @@ def test_released_grads_of_a_cpu_trace_is_the_trace():
     assert trace.with_released_grads() is trace
 
 
-def test_held_grads_need_the_optimizer_ops():
+def test_held_grads_need_the_optimizer_ops_or_an_end():
     with pytest.raises(ValueError, match="optimizer_ops"):
         grads_trace(optimizer_ops=None).with_released_grads()
+    assert grads_trace(optimizer_ops=None).held_grad_bytes(end=8).tolist() == \
+        grads_trace().held_grad_bytes().tolist()
