@@ -191,21 +191,40 @@ class MigrationEngine(TorchDispatchMode):
         self._op_stall = np.zeros(self.n_ops)
 
     # ---- public -----------------------------------------------------------------
-    def prime(self) -> None:
+    def prime(self, pager=None) -> None:
         """Bring the persistent tensors into the state the plan assumes at op 0 of an
         iteration: offloads whose write spans the iteration boundary are done now
-        (synchronously), and those planned to be off the device at op 0 are freed."""
-        for m in self.plan.migrations:
+        (synchronously), and those planned to be off the device at op 0 are freed.
+
+        Args:
+            pager: the ``teraio.pager.Pager`` the steps before the plan ran under, holding
+                some storages off the device. Its host copies go straight to their tier
+                where the plan keeps them off the device at op 0; the rest come back.
+                Tensors the plan frees are handled first, so the device never holds more
+                than the plan's op 0 plus one tensor. The pager is closed on return.
+        """
+        spanning = [m for m in self.plan.migrations
+                    if m.wraps and cyclic_between(0, (m.offload_after + 1) % self.n_ops,
+                                                  m.prefetch_before, self.n_ops)]
+        held = (lambda m: False) if pager is None else (lambda m: pager.holds(self.tensors[m.tid].storage))
+        for m in sorted(spanning, key=held):  # resident ones first: their frees make room
             t = self.tensors[m.tid]
-            if not (m.wraps and cyclic_between(0, (m.offload_after + 1) % self.n_ops,
-                                               m.prefetch_before, self.n_ops)):
-                continue
             t.tier = m.tier
-            transfer = self.tiers[m.tier].write(t.name, t.storage)
-            transfer.wait()
+            away = m.offloaded_at_iteration_start(self.n_ops)
+            if held(m) and away:
+                transfer = self.tiers[m.tier].write(t.name, pager.host_copy(t.storage).untyped_storage())
+                transfer.wait()
+                pager.forget(t.storage)
+            else:
+                if held(m):
+                    pager.restore(t.storage)
+                transfer = self.tiers[m.tier].write(t.name, t.storage)
+                transfer.wait()
             t.status, t.job, t.handle = OFFLOADING, _done_future(), transfer
-            if m.offloaded_at_iteration_start(self.n_ops):
+            if away:
                 self._free(m.tid, t)
+        if pager is not None:
+            pager.close()
 
     def run_step(self, step_fn, step: int):
         """Run one training step under the engine; returns ``step_fn()``'s value.

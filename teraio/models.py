@@ -117,6 +117,14 @@ def build_model(cfg: ModelConfig, max_seq_len: int, device: torch.device | str =
     return model
 
 
+def model_state_bytes(cfg: ModelConfig, max_seq_len: int) -> int:
+    """Bytes of the model's parameters (tied ones once) and buffers as built by
+    :func:`build_model` (fp32; the RoPE table complex64), computed on the meta device."""
+    model = build_meta_model(cfg, max_seq_len)
+    tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}.values()
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def count_parameters(model: nn.Module) -> int:
     """Number of distinct parameter elements (tied weights counted once)."""
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())

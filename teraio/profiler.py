@@ -1,4 +1,4 @@
-"""Tensor lifetime profiler (paper §3.1, PAPER.md §2.1).
+"""Tensor lifetime profiler (paper §3.1).
 
 The paper instruments PyTorch's operator codegen so that every generated operator marks its
 inputs and outputs active. We get the same view without patching PyTorch: a
@@ -101,9 +101,10 @@ class _Rec:
 class LifetimeProfiler(TorchDispatchMode):
     """Records one training iteration into a :class:`Trace`. Use :func:`profile_step`."""
 
-    def __init__(self, persistent: dict[str, torch.Tensor], device: torch.device):
+    def __init__(self, persistent: dict[str, torch.Tensor], device: torch.device, pager=None):
         super().__init__()
         self.device = device
+        self.pager = pager
         self.records: list[_Rec] = []
         self.by_key: dict[int, _Rec] = {}
         self.op_names: list[str] = []
@@ -113,12 +114,16 @@ class LifetimeProfiler(TorchDispatchMode):
         self.op_allocated: list[int] = []  # CUDA: allocator peak during each op, bytes
         for name, t in persistent.items():
             kind = "optim" if name.startswith("optim:") else "param"
-            rec = _Rec(name, t.untyped_storage().nbytes(), kind, persistent=True)
+            storage = t.untyped_storage()
+            rec = _Rec(name, pager.nbytes(storage) if pager else storage.nbytes(), kind, persistent=True)
             self.records.append(rec)
             self.by_key[storage_key(t)] = rec
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         k = len(self.op_names)
+        pager = self.pager
+        if pager is not None:  # what op k touches is resident from here on
+            pager.admit(func, args, kwargs)
         in_keys = set()
         for t in iter_tensors(args, kwargs):
             key = storage_key(t)
@@ -133,17 +138,25 @@ class LifetimeProfiler(TorchDispatchMode):
         self.op_in_backward.append(torch._C._current_graph_task_id() != -1)
         if self.device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            start.record()
-            out = func(*args, **(kwargs or {}))
-            end.record()
-            self.op_allocated.append(torch.cuda.max_memory_allocated(self.device))
+
+            def run():
+                torch.cuda.reset_peak_memory_stats(self.device)
+                start.record()
+                out = func(*args, **(kwargs or {}))
+                end.record()
+                return out
+            out = run() if pager is None else pager.run(run, in_keys)
+            # Un-offloaded, the storages the pager holds off the device would be allocated too.
+            self.op_allocated.append(torch.cuda.max_memory_allocated(self.device)
+                                     + (pager.evicted_bytes if pager is not None else 0))
             self._events.append((start, end))
             self.op_seconds.append(0.0)
         else:
             t0 = time.perf_counter()
             out = func(*args, **(kwargs or {}))
             self.op_seconds.append(time.perf_counter() - t0)
+        if pager is not None:
+            pager.settle(out, in_keys)
         self.op_names.append(str(func))
 
         for slot, t in enumerate(fresh_outputs(out, in_keys)):
@@ -179,19 +192,25 @@ class LifetimeProfiler(TorchDispatchMode):
 
 
 def profile_step(step_fn: Callable[[], float], model: nn.Module, optimizer: torch.optim.Optimizer,
-                 device: torch.device, meta: dict | None = None) -> tuple[float, Trace]:
+                 device: torch.device, meta: dict | None = None, pager=None) -> tuple[float, Trace]:
     """Run ``step_fn`` (one whole training step) under the profiler.
 
-    Call it after at least one ordinary step, so that the optimizer state exists and is
-    profiled as persistent (PAPER.md §2.1: the profile stands for every later iteration).
-    The trace's ``meta["optimizer_ops"]`` is ``[first, end)``, the ops of
-    ``optimizer.step`` (from its pre- and post-step hooks).
+    Call it after at least one step, so that the optimizer state exists and is profiled
+    as persistent (paper §3.1: the profile stands for every later iteration). The trace's
+    ``meta["optimizer_ops"]`` is ``[first, end)``, the ops of ``optimizer.step`` (from its
+    pre- and post-step hooks).
+
+    With a ``pager`` (``teraio.pager.Pager``) the step runs within the pager's capacity:
+    each op's inputs are made resident and room is made for its outputs before the op's
+    timing starts, so ``op_seconds`` are the kernels' own; on CUDA ``op_allocated_bytes``
+    adds the bytes the pager holds off the device, so the trace describes the un-offloaded
+    step all the same.
 
     Returns:
         (the step's return value, the :class:`Trace`).
     """
     grad_keys: set[int] = set()
-    prof = LifetimeProfiler(persistent_tensors(model, optimizer), device)
+    prof = LifetimeProfiler(persistent_tensors(model, optimizer), device, pager)
     optimizer_ops: list[int] = []  # [first op of optimizer.step, first op after it)
 
     def capture_grads(opt, args, kwargs):

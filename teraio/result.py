@@ -15,11 +15,21 @@ Schema (keys always present; unknown values are ``null``):
 ``tokens_per_s``      mean over measured iterations (tokens/s)
 ``stall_count``, ``stall_seconds``   totals over measured iterations
 ``bytes_per_tier``    ``{ssd, host}``: bytes offloaded + prefetched over measured iterations
-``peak_allocated_bytes``, ``peak_reserved_bytes``   device memory peaks (bytes)
+``peak_allocated_bytes``, ``peak_reserved_bytes``   device memory peaks over the whole run (bytes)
 ``peak_host_rss_bytes``  peak resident host memory of the worker process (bytes; rank 0's
                       under torchrun; ``teraio.measure.peak_host_rss_bytes``), null for a
                       modeled row or where unknown
-``capacity_bytes``    emulated GPU capacity (bytes), null when uncapped
+``capacity_bytes``    the GPU capacity the run was held to (bytes): the emulated one, or for
+                      TeraIO without one on a GPU the device's free memory at start; null
+                      when uncapped
+``capacity_emulated`` true when ``capacity_bytes`` is an emulated cap, false when it is the
+                      real device's, null when uncapped
+``paged_steps``       TeraIO: the steps before its plan (0: creates the optimizer state,
+                      1: profiled), each ``{step, seconds, loss, peak_allocated_bytes,
+                      max_accounted_bytes, evictions, restores, bytes_evicted, bytes_restored,
+                      oom_retries}`` (``teraio.pager``); empty for other systems
+``step_peak_allocated_bytes``  TeraIO on CUDA: the allocator's peak of every step, the
+                      paged ones included (bytes, step order); empty otherwise
 ``unoffloaded_peak_bytes``  peak live bytes with no offloading (from the trace), null if unknown
 ``memory_pressure``   M = unoffloaded peak ÷ capacity (paper Fig. 7), null if unknown
 ``plan_compile_seconds``, ``profile_seconds``   TeraIO one-time costs, null otherwise
@@ -53,7 +63,8 @@ def empty_result(point: dict, config: dict) -> dict[str, Any]:
         "tokens_per_s": None, "stall_count": None, "stall_seconds": None,
         "bytes_per_tier": {"ssd": None, "host": None},
         "peak_allocated_bytes": None, "peak_reserved_bytes": None, "peak_host_rss_bytes": None,
-        "capacity_bytes": None, "unoffloaded_peak_bytes": None, "memory_pressure": None,
+        "capacity_bytes": None, "capacity_emulated": None, "paged_steps": [],
+        "step_peak_allocated_bytes": [], "unoffloaded_peak_bytes": None, "memory_pressure": None,
         "plan_compile_seconds": None, "profile_seconds": None, "kvikio_mode": None,
         "gpu_name": None, "versions": {}, "host": None, "started_at": None,
         "finished_at": None, "wall_seconds": None, "artifacts": {},

@@ -1,31 +1,40 @@
 """TeraIO as a training system (``teraio_ssd`` and ``teraio_mixed``): profile → plan →
 migrate around the shared training step (paper §3, Fig. 4).
 
+The GPU capacity binds from the run's first allocation: the emulated one
+(``hardware.gpu_capacity_bytes``, a cap on the process's allocator) or, with none given on
+a CUDA device, the device's own free memory at start. No step runs un-offloaded.
+
 Iteration schedule (the step index selects the data, so every system sees the same
 tokens at the same step):
 
-* step 0: an ordinary step, so the optimizer state exists before profiling;
-* step 1: the profiled step (``teraio.profiler``), un-offloaded and uncapped — the
-  emulated-capacity setup lets the profile run on the real, larger GPU (PAPER.md §2.1
-  profiles models that do not fit by offloading everything inactive; we do not need to);
-* then the plan is compiled, the engine primed, the capacity cap applied, and steps
-  ``2 .. warmup_steps-1`` warm the engine up; steps ``warmup_steps ..`` are measured.
+* step 0: a step under the pager (``teraio.pager``), which creates the optimizer state and
+  keeps everything within the capacity by evicting least recently used tensors to host
+  memory on demand;
+* step 1: the profiled step (``teraio.profiler``), under the same pager (paper §3.1: a model
+  that does not fit is profiled by offloading what the running kernel does not need);
+* then the plan is compiled, the engine takes over the pager's tensors (``prime``), and
+  steps ``2 .. warmup_steps-1`` warm the engine up; steps ``warmup_steps ..`` are measured.
+
+On a CPU device with no capacity given nothing is capped (no pager, nothing to plan for).
 
 ``system.options`` (all optional):
   ``benefit``            ``"pressure"`` (default) or ``"formula"`` (``teraio.planner``)
-  ``min_tensor_bytes``   smallest tensor considered for offloading, bytes (default 1 MiB)
-  ``headroom_fraction``  fraction of the capacity kept out of the plan for allocator
-                         rounding, fragmentation and workspaces (default 0.0 on CPU, 0.08 on CUDA)
+  ``min_tensor_bytes``   smallest tensor considered for offloading (plan) or eviction
+                         (pager), bytes (default 1 MiB)
+  ``headroom_fraction``  fraction of the capacity kept out of the plan and the pager for
+                         allocator rounding, fragmentation and workspaces (default 0.0 on
+                         CPU, 0.08 on CUDA)
   ``io_threads``         SSD tier I/O threads (default 4)
   ``allow_stalls``       when bandwidth cannot hide enough migrations, still bring the peak
                          under capacity with migrations the engine stalls for (paper §3.2:
                          the runtime stalls kernels until memory is freed); default true
   ``device_waits``       host-tier transfers on a CUDA device ordered on the compute stream
                          (CUDA events) instead of blocking the training thread
-                         (``teraio.engine``); default false, as every committed GPU row ran
+                         (``teraio.engine``); default false
   ``release_grads``      free each gradient right after its last use in the optimizer step
                          and plan for it (``Trace.with_released_grads``, ``teraio.engine``);
-                         default false, as every committed GPU row ran
+                         default false
 """
 from __future__ import annotations
 
@@ -41,8 +50,9 @@ from teraio.config import RunConfig, dataclass_from_dict
 from teraio.engine import MigrationEngine
 from teraio.measure import (apply_memory_cap, lift_memory_cap, param_digest, peak_memory, reset_peak_memory,
                             synchronize, timed)
-from teraio.models import build_model
+from teraio.models import build_model, model_state_bytes
 from teraio.planner import TierBandwidth, plan_migrations
+from teraio.pager import Pager, PagedStep, PagerStats
 from teraio.profiler import persistent_tensors, profile_step
 from teraio.result import iteration_row, progress_line
 from teraio.step import make_batch, make_optimizer, train_step
@@ -98,6 +108,34 @@ def compute_stream(device: torch.device):
         yield
 
 
+def device_capacity(cfg: RunConfig, device: torch.device) -> tuple[int | None, bool]:
+    """(capacity in bytes, emulated?): ``hardware.gpu_capacity_bytes`` when given (emulated);
+    else on CUDA the device's free memory now, before the run allocates anything (the real
+    GPU); else (CPU) None, uncapped."""
+    if cfg.hardware.gpu_capacity_bytes is not None:
+        return int(cfg.hardware.gpu_capacity_bytes), True
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0]), False
+    return None, False
+
+
+def check_model_fits(cfg: RunConfig, limit: int | None) -> None:
+    """TeraIO builds the model on the device; refuse, before allocating anything, a model
+    whose parameters and buffers alone exceed the bytes it may use there.
+
+    Raises:
+        ValueError: naming the model, its bytes and the limit.
+    """
+    if limit is None:
+        return
+    need = model_state_bytes(cfg.model, cfg.workload.seq_len)
+    if need > limit:
+        raise ValueError(
+            f"model {cfg.model.name}: its parameters and buffers take {need} B, above the {limit} B "
+            f"TeraIO may use on the device (capacity less headroom); the model is built on the device, "
+            f"so its parameters alone must fit there")
+
+
 def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> None:
     """Train ``cfg`` under TeraIO and fill ``result`` (schema: ``teraio.result``).
 
@@ -105,8 +143,10 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
     measured step: start time and stall, seconds), ``transfers.csv`` (one row per transfer).
 
     Raises:
-        ValueError: bad options, or an SSD directory that is missing/unwritable/too small.
-        torch.OutOfMemoryError: the emulated capacity was exceeded.
+        ValueError: bad options, a model whose parameters do not fit the capacity, or an SSD
+            directory that is missing/unwritable/too small.
+        teraio.pager.CapacityError: an op's own inputs and outputs exceed the capacity.
+        torch.OutOfMemoryError: the capacity was exceeded.
     """
     if cfg.system.name not in TERAIO_SYSTEMS:
         raise ValueError(f"system.name={cfg.system.name!r} is not a TeraIO system {TERAIO_SYSTEMS}")
@@ -114,59 +154,95 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
     w = cfg.workload
     if w.warmup_steps < 2:
         raise ValueError(f"workload.warmup_steps={w.warmup_steps}: TeraIO needs >= 2 "
-                         "(one ordinary step to create the optimizer state, one profiled step)")
+                         "(one step to create the optimizer state, one profiled step)")
     job_dir = Path(job_dir)
-    model = build_model(cfg.model, w.seq_len, device, cfg.seed)
-    optimizer = make_optimizer(model, w.lr)
-
-    def step_fn(step: int):
-        inputs, labels = make_batch(step, w, cfg.model.vocab_size, cfg.seed, device)
-        return lambda: train_step(model, optimizer, inputs, labels, w.micro_batch_size)
-
-    losses = [step_fn(0)()]
-    t0 = time.perf_counter()
-    loss, trace = profile_step(step_fn(1), model, optimizer, device,
-                               meta=cfg.point())
-    losses.append(loss)
-    result["profile_seconds"] = time.perf_counter() - t0
-    trace.save(job_dir / "trace.json")
-
-    unoffloaded_peak = trace.peak_bytes()  # M's numerator: the plain step's, for every option
-    if opts.release_grads:
-        trace = trace.with_released_grads()
-    capacity = cfg.hardware.gpu_capacity_bytes
     headroom = opts.headroom_fraction if opts.headroom_fraction is not None else (
         0.08 if device.type == "cuda" else 0.0)
-    plan_capacity = int((capacity if capacity is not None else unoffloaded_peak) * (1 - headroom))
-    host_cap = cfg.hardware.host_mem_cap_bytes if cfg.system.name == "teraio_mixed" else 0
-    t0 = time.perf_counter()
-    plan = plan_migrations(trace, plan_capacity, tier_bandwidth(cfg), host_cap_bytes=host_cap,
-                           benefit=opts.benefit, min_tensor_bytes=opts.min_tensor_bytes,
-                           allow_stalls=opts.allow_stalls)
-    result["plan_compile_seconds"] = time.perf_counter() - t0
-    plan.save(job_dir / "plan.json")
-    result.update(unoffloaded_peak_bytes=unoffloaded_peak, capacity_bytes=capacity,
-                  memory_pressure=unoffloaded_peak / capacity if capacity else None)
-    result["plan"] = {"capacity_bytes": plan_capacity, "predicted_peak_bytes": plan.predicted_peak_bytes,
-                      "shortfall_bytes": plan.shortfall_bytes, "migrations": len(plan.migrations),
-                      "bytes_per_tier": plan.bytes_per_tier()}
-    result["artifacts"].update(trace="trace.json", plan="plan.json")
-
-    tiers = open_tiers(plan, cfg, device, opts.io_threads)
-    result["kvikio_mode"] = tiers["ssd"].mode if "ssd" in tiers else None
-    engine = MigrationEngine(trace, plan, persistent_tensors(model, optimizer), tiers, device,
-                             device_waits=opts.device_waits, release_grads=opts.release_grads)
+    capacity, emulated = device_capacity(cfg, device)
+    limit = int(capacity * (1 - headroom)) if capacity is not None else None
+    check_model_fits(cfg, limit)
+    apply_memory_cap(cfg.hardware.gpu_capacity_bytes, device)  # from the first allocation on
+    result.update(capacity_bytes=capacity, capacity_emulated=emulated if capacity is not None else None)
+    engine = None
     try:
-        engine.prime()
+        reset_peak_memory(device)
+        model = build_model(cfg.model, w.seq_len, device, cfg.seed)
+        optimizer = make_optimizer(model, w.lr)
+        peaks = [peak_memory(device)]  # (allocated, reserved): the build, then each step
+
+        def step_fn(step: int):
+            inputs, labels = make_batch(step, w, cfg.model.vocab_size, cfg.seed, device)
+            return lambda: train_step(model, optimizer, inputs, labels, w.micro_batch_size)
+
+        pager = None if limit is None else Pager(
+            limit, device, list(persistent_tensors(model, optimizer).values()),
+            min_evict_bytes=opts.min_tensor_bytes)
+        losses, paged = [], []
+
+        def paged_step(step: int, body):
+            if pager is not None:
+                pager.stats = PagerStats(max_accounted_bytes=pager.resident_bytes)
+            reset_peak_memory(device)
+            with timed(device) as t:
+                loss = body()
+            losses.append(loss)
+            peaks.append(peak_memory(device))
+            paged.append({"step": step, "seconds": t["seconds"], "loss": loss,
+                          "peak_allocated_bytes": peaks[-1][0],
+                          **(dataclasses.asdict(pager.stats) if pager is not None else {})})
+            print(progress_line(step, t["seconds"], w.tokens_per_step, loss, True,
+                                " (paged)" if pager is not None else ""), flush=True)
+            return t["seconds"]
+
+        def first_step():
+            with PagedStep(pager) if pager is not None else contextlib.nullcontext():
+                return step_fn(0)()
+
+        traced = {}
+
+        def profiled_step():
+            loss, traced["trace"] = profile_step(step_fn(1), model, optimizer, device, meta=cfg.point(),
+                                                 pager=pager)
+            return loss
+
+        paged_step(0, first_step)
+        result["profile_seconds"] = paged_step(1, profiled_step)
+        result["paged_steps"] = paged
+        trace = traced["trace"]
+        trace.save(job_dir / "trace.json")
+
+        unoffloaded_peak = trace.peak_bytes()  # M's numerator: the plain step's, for every option
+        if opts.release_grads:
+            trace = trace.with_released_grads()
+        plan_capacity = limit if limit is not None else int(unoffloaded_peak * (1 - headroom))
+        host_cap = cfg.hardware.host_mem_cap_bytes if cfg.system.name == "teraio_mixed" else 0
+        t0 = time.perf_counter()
+        plan = plan_migrations(trace, plan_capacity, tier_bandwidth(cfg), host_cap_bytes=host_cap,
+                               benefit=opts.benefit, min_tensor_bytes=opts.min_tensor_bytes,
+                               allow_stalls=opts.allow_stalls)
+        result["plan_compile_seconds"] = time.perf_counter() - t0
+        plan.save(job_dir / "plan.json")
+        result.update(unoffloaded_peak_bytes=unoffloaded_peak,
+                      memory_pressure=unoffloaded_peak / capacity if capacity else None)
+        result["plan"] = {"capacity_bytes": plan_capacity, "predicted_peak_bytes": plan.predicted_peak_bytes,
+                          "shortfall_bytes": plan.shortfall_bytes, "migrations": len(plan.migrations),
+                          "bytes_per_tier": plan.bytes_per_tier()}
+        result["artifacts"].update(trace="trace.json", plan="plan.json")
+
+        tiers = open_tiers(plan, cfg, device, opts.io_threads)
+        result["kvikio_mode"] = tiers["ssd"].mode if "ssd" in tiers else None
+        engine = MigrationEngine(trace, plan, persistent_tensors(model, optimizer), tiers, device,
+                                 device_waits=opts.device_waits, release_grads=opts.release_grads)
+        engine.prime(pager)
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        apply_memory_cap(capacity, device)
-        reset_peak_memory(device)
         with compute_stream(device):
             for step in range(2, w.warmup_steps + w.measure_steps):
+                reset_peak_memory(device)
                 with timed(device) as t:
                     loss = engine.run_step(step_fn(step), step)
                 losses.append(loss)
+                peaks.append(peak_memory(device))
                 s = engine.stats
                 print(progress_line(step, t["seconds"], w.tokens_per_step, loss, step < w.warmup_steps,
                                     f" stalls {s.stall_count}"), flush=True)
@@ -177,12 +253,16 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
                         bytes_offloaded=s.bytes_offloaded, bytes_prefetched=s.bytes_prefetched,
                         urgent_count=s.urgent_count, max_accounted_bytes=s.max_accounted_bytes))
         synchronize(device)
-        result["peak_allocated_bytes"], result["peak_reserved_bytes"] = peak_memory(device)
+        if device.type == "cuda":
+            result["step_peak_allocated_bytes"] = [a for a, _ in peaks[1:]]
+            result["peak_allocated_bytes"] = max(a for a, _ in peaks)
+            result["peak_reserved_bytes"] = max(r for _, r in peaks)
     finally:
         lift_memory_cap(device)
-        # Only the parameters are read after training (their digest); reading back the
-        # optimizer state too would add minutes from an SSD tier.
-        engine.close(restore=lambda name: name.startswith("param:"))
+        if engine is not None:
+            # Only the parameters are read after training (their digest); reading back the
+            # optimizer state too would add minutes from an SSD tier.
+            engine.close(restore=lambda name: name.startswith("param:"))
     result["losses"] = losses
     result["final_params_sha256"] = param_digest(model)
     _write_logs(engine, trace, job_dir, first_step=w.warmup_steps)

@@ -1,0 +1,388 @@
+"""On-demand paging under the GPU capacity, for the steps that run before a migration plan
+exists: the first step (which creates the optimizer state) and the profiled one (paper §3.1).
+
+The paper profiles a model that does not fit by offloading, during the profiled iteration,
+every tensor the running kernel does not need. The :class:`Pager` does the same lazily:
+before each op it brings back (from host memory) whatever the op touches that is off the
+device, and makes room for the op's inputs and its freshly allocated outputs by evicting
+the least recently used storages to host memory. Nothing the op touches is evicted, so the
+op runs on resident tensors; its kernel time can then be timed on its own.
+
+Units: bytes. A storage is evicted whole, as the engine does (``resize_(0)``, bytes kept in
+a host copy; restored with ``resize_(nbytes)`` and a copy back), so tensor objects, views
+and the autograd graph are untouched. Copies are synchronous and pageable: paging runs
+once per run, and a pageable copy is freed to the OS the moment it is no longer needed.
+
+Resident bytes are counted two ways: the *accounted* bytes, the sum of the resident
+storages the pager tracks (every storage an op touched or allocated, and every storage it
+was given up front), which is all there is on a CPU device; and on CUDA the caching
+allocator's ``memory_allocated``, which also sees workspaces and rounding. The pager keeps
+both, plus the op's estimated fresh outputs, at or below ``limit_bytes``; on CUDA an op that
+still runs out of memory is retried after evicting more (:meth:`Pager.call`).
+
+A storage's death is seen through a weak reference to its ``UntypedStorage`` object (PyTorch
+keeps that object alive exactly as long as the storage), so a dead storage's host copy and
+bytes are dropped at once.
+"""
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_map_only
+
+from teraio.profiler import fresh_outputs, iter_tensors, storage_id
+
+
+class CapacityError(RuntimeError):
+    """An op needs more resident bytes than the capacity allows even with every other
+    storage evicted."""
+
+
+@dataclass
+class PagerStats:
+    """What paging did over the pager's life. Bytes are bytes; seconds wall time."""
+
+    evictions: int = 0
+    restores: int = 0
+    bytes_evicted: int = 0
+    bytes_restored: int = 0
+    oom_retries: int = 0
+    max_accounted_bytes: int = 0  # peak of the accounted bytes at any op, outputs included
+
+
+class _Page:
+    __slots__ = ("key", "ref", "nbytes", "host")
+
+    def __init__(self, key: int, ref: weakref.ref, nbytes: int):
+        self.key, self.ref, self.nbytes = key, ref, nbytes
+        self.host: torch.Tensor | None = None  # the bytes while evicted
+
+
+def _byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+def _signature(x):
+    """A hashable stand-in for an op argument that fixes its outputs' sizes: a tensor's
+    shape, strides and dtype, containers element-wise, other values as they are."""
+    if isinstance(x, torch.Tensor):
+        return (tuple(x.shape), x.stride(), x.dtype)
+    if isinstance(x, (list, tuple)):
+        return tuple(_signature(v) for v in x)
+    if isinstance(x, dict):
+        return tuple((k, _signature(v)) for k, v in x.items())
+    try:
+        hash(x)
+    except TypeError:
+        return repr(x)
+    return x
+
+
+def fresh_output_bytes(func, args: tuple, kwargs: dict | None) -> int | None:
+    """Bytes of the storages ``func`` will newly allocate for its outputs, from its schema
+    (outputs without alias annotation) and a run on the meta device; 0 for ops that only
+    return views, in-place results or no tensor; None where the meta run fails (ops with
+    data-dependent shapes, ops without a meta kernel)."""
+    returns = func._schema.returns
+    if all(r.alias_info is not None or "Tensor" not in str(r.type) for r in returns):
+        return 0
+
+    def to_meta(t: torch.Tensor) -> torch.Tensor:
+        return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="meta")
+
+    meta_kwargs = tree_map_only(torch.Tensor, to_meta, kwargs or {})
+    if "device" in meta_kwargs:  # a factory op: size it without allocating on the device
+        meta_kwargs["device"] = torch.device("meta")
+    try:
+        with _disable_current_modes():
+            out = func(*tree_map_only(torch.Tensor, to_meta, args), **meta_kwargs)
+    except Exception:
+        return None
+    outs = out if isinstance(out, (tuple, list)) and len(returns) > 1 else (out,)
+    total = 0
+    for r, o in zip(returns, outs):
+        if r.alias_info is None:
+            total += sum(t.untyped_storage().nbytes() for t in iter_tensors((o,), None))
+    return total
+
+
+class Pager:
+    """Keeps the storages of one device within ``limit_bytes`` by evicting the least
+    recently used ones to host memory and restoring them when an op touches them.
+
+    Args:
+        limit_bytes: resident bytes allowed, accounted and (CUDA) allocated.
+        device: the training device; storages elsewhere (CPU scalars of a CUDA run) are
+            not paged.
+        persistent: storages alive before the first paged op (parameters, buffers,
+            optimizer state), tracked from the start so that they count.
+        min_evict_bytes: storages below this size are counted but never evicted (their
+            copies cost more than they free).
+        unknown_output_bytes: bytes assumed for an op whose outputs cannot be sized on
+            the meta device (:func:`fresh_output_bytes`).
+
+    Raises:
+        CapacityError: the persistent storages alone are above ``limit_bytes`` and
+            cannot be evicted enough (raised by the first op that needs room).
+    """
+
+    def __init__(self, limit_bytes: int, device: torch.device, persistent: list[torch.Tensor] = (),
+                 min_evict_bytes: int = 0, unknown_output_bytes: int = 0):
+        if limit_bytes <= 0:
+            raise ValueError(f"limit_bytes={limit_bytes}; must be positive")
+        self.limit_bytes = int(limit_bytes)
+        self.device = torch.device(device)
+        self.min_evict_bytes = min_evict_bytes
+        self.unknown_output_bytes = unknown_output_bytes
+        self.stats = PagerStats()
+        self._output_bytes: dict = {}  # (op, argument signature) -> fresh_output_bytes
+        self._lru: OrderedDict[int, _Page] = OrderedDict()  # resident, evictable, oldest first
+        self._pinned: dict[int, _Page] = {}  # resident, below min_evict_bytes
+        self._away: dict[int, _Page] = {}  # evicted
+        self._dead: list[_Page] = []  # filled by weak-reference callbacks, drained on the next op
+        self.resident_bytes = 0
+        self.evicted_bytes = 0
+        for t in persistent:
+            self._track(t.untyped_storage())
+        self._note_accounted()
+
+    # ---- bookkeeping --------------------------------------------------------------
+    def _on_device(self, storage: torch.UntypedStorage) -> bool:
+        d = storage.device
+        return d.type == self.device.type and (d.index is None or self.device.index is None
+                                               or d.index == self.device.index)
+
+    def _drain_dead(self) -> None:
+        while self._dead:
+            page = self._dead.pop()
+            for where in (self._lru, self._pinned, self._away):
+                if where.get(page.key) is page:
+                    del where[page.key]
+                    if where is self._away:
+                        self.evicted_bytes -= page.nbytes
+                    else:
+                        self.resident_bytes -= page.nbytes
+            page.host = None
+
+    def _page(self, storage: torch.UntypedStorage) -> _Page | None:
+        key = storage_id(storage)
+        for where in (self._lru, self._away, self._pinned):
+            page = where.get(key)
+            if page is not None and page.ref() is storage:
+                return page
+        return None
+
+    def _track(self, storage: torch.UntypedStorage) -> _Page | None:
+        """The page of ``storage``, tracked from now on as resident if new."""
+        if not self._on_device(storage):
+            return None
+        self._drain_dead()
+        page = self._page(storage)
+        if page is not None:
+            return page
+        key = storage_id(storage)
+        stale = self._lru.get(key) or self._pinned.get(key) or self._away.get(key)
+        if stale is not None:  # its storage died and the address was reused before the callback ran
+            self._dead.append(stale)
+            self._drain_dead()
+        dead = self._dead
+        page = _Page(key, weakref.ref(storage, lambda _, dead=dead: dead.append(page)), storage.nbytes())
+        (self._pinned if page.nbytes < self.min_evict_bytes else self._lru)[key] = page
+        self.resident_bytes += page.nbytes
+        return page
+
+    def _note_accounted(self) -> None:
+        if self.resident_bytes > self.stats.max_accounted_bytes:
+            self.stats.max_accounted_bytes = self.resident_bytes
+
+    def nbytes(self, storage: torch.UntypedStorage) -> int:
+        """``storage``'s size, also while it is evicted (its ``nbytes()`` is 0 then)."""
+        page = self._page(storage)
+        return page.nbytes if page is not None else storage.nbytes()
+
+    def holds(self, storage: torch.UntypedStorage) -> bool:
+        """True if ``storage`` is evicted and its bytes are in the pager's host copy."""
+        page = self._page(storage)
+        return page is not None and page.host is not None
+
+    def host_copy(self, storage: torch.UntypedStorage) -> torch.Tensor:
+        """The host copy (CPU ``uint8`` ``[nbytes]``) of an evicted ``storage``."""
+        page = self._page(storage)
+        if page is None or page.host is None:
+            raise ValueError("the pager holds no copy of this storage")
+        return page.host
+
+    def forget(self, storage: torch.UntypedStorage) -> None:
+        """Stop tracking ``storage`` (and drop its host copy, if evicted): another owner,
+        the migration engine, takes it over as it is."""
+        page = self._page(storage)
+        if page is None:
+            return
+        for where in (self._lru, self._pinned, self._away):
+            if where.get(page.key) is page:
+                del where[page.key]
+                if where is self._away:
+                    self.evicted_bytes -= page.nbytes
+                else:
+                    self.resident_bytes -= page.nbytes
+        page.host = None
+
+    # ---- moving bytes -------------------------------------------------------------
+    def _used(self) -> int:
+        if self.device.type == "cuda":
+            return max(self.resident_bytes, torch.cuda.memory_allocated(self.device))
+        return self.resident_bytes
+
+    def _evict(self, page: _Page) -> bool:
+        storage = page.ref()
+        if storage is None:
+            return False
+        with _disable_current_modes():
+            host = torch.empty(page.nbytes, dtype=torch.uint8)
+            host.copy_(_byte_view(storage))
+            storage.resize_(0)
+        page.host = host
+        del self._lru[page.key]
+        self._away[page.key] = page
+        self.resident_bytes -= page.nbytes
+        self.evicted_bytes += page.nbytes
+        self.stats.evictions += 1
+        self.stats.bytes_evicted += page.nbytes
+        return True
+
+    def _restore(self, page: _Page, storage: torch.UntypedStorage) -> None:
+        with _disable_current_modes():
+            storage.resize_(page.nbytes)
+            _byte_view(storage).copy_(page.host)
+        page.host = None
+        del self._away[page.key]
+        (self._pinned if page.nbytes < self.min_evict_bytes else self._lru)[page.key] = page
+        self.resident_bytes += page.nbytes
+        self.evicted_bytes -= page.nbytes
+        self.stats.restores += 1
+        self.stats.bytes_restored += page.nbytes
+
+    def make_room(self, extra_bytes: int, protect: set[int] = frozenset(), strict: bool = True) -> None:
+        """Evict least recently used storages (never one in ``protect``, by storage id)
+        until the bytes in use plus ``extra_bytes`` are within the limit.
+
+        Raises:
+            CapacityError: with ``strict``, nothing evictable is left and the accounted
+                bytes plus ``extra_bytes`` are still above the limit.
+        """
+        self._drain_dead()
+        if self._used() + extra_bytes <= self.limit_bytes:
+            return
+        skipped = []
+        while self._used() + extra_bytes > self.limit_bytes and self._lru:
+            key, page = next(iter(self._lru.items()))
+            if key in protect:
+                skipped.append(self._lru.pop(key))
+            elif not self._evict(page):  # died since the last op: its callback has queued it
+                self._drain_dead()
+                self._lru.pop(key, None)
+        for page in reversed(skipped):  # back to the front, in their old order
+            self._lru[page.key] = page
+            self._lru.move_to_end(page.key, last=False)
+        if strict and self.resident_bytes + extra_bytes > self.limit_bytes:
+            raise CapacityError(
+                f"an op needs {self.resident_bytes + extra_bytes} B resident (its inputs, its new outputs "
+                f"and what cannot be evicted) but the capacity allows {self.limit_bytes} B")
+
+    def restore(self, storage: torch.UntypedStorage) -> None:
+        """Bring ``storage`` back if the pager holds it (no capacity check)."""
+        page = self._page(storage)
+        if page is not None and page.host is not None:
+            self._restore(page, storage)
+
+    def restore_all(self) -> None:
+        """Bring every evicted storage back (no capacity check: the caller knows they fit)."""
+        self._drain_dead()
+        for page in list(self._away.values()):
+            storage = page.ref()
+            if storage is not None:
+                self._restore(page, storage)
+        self._drain_dead()
+
+    def close(self) -> None:
+        """Restore what is still evicted and stop tracking. Idempotent."""
+        self.restore_all()
+        self._lru.clear()
+        self._pinned.clear()
+        self.resident_bytes = self.evicted_bytes = 0
+
+    # ---- per op ---------------------------------------------------------------------
+    def admit(self, func, args: tuple, kwargs: dict | None) -> set[int]:
+        """Before ``func`` runs: track and restore what it touches, and make room for its
+        inputs and fresh outputs. Returns the storage ids of its inputs (all devices)."""
+        self._drain_dead()
+        in_keys: set[int] = set()
+        back: list[tuple[_Page, torch.UntypedStorage]] = []
+        for t in iter_tensors(args, kwargs):
+            storage = t.untyped_storage()
+            key = storage_id(storage)
+            if key in in_keys:
+                continue
+            in_keys.add(key)
+            page = self._track(storage)
+            if page is None:
+                continue
+            if page.host is not None:
+                back.append((page, storage))
+            elif page.key in self._lru:
+                self._lru.move_to_end(page.key)
+        extra = sum(p.nbytes for p, _ in back)
+        key = (func, _signature(args), _signature(kwargs or {}))
+        out_bytes = self._output_bytes.get(key, -1)
+        if out_bytes == -1:
+            out_bytes = self._output_bytes[key] = fresh_output_bytes(func, args, kwargs)
+        extra += self.unknown_output_bytes if out_bytes is None else out_bytes
+        self.make_room(extra, protect=in_keys)
+        for page, storage in back:
+            self._restore(page, storage)
+        return in_keys
+
+    def settle(self, out, in_keys: set[int]) -> None:
+        """After the op: track its fresh outputs as resident, most recently used."""
+        for t in fresh_outputs(out, in_keys):
+            self._track(t.untyped_storage())
+        self._note_accounted()
+
+    def run(self, op: Callable[[], object], in_keys: set[int], retries: int = 3):
+        """``op()``, the admitted op. On CUDA an out-of-memory error (workspaces,
+        fragmentation) evicts more, frees the allocator's cached blocks and retries, up
+        to ``retries`` times; an op fails at allocation, before it writes anything."""
+        for attempt in range(retries + 1):
+            try:
+                return op()
+            except torch.OutOfMemoryError:
+                if self.device.type != "cuda" or attempt == retries or not self._lru:
+                    raise
+                self.stats.oom_retries += 1
+                self.make_room(max(self.limit_bytes // 16, 1 << 30) * (attempt + 1), protect=in_keys,
+                               strict=False)
+                torch.cuda.empty_cache()
+
+    def call(self, func, args: tuple, kwargs: dict | None):
+        """One op under the pager: :meth:`admit`, :meth:`run`, :meth:`settle`."""
+        in_keys = self.admit(func, args, kwargs)
+        out = self.run(lambda: func(*args, **(kwargs or {})), in_keys)
+        self.settle(out, in_keys)
+        return out
+
+
+class PagedStep(TorchDispatchMode):
+    """Runs ops under a :class:`Pager` without recording anything (the step before the
+    profiled one)."""
+
+    def __init__(self, pager: Pager):
+        super().__init__()
+        self.pager = pager
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self.pager.call(func, args, kwargs)
