@@ -1,12 +1,14 @@
-"""Ideal: the shared training step with no memory cap and no offload (PAPER.md §3–§4,
-"a GPU with infinite on-board memory"), measured on hardware wherever the model fits,
-modeled from profiled kernel times where it cannot.
+"""Ideal: the shared training step with no memory cap and no offload (paper §4, "a GPU
+with infinite on-board memory"), measured on hardware wherever the model fits, modeled
+from profiled kernel times where it cannot.
 
-The paper does not say how its Ideal was obtained; for models that cannot fit it was
-presumably modeled (PAPER.md §3). Here Ideal is measured on the real device, ignoring
+The paper does not say how its Ideal was obtained; for models that cannot fit it must have
+been modeled. Here Ideal is measured on the real device, ignoring
 ``hardware.gpu_capacity_bytes``, unless ``system.options.modeled_traces`` names a trace
 for the point's model: then the row is ``modeled`` (``measure: "modeled"``) from that
-trace's kernel times (:func:`modeled_iteration_seconds`), and no model is built.
+trace's kernel times, and no model is built. The trace is either a whole step of the point
+(the ``trace.json`` a TeraIO run of it profiled within the capacity; the kernels' own times
+add up to the iteration) or one micro-batch of it (:func:`modeled_iteration_seconds`).
 """
 from __future__ import annotations
 
@@ -93,7 +95,7 @@ def optimizer_phase_start(trace: Trace) -> int:
 
 
 def modeled_iteration_seconds(trace: Trace, micro_batches: int) -> float:
-    """Ideal iteration time (seconds) from profiled kernel times (PAPER.md §3: kernels run
+    """Ideal iteration time (seconds) from profiled kernel times (paper §2.2: kernels run
     for their profiled time, nothing waits): the forward/backward ops of the trace's one
     micro-batch ``micro_batches`` times, then its optimizer phase once.
 
@@ -107,27 +109,31 @@ def modeled_iteration_seconds(trace: Trace, micro_batches: int) -> float:
 
 
 def run_modeled(cfg: RunConfig, trace_file: Path, result: dict) -> None:
-    """Fill ``result`` with a modeled Ideal row: one iteration of
-    :func:`modeled_iteration_seconds` from ``trace_file`` (a one-micro-batch step of the
-    point's model, micro-batch and sequence length, e.g. synthesized to full depth by
-    ``benchmarks/profile_reduced.py``), ``measure: "modeled"``, no loss, no memory.
+    """Fill ``result`` with a modeled Ideal row, ``measure: "modeled"``, no loss, no
+    memory: one iteration of the summed kernel times of ``trace_file`` when it is a whole
+    step of the point (``meta["batch_size"]`` is the point's, e.g. a TeraIO run's
+    ``trace.json``), else of :func:`modeled_iteration_seconds` from a one-micro-batch step
+    (e.g. synthesized to full depth by ``benchmarks/profile_reduced.py``).
 
     Raises:
         ValueError: the file is missing, or its ``meta`` (model, n_layers, micro_batch_size,
-            seq_len; one micro-batch per step) does not match the point.
+            seq_len, and a batch of one micro-batch or of the point's batch) does not match.
     """
     if not trace_file.is_file():
         raise ValueError(f"system.options.modeled_traces.{cfg.model.name}: no such file {trace_file}")
     trace = Trace.load(trace_file)
     w, meta = cfg.workload, trace.meta
+    whole_step = meta.get("batch_size") == w.batch_size
     want = {"model": cfg.model.name, "n_layers": cfg.model.n_layers, "micro_batch_size": w.micro_batch_size,
-            "batch_size": w.micro_batch_size, "seq_len": w.seq_len}
+            "batch_size": w.batch_size if whole_step else w.micro_batch_size, "seq_len": w.seq_len}
     wrong = {k: (meta[k], v) for k, v in want.items() if k in meta and meta[k] != v}
     if wrong or "model" not in meta:
         raise ValueError(f"{trace_file} does not model this point: (trace, point) differ in "
-                         f"{wrong or {'model': (None, cfg.model.name)}}; it must be one micro-batch of "
-                         f"the same model, micro-batch size and sequence length")
-    seconds = modeled_iteration_seconds(trace, w.batch_size // w.micro_batch_size)
+                         f"{wrong or {'model': (None, cfg.model.name)}}; it must be a step of the same "
+                         f"model, micro-batch size and sequence length, of one micro-batch or of the "
+                         f"point's batch")
+    seconds = (float(trace.op_seconds.sum()) if whole_step
+               else modeled_iteration_seconds(trace, w.batch_size // w.micro_batch_size))
     result["measure"] = "modeled"
     result["modeled_from"] = str(trace_file)
     result["iterations"].append(iteration_row(

@@ -149,7 +149,6 @@ class Pager:
         self.evicted_bytes = 0
         for t in persistent:
             self._track(t.untyped_storage())
-        self._note_accounted()
 
     # ---- bookkeeping --------------------------------------------------------------
     def _on_device(self, storage: torch.UntypedStorage) -> bool:

@@ -383,22 +383,25 @@ class SSDTier:
         self.close()
 
 
-def _unregister_pool(pool: list) -> None:
-    if pool and pool[0] is not None and pool[1]:
-        torch.cuda.cudart().cudaHostUnregister(pool[0].data_ptr())
-    pool[:] = [None, False]
+def _unregister(buffers: dict) -> None:
+    for buf in buffers.values():
+        torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
+    buffers.clear()
 
 
 class HostTier:
-    """The host-memory tier: one pool allocated up front, each tensor name a fixed
-    64-byte-aligned slot in it, never growing past ``cap_bytes`` (paper §3.2: host memory
-    is used under a capacity limit once the SSD bandwidth is exhausted).
+    """The host-memory tier: one buffer per tensor name, of its slot's size, never more
+    than ``cap_bytes`` in all (paper §3.2: host memory is used under a capacity limit once
+    the SSD bandwidth is exhausted).
 
-    With a CUDA device the pool is page-locked with ``cudaHostRegister`` on exactly its
-    own bytes (the caching pinned allocator would round up to a power of two and keep
-    the block cached after close) and copies run ``non_blocking`` on two side streams
-    (one per direction, so offloads and prefetches overlap on the PCIe link), completion
-    tracked by CUDA events. On a CPU device copies are synchronous and the pool pageable.
+    A slot's buffer is allocated at its first write, so that host memory fills only as
+    tensors arrive (the steps before the plan may still hold other copies in host memory,
+    ``teraio.pager``). With a CUDA device each buffer is page-locked with
+    ``cudaHostRegister`` on exactly its own bytes (the caching pinned allocator would round
+    up to a power of two and keep the block cached after close) and copies run
+    ``non_blocking`` on two side streams (one per direction, so offloads and prefetches
+    overlap on the PCIe link), completion tracked by CUDA events. On a CPU device copies
+    are synchronous and the buffers pageable.
 
     Args:
         cap_bytes: host-memory cap for offloaded tensors, bytes.
@@ -406,8 +409,8 @@ class HostTier:
         device: the training device (``"cuda"``, ``"cuda:1"``, ``"cpu"``).
 
     Attributes:
-        nbytes: pool size, bytes (sum of slot sizes, each rounded up to 64 B).
-        pinned: whether the pool is page-locked.
+        nbytes: bytes the slots take once all are written (each rounded up to 64 B).
+        pinned: whether the buffers are page-locked.
 
     Raises:
         ValueError: the slots need more than ``cap_bytes`` (message names both).
@@ -417,29 +420,38 @@ class HostTier:
         _check_slots(slots)
         self._slots = dict(slots)
         self._device = torch.device(device)
-        self._offsets: dict[str, int] = {}
-        total = 0
-        for name, nbytes in slots.items():
-            self._offsets[name] = total
-            total += _align(nbytes, _HOST_ALIGN)
+        total = sum(_align(nbytes, _HOST_ALIGN) for nbytes in slots.values())
         if total > cap_bytes:
             raise ValueError(f"host tier: the plan's {len(slots)} host slots need {total} bytes, "
                              f"above host_mem_cap_bytes={cap_bytes}")
         self.nbytes = total
         self.pinned = self._device.type == "cuda"
-        pool = torch.empty(total, dtype=torch.uint8)
-        if self.pinned and total:
-            err = torch.cuda.cudart().cudaHostRegister(pool.data_ptr(), total, 1)  # 1: cudaHostRegisterPortable
-            if int(err) != 0:
-                raise RuntimeError(f"host tier: cudaHostRegister of {total} bytes failed (cudaError {int(err)})")
-        self._pool = pool
-        self._registered = [pool, self.pinned and total > 0]
-        self._closed = weakref.finalize(self, _unregister_pool, self._registered)
+        self._buffers: dict[str, torch.Tensor] = {}  # the registered ones, on CUDA
+        self._slot_buffers: dict[str, torch.Tensor] = {}
+        self._closed = weakref.finalize(self, _unregister, self._buffers)
         if self._device.type == "cuda":
             self._d2h = torch.cuda.Stream(self._device)
             self._h2d = torch.cuda.Stream(self._device)
         self._last: dict[str, torch.cuda.Event] = {}  # last transfer per name (CUDA)
         self._written: set[str] = set()
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes of the slot buffers allocated so far."""
+        return sum(b.numel() for b in self._slot_buffers.values())
+
+    def _slot(self, name: str) -> torch.Tensor:
+        buf = self._slot_buffers.get(name)
+        if buf is None:
+            buf = torch.empty(_align(self._slots[name], _HOST_ALIGN), dtype=torch.uint8)
+            if self.pinned and buf.numel():
+                err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), buf.numel(), 1)  # 1: Portable
+                if int(err) != 0:
+                    raise RuntimeError(f"host tier: cudaHostRegister of {buf.numel()} bytes for {name!r} "
+                                       f"failed (cudaError {int(err)})")
+                self._buffers[name] = buf
+            self._slot_buffers[name] = buf
+        return buf
 
     def write(self, name: str, storage: torch.UntypedStorage) -> Transfer:
         """Copy all bytes of ``storage`` into ``name``'s slot (after the ops queued so far
@@ -462,11 +474,10 @@ class HostTier:
         if not self._closed.alive:
             raise RuntimeError(f"host tier is closed; cannot {kind} {name!r}")
         nbytes = _check_storage("host tier", self._slots, name, storage)
-        offset = self._offsets[name]
-        slot = self._pool[offset:offset + nbytes]
+        slot = self._slot(name)[:nbytes]
         view = _byte_view(storage)
         src, dst = (view, slot) if kind == "write" else (slot, view)
-        what = f"host {kind} of {name!r} ({nbytes} B) at pool offset {offset}"
+        what = f"host {kind} of {name!r} ({nbytes} B)"
         if not view.is_cuda:
             dst.copy_(src)
             return Transfer(name, "host pool", what, nbytes)
@@ -483,14 +494,14 @@ class HostTier:
         return Transfer(name, "host pool", what, nbytes, event=event, references=(view,))
 
     def close(self) -> None:
-        """Wait for in-flight copies, then unpin and free the pool. Idempotent."""
+        """Wait for in-flight copies, then unpin and free the buffers. Idempotent."""
         if self._closed.alive:
             if self._device.type == "cuda":
                 self._d2h.synchronize()
                 self._h2d.synchronize()
-            self._pool = None
             self._last.clear()
             self._closed()
+            self._slot_buffers.clear()
 
     def __enter__(self) -> HostTier:
         return self

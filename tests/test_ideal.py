@@ -99,3 +99,17 @@ def test_modeled_ideal_refuses_a_trace_of_another_point(tmp_path):
     assert row["status"] == "error" and "'seq_len': (32, 16)" in row["error"]
     row = run_point(modeled_cfg(tmp_path / "missing.json"), tmp_path / "job2", runner=ideal.run)
     assert row["status"] == "error" and "no such file" in row["error"]
+
+
+def test_modeled_ideal_from_a_whole_step_trace_sums_its_kernel_times(tmp_path):
+    # A TeraIO run's trace.json: the point's whole step (4 micro-batches of 2), profiled
+    # within the capacity; its op times are the kernels' own, so they add up to Ideal's step.
+    meta = {"model": TINY["name"], "batch_size": 8, "micro_batch_size": 2, "seq_len": 16}
+    hand_trace(meta).save(tmp_path / "trace.json")
+    row = run_point(modeled_cfg(tmp_path / "trace.json"), tmp_path / "job", runner=ideal.run)
+    assert row["status"] == "ok", row["error"]
+    (it,) = row["iterations"]
+    assert it["seconds"] == 15.0 and row["measure"] == "modeled"
+    row = run_point(modeled_cfg(tmp_path / "trace.json", micro_batch_size=4), tmp_path / "job2",
+                    runner=ideal.run)
+    assert row["status"] == "error" and "'micro_batch_size': (2, 4)" in row["error"]

@@ -321,16 +321,19 @@ def test_ssd_rejects_bad_backend(tmp_path):
 
 # --- host tier ------------------------------------------------------------------------
 
-def test_host_pool_is_capped_aligned_and_freed_on_close():
+def test_host_slots_are_capped_aligned_allocated_on_first_write_and_freed_on_close():
     slots = {"a": 1, "b": 100, "c": 64}
     with pytest.raises(ValueError, match=r"256 bytes.*host_mem_cap_bytes=255"):
         HostTier(255, slots, DEVICE)
     tier = HostTier(256, slots, DEVICE)
     assert tier.nbytes == 256 and tier.pinned == CUDA
-    pool = weakref.ref(tier._pool)
+    assert tier.allocated_bytes == 0
+    tier.write("b", torch.zeros(100, dtype=torch.uint8, device=DEVICE).untyped_storage()).wait()
+    assert tier.allocated_bytes == 128
+    buffer = weakref.ref(tier._slot_buffers["b"])
     tier.close()
     gc.collect()
-    assert pool() is None
+    assert buffer() is None
 
 
 # --- GPU only ---------------------------------------------------------------------------
@@ -347,8 +350,8 @@ def test_restore_over_2_gib_is_bit_exact(kind, tmp_path):
     with tier:
         if kind == "ssd":
             assert tier.mode in ("gds", "compat")
-        else:
-            assert tier._pool.is_pinned()
         offload_and_restore(tier, "big", t)
+        if kind == "host":
+            assert tier._slot_buffers["big"].is_pinned()
         assert torch.equal(t, expected)
     assert os.listdir(tmp_path) == []

@@ -1,0 +1,103 @@
+"""The pager (teraio/pager.py): on-demand LRU paging within a capacity, for the steps
+before a migration plan exists."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from teraio.config import run_config_from_dict
+from teraio.pager import CapacityError, Pager, PagedStep, fresh_output_bytes
+from teraio.result import empty_result
+from teraio.train import run
+
+CPU = torch.device("cpu")
+KB = 1024
+
+
+def test_fresh_output_bytes_from_the_schema_and_the_meta_device():
+    a, b = torch.ones(8, 16), torch.ones(16, 4)
+    aten = torch.ops.aten
+    assert fresh_output_bytes(aten.mm.default, (a, b), {}) == 8 * 4 * 4
+    assert fresh_output_bytes(aten.add_.Tensor, (a, a), {}) == 0  # in place
+    assert fresh_output_bytes(aten.view.default, (a, [16, 8]), {}) == 0  # a view
+    assert fresh_output_bytes(aten._local_scalar_dense.default, (a[0, 0],), {}) == 0  # no tensor
+    # A factory op is sized on the meta device, whatever device it names.
+    assert fresh_output_bytes(aten.empty.memory_format, ([3, 5],), {"dtype": torch.float64,
+                                                                    "device": CPU}) == 3 * 5 * 8
+    assert fresh_output_bytes(aten.split.Tensor, (a, 4), {}) == 0  # views of a
+    assert fresh_output_bytes(aten.nonzero.default, (a,), {}) is None  # data-dependent shape
+
+
+def chain(xs: list[torch.Tensor]) -> torch.Tensor:
+    """Uses every input twice, far apart, so that an LRU pager under a small limit must
+    evict and restore them."""
+    acc = torch.zeros_like(xs[0])
+    for x in xs + xs[::-1]:
+        acc = acc + x * 2
+    return acc
+
+
+def test_paged_ops_are_bit_exact_and_stay_within_the_limit():
+    torch.manual_seed(0)
+    xs = [torch.randn(1024) for _ in range(12)]  # 4 KiB each, 48 KiB in all
+    expected = chain(xs)
+    pager = Pager(24 * KB, CPU, xs)
+    with PagedStep(pager):
+        got = chain(xs)
+    assert torch.equal(got, expected)
+    assert pager.stats.evictions > 0 and pager.stats.restores > 0
+    assert pager.stats.max_accounted_bytes <= 24 * KB
+    held = [x for x in xs if pager.holds(x.untyped_storage())]
+    assert held and all(x.untyped_storage().nbytes() == 0 for x in held)
+    assert all(pager.nbytes(x.untyped_storage()) == 4 * KB for x in xs)
+    pager.close()
+    assert all(x.untyped_storage().nbytes() == 4 * KB for x in xs)
+    assert torch.equal(torch.stack(xs).sum(0), torch.stack([x.clone() for x in xs]).sum(0))
+
+
+def test_dead_storages_stop_counting():
+    pager = Pager(1 << 20, CPU)
+    with PagedStep(pager):
+        t = torch.ones(1024) * 3  # 4 KiB, made inside the paged region (and the ones, dead now)
+    pager.make_room(0)  # any call drains what died
+    assert pager.resident_bytes == 4 * KB
+    del t
+    gc.collect()
+    pager.make_room(0)
+    assert pager.resident_bytes == 0
+
+
+def test_an_op_larger_than_the_capacity_is_refused_naming_the_bytes():
+    x = torch.ones(4096)  # 16 KiB
+    pager = Pager(8 * KB, CPU, [])
+    with pytest.raises(CapacityError, match=r"needs 3\d{4} B resident .* allows 8192 B"), PagedStep(pager):
+        x * 2  # input 16 KiB, output 16 KiB
+
+
+def test_small_storages_count_but_are_never_evicted():
+    small = [torch.ones(16) for _ in range(4)]  # 64 B each, older than the rest
+    old, new = torch.ones(1024), torch.ones(1024)  # 4 KiB each
+    pager = Pager(8 * KB + 256, CPU, small + [old, new], min_evict_bytes=1 * KB)
+    with PagedStep(pager):
+        y = new + 1  # 4 KiB more: the small ones are least recently used, yet `old` goes
+    assert pager.holds(old.untyped_storage())
+    assert not any(pager.holds(s.untyped_storage()) for s in small)
+    assert pager.stats.max_accounted_bytes == 8 * KB + 256
+    del y
+
+
+TINY = {"name": "tiny", "dim": 64, "n_layers": 2, "n_heads": 4, "vocab_size": 256}
+
+
+def test_a_model_whose_parameters_exceed_the_capacity_is_refused_before_it_is_built(tmp_path):
+    cfg = run_config_from_dict({
+        "model": TINY, "workload": {"batch_size": 2, "micro_batch_size": 1, "seq_len": 32},
+        "hardware": {"device": "cpu", "ssd_dirs": [str(tmp_path)], "gpu_capacity_bytes": 10_000},
+        "system": {"name": "teraio_ssd"}})
+    result = empty_result(cfg.point(), cfg.to_dict())
+    with pytest.raises(ValueError, match=r"model tiny: its parameters and buffers take \d+ B, above the "
+                                         r"10000 B TeraIO may use"):
+        run(cfg, tmp_path, result, CPU)
+    assert result["iterations"] == [] and not list(tmp_path.iterdir())
