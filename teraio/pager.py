@@ -10,8 +10,10 @@ op runs on resident tensors; its kernel time can then be timed on its own.
 
 Units: bytes. A storage is evicted whole, as the engine does (``resize_(0)``, bytes kept in
 a host copy; restored with ``resize_(nbytes)`` and a copy back), so tensor objects, views
-and the autograd graph are untouched. Copies are synchronous and pageable: paging runs
-once per run, and a pageable copy is freed to the OS the moment it is no longer needed.
+and the autograd graph are untouched. On CUDA the host copies live in page-locked buffers
+reused by size (:class:`HostBuffers`) and move asynchronously on the compute stream, ahead
+of the op that needs them, at the link's speed; freshly touched pageable memory moved only
+about 2 GB/s on an H200 host.
 
 Resident bytes are counted two ways: the *accounted* bytes, the sum of the resident
 storages the pager tracks (every storage an op touched or allocated, and every storage it
@@ -111,6 +113,76 @@ def fresh_output_bytes(func, args: tuple, kwargs: dict | None) -> int | None:
     return total
 
 
+class HostBuffers:
+    """Host buffers for evicted bytes, reused by exact size. On CUDA each is page-locked
+    with ``cudaHostRegister`` on exactly its bytes; a buffer a copy still reads from goes
+    back for reuse only once the CUDA event recorded after that copy has fired. Free
+    buffers beyond ``max(keep_free_bytes, in-use bytes / 4)`` are released, oldest first.
+    """
+
+    def __init__(self, pinned: bool, keep_free_bytes: int = 8 << 30):
+        self.pinned = pinned
+        self.keep_free_bytes = keep_free_bytes
+        self._free: OrderedDict[int, torch.Tensor] = OrderedDict()  # id -> buffer, oldest first
+        self._pending: list[tuple[torch.cuda.Event | None, torch.Tensor]] = []
+        self.in_use_bytes = 0
+        self.free_bytes = 0
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        """A ``uint8`` CPU tensor of ``nbytes`` (contents undefined)."""
+        self._reap()
+        for key, buf in self._free.items():
+            if buf.numel() == nbytes:
+                del self._free[key]
+                self.free_bytes -= nbytes
+                break
+        else:
+            buf = torch.empty(nbytes, dtype=torch.uint8)
+            if self.pinned and nbytes:
+                err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 1)  # 1: Portable
+                if int(err) != 0:
+                    raise RuntimeError(f"pager: cudaHostRegister of {nbytes} bytes failed (cudaError {int(err)})")
+        self.in_use_bytes += nbytes
+        return buf
+
+    def give(self, buf: torch.Tensor) -> None:
+        """Return ``buf``; with pinned buffers, once the copies queued so far on the current
+        stream (the one reading from it) have run."""
+        event = None
+        if self.pinned:
+            event = torch.cuda.Event()
+            event.record()
+        self.in_use_bytes -= buf.numel()
+        self._pending.append((event, buf))
+        self._reap()
+
+    def _reap(self) -> None:
+        still = []
+        for event, buf in self._pending:
+            if event is None or event.query():
+                self._free[id(buf)] = buf
+                self.free_bytes += buf.numel()
+            else:
+                still.append((event, buf))
+        self._pending = still
+        while self._free and self.free_bytes > max(self.keep_free_bytes, self.in_use_bytes // 4):
+            self._release(self._free.popitem(last=False)[1])
+
+    def _release(self, buf: torch.Tensor) -> None:
+        self.free_bytes -= buf.numel()
+        if self.pinned and buf.numel():
+            torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
+
+    def close(self) -> None:
+        """Wait for pending copies and release every free buffer."""
+        for event, _ in self._pending:
+            if event is not None:
+                event.synchronize()
+        self._reap()
+        while self._free:
+            self._release(self._free.popitem(last=False)[1])
+
+
 class Pager:
     """Keeps the storages of one device within ``limit_bytes`` by evicting the least
     recently used ones to host memory and restoring them when an op touches them.
@@ -140,6 +212,7 @@ class Pager:
         self.min_evict_bytes = min_evict_bytes
         self.unknown_output_bytes = unknown_output_bytes
         self.stats = PagerStats()
+        self.buffers = HostBuffers(pinned=self.device.type == "cuda")
         self._output_bytes: dict = {}  # (op, argument signature) -> fresh_output_bytes
         self._lru: OrderedDict[int, _Page] = OrderedDict()  # resident, evictable, oldest first
         self._pinned: dict[int, _Page] = {}  # resident, below min_evict_bytes
@@ -166,6 +239,11 @@ class Pager:
                         self.evicted_bytes -= page.nbytes
                     else:
                         self.resident_bytes -= page.nbytes
+            self._drop_host(page)
+
+    def _drop_host(self, page: _Page) -> None:
+        if page.host is not None:
+            self.buffers.give(page.host)
             page.host = None
 
     def _page(self, storage: torch.UntypedStorage) -> _Page | None:
@@ -210,10 +288,13 @@ class Pager:
         return page is not None and page.host is not None
 
     def host_copy(self, storage: torch.UntypedStorage) -> torch.Tensor:
-        """The host copy (CPU ``uint8`` ``[nbytes]``) of an evicted ``storage``."""
+        """The host copy (CPU ``uint8`` ``[nbytes]``) of an evicted ``storage``, complete
+        (the device is synchronised first). Valid until :meth:`forget` or :meth:`close`."""
         page = self._page(storage)
         if page is None or page.host is None:
             raise ValueError("the pager holds no copy of this storage")
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         return page.host
 
     def forget(self, storage: torch.UntypedStorage) -> None:
@@ -229,7 +310,7 @@ class Pager:
                     self.evicted_bytes -= page.nbytes
                 else:
                     self.resident_bytes -= page.nbytes
-        page.host = None
+        self._drop_host(page)
 
     # ---- moving bytes -------------------------------------------------------------
     def _used(self) -> int:
@@ -242,8 +323,9 @@ class Pager:
         if storage is None:
             return False
         with _disable_current_modes():
-            host = torch.empty(page.nbytes, dtype=torch.uint8)
-            host.copy_(_byte_view(storage))
+            host = self.buffers.take(page.nbytes)
+            # Stream-ordered: the block freed next is reused only by work queued after the copy.
+            host.copy_(_byte_view(storage), non_blocking=self.buffers.pinned)
             storage.resize_(0)
         page.host = host
         del self._lru[page.key]
@@ -257,8 +339,8 @@ class Pager:
     def _restore(self, page: _Page, storage: torch.UntypedStorage) -> None:
         with _disable_current_modes():
             storage.resize_(page.nbytes)
-            _byte_view(storage).copy_(page.host)
-        page.host = None
+            _byte_view(storage).copy_(page.host, non_blocking=self.buffers.pinned)
+        self._drop_host(page)
         del self._away[page.key]
         (self._pinned if page.nbytes < self.min_evict_bytes else self._lru)[page.key] = page
         self.resident_bytes += page.nbytes
@@ -309,11 +391,13 @@ class Pager:
         self._drain_dead()
 
     def close(self) -> None:
-        """Restore what is still evicted and stop tracking. Idempotent."""
+        """Restore what is still evicted, stop tracking and release the host buffers.
+        Idempotent."""
         self.restore_all()
         self._lru.clear()
         self._pinned.clear()
         self.resident_bytes = self.evicted_bytes = 0
+        self.buffers.close()
 
     # ---- per op ---------------------------------------------------------------------
     def admit(self, func, args: tuple, kwargs: dict | None) -> set[int]:

@@ -31,7 +31,12 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-import torch
+# Before torch is imported: the caching allocator maps memory in growable segments, so the
+# blocks freed and re-allocated by offloading do not strand GiBs between fixed-size segments
+# (PyTorch "CUDA semantics", expandable_segments). A value set by the user wins.
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
+import torch  # noqa: E402
 
 from teraio.config import RunConfig, load_run_config
 from teraio.measure import environment_facts, peak_host_rss_bytes
