@@ -201,7 +201,8 @@ class MigrationEngine(TorchDispatchMode):
                 some storages off the device. Its host copies go straight to their tier
                 where the plan keeps them off the device at op 0; the rest come back.
                 Tensors the plan frees are handled first, so the device never holds more
-                than the plan's op 0 plus one tensor. The pager is closed on return.
+                than the plan's op 0 plus one tensor. On return the pager holds nothing
+                (its host buffers stay for reuse until it is closed).
         """
         spanning = [m for m in self.plan.migrations
                     if m.wraps and cyclic_between(0, (m.offload_after + 1) % self.n_ops,
@@ -224,7 +225,7 @@ class MigrationEngine(TorchDispatchMode):
             if away:
                 self._free(m.tid, t)
         if pager is not None:
-            pager.close()
+            pager.restore_all()
 
     def run_step(self, step_fn, step: int):
         """Run one training step under the engine; returns ``step_fn()``'s value.

@@ -28,6 +28,7 @@ bytes are dropped at once.
 """
 from __future__ import annotations
 
+import os
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -113,46 +114,69 @@ def fresh_output_bytes(func, args: tuple, kwargs: dict | None) -> int | None:
     return total
 
 
+def physical_memory_bytes() -> int:
+    """This machine's RAM, bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 class HostBuffers:
-    """Host buffers for evicted bytes, reused by exact size. On CUDA each is page-locked
-    with ``cudaHostRegister`` on exactly its bytes; a buffer a copy still reads from goes
-    back for reuse only once the CUDA event recorded after that copy has fired. Free
-    buffers beyond ``max(keep_free_bytes, in-use bytes / 4)`` are released, oldest first.
+    """Host buffers for evicted bytes, reused by exact size: page-locking fresh memory is
+    what costs (about 1 GB/s on an H200 host), so a buffer, once made, is kept for the
+    next eviction of its size. On CUDA each is page-locked with ``cudaHostRegister`` on
+    exactly its bytes; a buffer a copy still reads from is reused only once the CUDA event
+    recorded after that copy has fired. Free buffers are released, oldest first, only when
+    a new one would take the total past ``limit_bytes``.
+
+    Raises:
+        MemoryError (from :meth:`take`): the buffers in use and the new one exceed
+            ``limit_bytes``.
     """
 
-    def __init__(self, pinned: bool, keep_free_bytes: int = 8 << 30):
+    def __init__(self, pinned: bool, limit_bytes: int):
         self.pinned = pinned
-        self.keep_free_bytes = keep_free_bytes
+        self.limit_bytes = limit_bytes
         self._free: OrderedDict[int, torch.Tensor] = OrderedDict()  # id -> buffer, oldest first
         self._pending: list[tuple[torch.cuda.Event | None, torch.Tensor]] = []
-        self.in_use_bytes = 0
+        self.in_use_bytes = 0  # buffers holding evicted bytes, and pending ones
         self.free_bytes = 0
 
     def take(self, nbytes: int) -> torch.Tensor:
         """A ``uint8`` CPU tensor of ``nbytes`` (contents undefined)."""
         self._reap()
+        buf = self.take_free(nbytes)
+        if buf is not None:
+            self.in_use_bytes += nbytes
+            return buf
+        while self._free and self.in_use_bytes + self.free_bytes + nbytes > self.limit_bytes:
+            self._release(self._free.popitem(last=False)[1])
+        if self.in_use_bytes + nbytes > self.limit_bytes:
+            raise MemoryError(f"pager: {self.in_use_bytes} B of evicted tensors are in host memory; "
+                              f"{nbytes} B more would pass the {self.limit_bytes} B it may use")
+        buf = torch.empty(nbytes, dtype=torch.uint8)
+        if self.pinned and nbytes:
+            err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 1)  # 1: Portable
+            if int(err) != 0:
+                raise RuntimeError(f"pager: cudaHostRegister of {nbytes} bytes failed (cudaError {int(err)})")
+        self.in_use_bytes += nbytes
+        return buf
+
+    def take_free(self, nbytes: int) -> torch.Tensor | None:
+        """A free buffer of exactly ``nbytes``, no longer counted here (the caller owns it,
+        and on CUDA its registration), or None."""
         for key, buf in self._free.items():
             if buf.numel() == nbytes:
                 del self._free[key]
                 self.free_bytes -= nbytes
-                break
-        else:
-            buf = torch.empty(nbytes, dtype=torch.uint8)
-            if self.pinned and nbytes:
-                err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 1)  # 1: Portable
-                if int(err) != 0:
-                    raise RuntimeError(f"pager: cudaHostRegister of {nbytes} bytes failed (cudaError {int(err)})")
-        self.in_use_bytes += nbytes
-        return buf
+                return buf
+        return None
 
     def give(self, buf: torch.Tensor) -> None:
-        """Return ``buf``; with pinned buffers, once the copies queued so far on the current
-        stream (the one reading from it) have run."""
+        """Return ``buf``; with pinned buffers, reusable once the copies queued so far on
+        the current stream (the one reading from it) have run."""
         event = None
         if self.pinned:
             event = torch.cuda.Event()
             event.record()
-        self.in_use_bytes -= buf.numel()
         self._pending.append((event, buf))
         self._reap()
 
@@ -162,23 +186,26 @@ class HostBuffers:
             if event is None or event.query():
                 self._free[id(buf)] = buf
                 self.free_bytes += buf.numel()
+                self.in_use_bytes -= buf.numel()
             else:
                 still.append((event, buf))
         self._pending = still
-        while self._free and self.free_bytes > max(self.keep_free_bytes, self.in_use_bytes // 4):
-            self._release(self._free.popitem(last=False)[1])
 
     def _release(self, buf: torch.Tensor) -> None:
         self.free_bytes -= buf.numel()
         if self.pinned and buf.numel():
             torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
 
-    def close(self) -> None:
-        """Wait for pending copies and release every free buffer."""
+    def settle(self) -> None:
+        """Wait for the copies still reading from returned buffers."""
         for event, _ in self._pending:
             if event is not None:
                 event.synchronize()
         self._reap()
+
+    def close(self) -> None:
+        """Wait for pending copies and release every free buffer."""
+        self.settle()
         while self._free:
             self._release(self._free.popitem(last=False)[1])
 
@@ -197,6 +224,8 @@ class Pager:
             copies cost more than they free).
         unknown_output_bytes: bytes assumed for an op whose outputs cannot be sized on
             the meta device (:func:`fresh_output_bytes`).
+        host_limit_bytes: host memory the evicted bytes may take (:class:`HostBuffers`);
+            default 80 % of this machine's RAM.
 
     Raises:
         CapacityError: the persistent storages alone are above ``limit_bytes`` and
@@ -204,7 +233,7 @@ class Pager:
     """
 
     def __init__(self, limit_bytes: int, device: torch.device, persistent: list[torch.Tensor] = (),
-                 min_evict_bytes: int = 0, unknown_output_bytes: int = 0):
+                 min_evict_bytes: int = 0, unknown_output_bytes: int = 0, host_limit_bytes: int | None = None):
         if limit_bytes <= 0:
             raise ValueError(f"limit_bytes={limit_bytes}; must be positive")
         self.limit_bytes = int(limit_bytes)
@@ -212,7 +241,8 @@ class Pager:
         self.min_evict_bytes = min_evict_bytes
         self.unknown_output_bytes = unknown_output_bytes
         self.stats = PagerStats()
-        self.buffers = HostBuffers(pinned=self.device.type == "cuda")
+        self.buffers = HostBuffers(pinned=self.device.type == "cuda",
+                                   limit_bytes=host_limit_bytes or int(0.8 * physical_memory_bytes()))
         self._output_bytes: dict = {}  # (op, argument signature) -> fresh_output_bytes
         self._lru: OrderedDict[int, _Page] = OrderedDict()  # resident, evictable, oldest first
         self._pinned: dict[int, _Page] = {}  # resident, below min_evict_bytes

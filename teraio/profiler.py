@@ -112,6 +112,7 @@ class LifetimeProfiler(TorchDispatchMode):
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self.op_in_backward: list[bool] = []
         self.op_allocated: list[int] = []  # CUDA: allocator peak during each op, bytes
+        self.peak_allocated = 0  # CUDA: the allocator's peak over the step (it is reset per op)
         for name, t in persistent.items():
             kind = "optim" if name.startswith("optim:") else "param"
             storage = t.untyped_storage()
@@ -146,9 +147,10 @@ class LifetimeProfiler(TorchDispatchMode):
                 end.record()
                 return out
             out = run() if pager is None else pager.run(run, in_keys)
+            allocated = torch.cuda.max_memory_allocated(self.device)
+            self.peak_allocated = max(self.peak_allocated, allocated)
             # Un-offloaded, the storages the pager holds off the device would be allocated too.
-            self.op_allocated.append(torch.cuda.max_memory_allocated(self.device)
-                                     + (pager.evicted_bytes if pager is not None else 0))
+            self.op_allocated.append(allocated + (pager.evicted_bytes if pager is not None else 0))
             self._events.append((start, end))
             self.op_seconds.append(0.0)
         else:
@@ -200,6 +202,9 @@ def profile_step(step_fn: Callable[[], float], model: nn.Module, optimizer: torc
     ``meta["optimizer_ops"]`` is ``[first, end)``, the ops of ``optimizer.step`` (from its
     pre- and post-step hooks).
 
+    On CUDA the allocator's peak statistics are reset before each op; the step's own peak
+    is ``meta["peak_allocated_bytes"]``.
+
     With a ``pager`` (``teraio.pager.Pager``) the step runs within the pager's capacity:
     each op's inputs are made resident and room is made for its outputs before the op's
     timing starts, so ``op_seconds`` are the kernels' own; on CUDA ``op_allocated_bytes``
@@ -230,4 +235,5 @@ def profile_step(step_fn: Callable[[], float], model: nn.Module, optimizer: torc
     finally:
         for h in handles:
             h.remove()
-    return out, prof.trace(grad_keys, dict(meta or {}, device=str(device), optimizer_ops=optimizer_ops))
+    return out, prof.trace(grad_keys, dict(meta or {}, device=str(device), optimizer_ops=optimizer_ops,
+                                           peak_allocated_bytes=prof.peak_allocated or None))

@@ -440,6 +440,30 @@ class HostTier:
         """Bytes of the slot buffers allocated so far."""
         return sum(b.numel() for b in self._slot_buffers.values())
 
+    def adopt(self, pool) -> int:
+        """Give each slot not yet allocated a free buffer of its size from ``pool`` (a
+        ``teraio.pager.HostBuffers`` pinned as this tier is) instead of a fresh one:
+        page-locking fresh memory is what costs. The tier owns the buffers from then on.
+        Returns the bytes adopted."""
+        if pool.pinned != self.pinned:
+            raise ValueError(f"host tier: a pool of {'pinned' if pool.pinned else 'pageable'} buffers "
+                             f"cannot serve a {'pinned' if self.pinned else 'pageable'} tier")
+        pool.settle()
+        adopted = 0
+        for name, nbytes in self._slots.items():
+            if name in self._slot_buffers:
+                continue
+            buf = pool.take_free(_align(nbytes, _HOST_ALIGN))
+            if buf is None and nbytes % _HOST_ALIGN:
+                buf = pool.take_free(nbytes)
+            if buf is None:
+                continue
+            self._slot_buffers[name] = buf
+            if self.pinned and buf.numel():
+                self._buffers[name] = buf  # unregistered at close
+            adopted += buf.numel()
+        return adopted
+
     def _slot(self, name: str) -> torch.Tensor:
         buf = self._slot_buffers.get(name)
         if buf is None:

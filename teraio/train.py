@@ -186,7 +186,10 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
             with timed(device) as t:
                 loss = body()
             losses.append(loss)
-            peaks.append(peak_memory(device))
+            allocated, reserved = peak_memory(device)
+            if "trace" in traced and allocated is not None:  # the profiler resets the peak per op
+                allocated = max(allocated, traced["trace"].meta["peak_allocated_bytes"] or 0)
+            peaks.append((allocated, reserved))
             paged.append({"step": step, "seconds": t["seconds"], "loss": loss,
                           "peak_allocated_bytes": peaks[-1][0],
                           **(dataclasses.asdict(pager.stats) if pager is not None else {})})
@@ -234,6 +237,11 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
         engine = MigrationEngine(trace, plan, persistent_tensors(model, optimizer), tiers, device,
                                  device_waits=opts.device_waits, release_grads=opts.release_grads)
         engine.prime(pager)
+        if pager is not None:
+            if "host" in tiers:  # the pager's page-locked buffers become host-tier slots
+                adopted = tiers["host"].adopt(pager.buffers)
+                print(f"host tier: {adopted} B of {tiers['host'].nbytes} B in the pager's buffers", flush=True)
+            pager.close()
         if device.type == "cuda":
             torch.cuda.empty_cache()
         with compute_stream(device):

@@ -101,3 +101,23 @@ def test_a_model_whose_parameters_exceed_the_capacity_is_refused_before_it_is_bu
                                          r"10000 B TeraIO may use"):
         run(cfg, tmp_path, result, CPU)
     assert result["iterations"] == [] and not list(tmp_path.iterdir())
+
+
+def test_host_buffers_are_reused_by_size_and_adopted_by_the_host_tier():
+    from teraio.pager import HostBuffers
+    from teraio.storage import HostTier
+
+    pool = HostBuffers(pinned=False, limit_bytes=10 * KB)
+    a = pool.take(4 * KB)
+    pool.give(a)
+    assert pool.take(4 * KB) is a  # the same buffer, not a new one
+    with pytest.raises(MemoryError, match=r"4096 B of evicted tensors .* 8192 B more would pass the 10240 B"):
+        pool.take(8 * KB)
+    pool.give(a)
+    b = pool.take(8 * KB)  # the free 4 KiB buffer is released to make room
+    assert pool.free_bytes == 0 and pool.in_use_bytes == 8 * KB
+    pool.give(b)
+    tier = HostTier(16 * KB, {"x": 8 * KB, "y": 2 * KB}, CPU)
+    assert tier.adopt(pool) == 8 * KB and tier.allocated_bytes == 8 * KB
+    assert tier._slot_buffers["x"] is b and pool.free_bytes == 0
+    tier.close()
