@@ -291,8 +291,7 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
     the global batch. The loss is the mean over micro-batches (and ranks) of the
     cross-entropy, as in :func:`teraio.step.train_step`. Peaks (bytes) cover all
     iterations, after DeepSpeed's set-up; the emulated capacity
-    (``hardware.gpu_capacity_bytes``) is applied before DeepSpeed places anything on
-    the device.
+    (``hardware.gpu_capacity_bytes``) is applied before anything is placed on the device.
 
     Stage 2 builds the model on ``device`` (as Ideal does: same initial weights). Stage 3
     builds it on the host and hands it to ``deepspeed.zero.Init``, which partitions and
@@ -329,14 +328,13 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
     try:
         if swap_dir is not None:
             swap_dir.mkdir()
+        apply_memory_cap(cfg.hardware.gpu_capacity_bytes, device)  # before the first device allocation
         if opts["stage"] == 3:
             model = build_model(cfg.model, w.seq_len, "cpu", cfg.seed)
-            apply_memory_cap(cfg.hardware.gpu_capacity_bytes, device)
             deepspeed.zero.Init(module=model, config_dict_or_path=ds_config)
             _buffers_to(model, device)  # zero.Init places parameters only (RoPE table)
         else:
             model = build_model(cfg.model, w.seq_len, device, cfg.seed)
-            apply_memory_cap(cfg.hardware.gpu_capacity_bytes, device)
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                           config=ds_config)
         _train(engine, cfg, result, device, world)
@@ -348,7 +346,9 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
         if swap_dir is not None:
             shutil.rmtree(swap_dir, ignore_errors=True)
         _release_device(device, capped=cfg.hardware.gpu_capacity_bytes is not None)
-    result.update(capacity_bytes=cfg.hardware.gpu_capacity_bytes, kvikio_mode=None,
+    result.update(capacity_bytes=cfg.hardware.gpu_capacity_bytes,
+                  capacity_emulated=True if cfg.hardware.gpu_capacity_bytes is not None else None,
+                  kvikio_mode=None,
                   unoffloaded_peak_bytes=None, memory_pressure=None)
 
 

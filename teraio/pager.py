@@ -261,15 +261,17 @@ class Pager:
 
     def _drain_dead(self) -> None:
         while self._dead:
-            page = self._dead.pop()
-            for where in (self._lru, self._pinned, self._away):
-                if where.get(page.key) is page:
-                    del where[page.key]
-                    if where is self._away:
-                        self.evicted_bytes -= page.nbytes
-                    else:
-                        self.resident_bytes -= page.nbytes
-            self._drop_host(page)
+            self._untrack(self._dead.pop())
+
+    def _untrack(self, page: _Page) -> None:
+        for where in (self._lru, self._pinned, self._away):
+            if where.get(page.key) is page:
+                del where[page.key]
+                if where is self._away:
+                    self.evicted_bytes -= page.nbytes
+                else:
+                    self.resident_bytes -= page.nbytes
+        self._drop_host(page)
 
     def _drop_host(self, page: _Page) -> None:
         if page.host is not None:
@@ -295,8 +297,7 @@ class Pager:
         key = storage_id(storage)
         stale = self._lru.get(key) or self._pinned.get(key) or self._away.get(key)
         if stale is not None:  # its storage died and the address was reused before the callback ran
-            self._dead.append(stale)
-            self._drain_dead()
+            self._untrack(stale)
         dead = self._dead
         page = _Page(key, weakref.ref(storage, lambda _, dead=dead: dead.append(page)), storage.nbytes())
         (self._pinned if page.nbytes < self.min_evict_bytes else self._lru)[key] = page
@@ -331,16 +332,8 @@ class Pager:
         """Stop tracking ``storage`` (and drop its host copy, if evicted): another owner,
         the migration engine, takes it over as it is."""
         page = self._page(storage)
-        if page is None:
-            return
-        for where in (self._lru, self._pinned, self._away):
-            if where.get(page.key) is page:
-                del where[page.key]
-                if where is self._away:
-                    self.evicted_bytes -= page.nbytes
-                else:
-                    self.resident_bytes -= page.nbytes
-        self._drop_host(page)
+        if page is not None:
+            self._untrack(page)
 
     # ---- moving bytes -------------------------------------------------------------
     def _used(self) -> int:

@@ -183,3 +183,24 @@ def test_ideal_point_end_to_end_with_the_real_worker(tmp_path):
     assert "loss" in p.stdout and "tokens/s" in p.stdout  # per-iteration lines streamed
     resolved = yaml.safe_load((job_dir(runs, 0) / "resolved.yaml").read_text())
     assert resolved == r["config"]
+
+
+def test_fig7_teraio_points_run_below_their_unoffloaded_peak(tmp_path):
+    # The paper's Fig. 7 path, with a small point added for the CPU and a capacity below the
+    # point's un-offloaded peak (about 12 MB): TeraIO runs every step within it.
+    runs, capacity = tmp_path / "runs", 8_000_000
+    cmd = [sys.executable, "-m", "teraio.sweep", "+experiment=fig7", "hardware=cpu_ci", "model=llama3_tiny",
+           "+fig7.points.llama3_tiny.bs_mid={batch_size:4,micro_batch_size:2,seq_len:64,paper_m:150}",
+           "+fig7.host_mem_gb.llama3_tiny=0.004", "fig7.point=bs_mid", "system=teraio_ssd,teraio_mixed",
+           "trial=0", f"hardware.gpu_capacity_bytes={capacity}", "sweep.make_ssd_dirs=true",
+           "+sweep.system_options={teraio_ssd:{min_tensor_bytes:4096},teraio_mixed:{min_tensor_bytes:4096}}",
+           "workload.measure_steps=2", "timeout_s=300", f"sweep.runs_dir={runs}", "sweep.analyze=false"]
+    p = subprocess.run(cmd, cwd=REPO, env=sweep_env({}, None), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for system in ("teraio_ssd", "teraio_mixed"):
+        r = json.loads((runs / "fig7" / f"llama3_tiny-{system}-cpu_ci-bs4-mb2-seq64-t0" / "result.json").read_text())
+        assert r["status"] == "ok", r["error"]
+        assert r["memory_pressure"] > 1 and r["capacity_bytes"] == capacity and r["capacity_emulated"]
+        assert [s["step"] for s in r["paged_steps"]] == [0, 1]
+        assert all(s["max_accounted_bytes"] <= capacity for s in r["paged_steps"])
+        assert all(i["max_accounted_bytes"] <= capacity for i in r["iterations"])

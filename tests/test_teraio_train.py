@@ -251,3 +251,21 @@ def test_too_small_offload_dir_is_refused_before_the_engine_runs(tmp_path, monke
         run(cfg, tmp_path / "job", result, CPU)
     assert "bytes" in str(err.value)
     assert result["iterations"] == []
+
+
+def test_the_emulated_capacity_binds_before_the_model_is_built(tmp_path, monkeypatch):
+    calls = []
+
+    class Built(Exception):
+        pass
+
+    def build(*args, **kwargs):
+        calls.append("build")
+        raise Built
+
+    monkeypatch.setattr(teraio.train, "apply_memory_cap", lambda capacity, device: calls.append(("cap", capacity)))
+    monkeypatch.setattr(teraio.train, "build_model", build)
+    cfg = config("teraio_mixed", tmp_path, 1 << 30)
+    with pytest.raises(Built):
+        run(cfg, tmp_path, empty_result(cfg.point(), cfg.to_dict()), CPU)
+    assert calls == [("cap", 1 << 30), "build"]

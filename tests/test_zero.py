@@ -286,3 +286,23 @@ def test_zero_offload_two_ranks_follow_plain_torch(tmp_path, reference):
         assert result["losses"] == pytest.approx(reference, abs=LOSS_ATOL)
     ds = json.loads((tmp_path / "rank0" / zero.CONFIG_FILE).read_text())
     assert ds["gradient_accumulation_steps"] == 1 and ds["train_batch_size"] == 4
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_the_emulated_capacity_binds_before_the_model_is_built(tmp_path, monkeypatch, stage):
+    calls = []
+
+    class Built(Exception):
+        pass
+
+    def build(*args, **kwargs):
+        calls.append("build")
+        raise Built
+
+    monkeypatch.setattr(zero, "apply_memory_cap", lambda capacity, device: calls.append(("cap", capacity)))
+    monkeypatch.setattr(zero, "build_model", build)
+    cfg = make_cfg("zero_offload", {"stage": stage})
+    cfg.hardware.gpu_capacity_bytes = 1 << 30
+    with pytest.raises(Built):
+        zero.run(cfg, tmp_path / "job", {"artifacts": {}}, torch.device("cpu"))
+    assert calls == [("cap", 1 << 30), "build"]
