@@ -7,7 +7,8 @@ into two tidy pandas frames.
   ``hardware``, ``batch_size``, ``micro_batch_size``, ``seq_len``, ``trial``, ``config``
   (the paper's label, ``bs{batch_size}_seq{seq_len}``), ``host_mem_cap_bytes`` and ``n_ssd``
   (``len(hardware.ssd_dirs)``), both from the run config (the Fig. 9 axes);
-- outcome: ``status`` (ok | oom | error | timeout), ``error``, ``failed`` (status ≠ ok),
+- outcome: ``status`` (ok | oom | error | timeout, or ``non-finite`` for an ``ok`` row whose
+  tokens/s or a loss is not finite), ``error``, ``failed`` (status ≠ ok),
   ``measure`` (measured | modeled);
 - throughput: ``tokens_per_s`` (tokens/s), ``n_iterations``, ``iteration_seconds`` (mean, s);
 - stalls: ``stall_count``, ``stall_seconds`` (totals over measured iterations, s),
@@ -91,18 +92,34 @@ def _artifact(job_rel: Path, artifacts: dict, name: str) -> str | None:
     return None if not rel else str(job_rel / rel)
 
 
+NON_FINITE = "non-finite"
+
+
+def _finite_row(result: dict) -> bool:
+    """True when the row's tokens/s and every iteration's tokens/s and loss (where it has
+    one) are finite numbers."""
+    values = [result.get("tokens_per_s")]
+    for it in result.get("iterations") or []:
+        values.append(it.get("tokens_per_s"))
+        if it.get("loss") is not None:
+            values.append(it.get("loss"))
+    return all(math.isfinite(_num(v)) for v in values)
+
+
 def _rows(result: dict, sweep: str, job_rel: Path) -> tuple[dict, list[dict]]:
     point = result.get("point") or {}
     hw = ((result.get("config") or {}).get("hardware")) or {}
     ssd_dirs = hw.get("ssd_dirs")
     ident = {k: point.get(k) for k in POINT_KEYS}
+    status, error = result.get("status"), result.get("error")
+    if status == "ok" and not _finite_row(result):
+        status, error = NON_FINITE, "an ok row with a loss or tokens/s that is not finite"
     ident.update(
         sweep=sweep, job_dir=str(job_rel),
         config=config_label(point.get("batch_size"), point.get("seq_len")),
         host_mem_cap_bytes=hw.get("host_mem_cap_bytes"),
         n_ssd=len(ssd_dirs) if isinstance(ssd_dirs, list) else None,
-        status=result.get("status"), error=result.get("error"),
-        failed=result.get("status") != "ok", measure=result.get("measure"))
+        status=status, error=error, failed=status != "ok", measure=result.get("measure"))
 
     its = result.get("iterations") or []
     iter_rows = []

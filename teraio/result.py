@@ -110,6 +110,24 @@ def summarize_iterations(result: dict) -> None:
         result["bytes_per_tier"][tier] = None if any(v is None for v in vals) else sum(vals)
 
 
+def check_finite(result: dict) -> None:
+    """Refuse a row whose training diverged or whose timing is broken: every loss (the
+    warm-up steps' in ``losses`` too) and every iteration's tokens/s must be finite; a
+    modeled row has no loss.
+
+    Raises:
+        FloatingPointError: naming the first step and value that is not finite.
+    """
+    for i in result["iterations"]:
+        for key in ("loss", "tokens_per_s"):
+            v = i.get(key)
+            if (v is not None or key == "tokens_per_s") and not (isinstance(v, (int, float)) and math.isfinite(v)):
+                raise FloatingPointError(f"step {i.get('step')}: {key} {v} is not finite")
+    for step, loss in enumerate(result.get("losses") or ()):
+        if loss is not None and not math.isfinite(loss):
+            raise FloatingPointError(f"step {step}: loss {loss} is not finite")
+
+
 def _json_safe(x):
     if isinstance(x, float) and not math.isfinite(x):
         return None

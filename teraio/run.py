@@ -4,7 +4,8 @@
 
 Reads the resolved run config (never Hydra), trains with the system's runner, and writes
 ``<job dir>/result.json`` (``teraio.result``) whatever happens: ``ok``, ``oom`` (the GPU,
-or the emulated capacity, ran out of memory), or ``error`` with the traceback. Exits 0
+or the emulated capacity, ran out of memory), or ``error`` with the traceback (a loss or
+a throughput that is not finite is an error too, naming the step). Exits 0
 once the row is written; a non-zero exit means no row (the sweep then writes one).
 
 Runners (``run(cfg, job_dir, result, device)``, filling ``result`` and raising on
@@ -40,7 +41,7 @@ import torch  # noqa: E402
 
 from teraio.config import RunConfig, load_run_config
 from teraio.measure import environment_facts, peak_host_rss_bytes
-from teraio.result import empty_result, summarize_iterations, write_result
+from teraio.result import check_finite, empty_result, summarize_iterations, write_result
 
 RUNNER_MODULES: dict[str, str] = {
     "ideal": "baselines.ideal",
@@ -112,6 +113,7 @@ def run_point(cfg: RunConfig, job_dir: Path, runner: Runner | None = None) -> di
         if not result["iterations"]:
             raise RuntimeError(f"{cfg.system.name} measured no iteration "
                                f"(workload.measure_steps={cfg.workload.measure_steps})")
+        check_finite(result)
         result["status"], result["error"] = "ok", None
     except Exception as e:  # every failure becomes the row's status and message
         result["status"] = "oom" if is_oom(e) else "error"

@@ -3,6 +3,7 @@ numbers; figures are written with the expected bars and lines; pandas 3 + seabor
 split grouped data correctly."""
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -13,6 +14,7 @@ from matplotlib.figure import Figure
 
 from analysis import aggregate as agg
 from analysis import analyze, load_sweep
+from analysis.load import describe
 from analysis.__main__ import main
 from analysis.bandwidth import op_bandwidth, share_above
 from analysis.cost import cost_efficiency, cost_frame, cost_saving, resolve_prices
@@ -521,3 +523,21 @@ def test_title_of_a_narrow_figure_stays_inside_it(tmp_path):
     box = fig.texts[0].get_window_extent()
     assert 0 <= box.x0 and box.x1 <= fig.bbox.width
     assert "a_sweep_with_a_rather_long_name_for_its_title" in fig.texts[0].get_text().replace("\n", "")
+
+
+def test_ok_rows_that_are_not_finite_count_as_failed_and_stay_out_of_n(tmp_path):
+    root = tmp_path / "sweep"
+    cfg = dict(system="teraio_mixed", batch=4, seq=64, micro=2)
+    write_run(root, "t0", trial=0, tps=90.0, **cfg)
+    write_run(root, "t1", trial=1, tps=96.0, **cfg)
+    write_run(root, "t2", trial=2, tps=float("nan"), **cfg)  # written as null: no tokens/s
+    job = write_run(root, "t3", trial=3, tps=93.0, **cfg)
+    r = json.loads((job / "result.json").read_text())
+    r["iterations"][1]["loss"] = "NaN"  # as a writer without the JSON guard would leave it
+    (job / "result.json").write_text(json.dumps(r))
+    sweep = load_sweep(root)
+    assert sorted(sweep.runs["status"]) == ["non-finite", "non-finite", "ok", "ok"]
+    (g,) = agg.summarize_runs(sweep.runs).to_dict("records")
+    assert (g["n"], g["n_failed"], g["failures"]) == (2, 2, "non-finite×2")
+    assert g["tokens_per_s_mean"] == 93.0
+    assert "(2 ok, 2 failed)" in describe(sweep)

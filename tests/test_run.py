@@ -111,3 +111,17 @@ def test_row_records_the_workers_peak_host_memory(tmp_path):
     out = json.loads(p.stdout.splitlines()[-1])
     assert out["resident"] + (960 << 20) <= out["peak"]
     assert out["peak"] <= max(out["peak_so_far"], out["resident"] + (1 << 30)) + (256 << 20)
+
+
+@pytest.mark.parametrize("loss,tps,warmup_loss,named", [
+    (float("nan"), 50.0, 1.0, "step 2: loss nan is not finite"),
+    (1.0, float("inf"), 1.0, "step 1: tokens_per_s inf is not finite"),
+    (1.0, 50.0, float("nan"), "step 0: loss nan is not finite"),
+])
+def test_a_loss_or_throughput_that_is_not_finite_is_an_error_row(tmp_path, loss, tps, warmup_loss, named):
+    def runner(cfg, job_dir, result, device):
+        result["iterations"] += [{"step": 1, "seconds": 2.0, "tokens": 100, "tokens_per_s": tps, "loss": 1.0},
+                                 {"step": 2, "seconds": 2.0, "tokens": 100, "tokens_per_s": 50.0, "loss": loss}]
+        result["losses"] = [warmup_loss, 1.0, loss]
+    r = worker.run_point(cfg(), tmp_path, runner)
+    assert r["status"] == "error" and named in r["error"]
