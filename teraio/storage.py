@@ -24,6 +24,7 @@ import ctypes
 import errno
 import os
 import shutil
+import socket
 import tempfile
 import weakref
 
@@ -178,6 +179,47 @@ def _delete_files(paths: list[str], handles: list) -> None:
     paths.clear()
 
 
+_SLOT_PREFIX = "teraio-"
+
+
+def _owner() -> str:
+    """``<host>-<pid>``: who owns a slot file, so that a later run can tell an orphan."""
+    return f"{socket.gethostname().replace('-', '_')}-{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def remove_orphans(directory: str) -> list[str]:
+    """Delete the slot files in ``directory`` that a TeraIO process of this host left behind
+    when it was killed (its process is gone), printing a line for each; files of live
+    processes and of other hosts stay. Returns the deleted paths."""
+    host = socket.gethostname().replace("-", "_")
+    gone = []
+    for name in sorted(os.listdir(directory)):
+        parts = name[len(_SLOT_PREFIX):].split("-") if name.startswith(_SLOT_PREFIX) else []
+        if len(parts) < 3 or not name.endswith(".slots") or parts[0] != host or not parts[1].isdigit():
+            continue
+        if _alive(int(parts[1])):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            size = os.path.getsize(path)
+            os.unlink(path)
+        except FileNotFoundError:  # another run removed it first
+            continue
+        print(f"SSD tier: removed {path} ({size} B), left by process {parts[1]}, which is gone", flush=True)
+        gone.append(path)
+    return gone
+
+
 class SSDTier:
     """The SSD tier: one preallocated file per directory (one directory per drive), each
     tensor name a fixed 4 KiB-aligned slot in one of them. The paper (§3.3) moves tensors
@@ -242,8 +284,9 @@ class SSDTier:
         self._closed = weakref.finalize(self, _delete_files, self._paths, self._handles)
         try:
             for d, need in zip(dirs, share):
+                remove_orphans(d)
                 try:
-                    fd, path = tempfile.mkstemp(prefix="teraio-", suffix=".slots", dir=d)
+                    fd, path = tempfile.mkstemp(prefix=f"{_SLOT_PREFIX}{_owner()}-", suffix=".slots", dir=d)
                 except OSError as e:
                     raise ValueError(f"offload dir {d!r} is not writable ({e}); "
                                      f"the plan needs {need} bytes there") from e

@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import math
 import time
 from pathlib import Path
 
@@ -143,8 +144,10 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
     measured step: start time and stall, seconds), ``transfers.csv`` (one row per transfer).
 
     Raises:
-        ValueError: bad options, a model whose parameters do not fit the capacity, or an SSD
-            directory that is missing/unwritable/too small.
+        ValueError: bad options, a model whose parameters do not fit the capacity, a plan
+            that cannot bring the peak under the capacity (before any planned step runs;
+            the message names the smallest capacity the plan reaches), or an SSD directory
+            that is missing/unwritable/too small.
         teraio.pager.CapacityError: an op's own inputs and outputs exceed the capacity.
         torch.OutOfMemoryError: the capacity was exceeded.
     """
@@ -231,6 +234,13 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
                           "shortfall_bytes": plan.shortfall_bytes, "migrations": len(plan.migrations),
                           "bytes_per_tier": plan.bytes_per_tier()}
         result["artifacts"].update(trace="trace.json", plan="plan.json")
+        if plan.shortfall_bytes > 0:
+            raise ValueError(
+                f"the capacity cannot be met: the plan for {plan_capacity} B (capacity {capacity} B less "
+                f"headroom {headroom}) peaks at {plan.predicted_peak_bytes} B, {plan.shortfall_bytes} B over; "
+                f"the smallest capacity it reaches is hardware.gpu_capacity_bytes="
+                f"{math.ceil(plan.predicted_peak_bytes / (1 - headroom))}"
+                + ("" if opts.allow_stalls else " (or allow stalls: system.options.allow_stalls=true)"))
 
         tiers = open_tiers(plan, cfg, device, opts.io_threads)
         result["kvikio_mode"] = tiers["ssd"].mode if "ssd" in tiers else None

@@ -355,3 +355,23 @@ def test_restore_over_2_gib_is_bit_exact(kind, tmp_path):
             assert tier._slot_buffers["big"].is_pinned()
         assert torch.equal(t, expected)
     assert os.listdir(tmp_path) == []
+
+
+def test_slot_files_of_killed_runs_are_removed_by_the_next_run(tmp_path, capsys):
+    import socket
+    import subprocess
+    import sys
+
+    host = socket.gethostname().replace("-", "_")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = tmp_path / f"teraio-{host}-{dead.pid}-abc123.slots"
+    live = tmp_path / f"teraio-{host}-{os.getpid()}-def456.slots"
+    elsewhere = tmp_path / f"teraio-otherhost-{dead.pid}-ghi789.slots"
+    for f in (orphan, live, elsewhere):
+        f.write_bytes(b"x" * 100)
+    with SSDTier([str(tmp_path)], {"a": 10}, backend="posix") as tier:
+        (own,) = {p for p, _ in tier.placement.values()}
+        assert os.path.basename(own).startswith(f"teraio-{host}-{os.getpid()}-")
+        assert not orphan.exists() and live.exists() and elsewhere.exists()
+    assert f"removed {orphan} (100 B), left by process {dead.pid}, which is gone" in capsys.readouterr().out

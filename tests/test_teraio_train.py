@@ -269,3 +269,18 @@ def test_the_emulated_capacity_binds_before_the_model_is_built(tmp_path, monkeyp
     with pytest.raises(Built):
         run(cfg, tmp_path, empty_result(cfg.point(), cfg.to_dict()), CPU)
     assert calls == [("cap", 1 << 30), "build"]
+
+
+def test_a_capacity_the_plan_cannot_meet_stops_before_the_engine_runs(tmp_path):
+    # 1 MB/s hides nothing and stalls are not allowed: the plan falls short of 40 %.
+    (tmp_path / "ssd").mkdir()
+    hw = {"ssd_write_gbps": 1e-3, "ssd_read_gbps": 1e-3}
+    probe = run_teraio(config("teraio_ssd", tmp_path / "ssd", None, **hw), tmp_path / "probe")
+    capacity = int(probe["unoffloaded_peak_bytes"] * 0.4)
+    cfg = config("teraio_ssd", tmp_path / "ssd", capacity, options={"allow_stalls": False}, **hw)
+    result = empty_result(cfg.point(), cfg.to_dict())
+    (tmp_path / "job").mkdir()
+    with pytest.raises(ValueError, match=rf"plan for {capacity} B .* peaks at (\d+) B, \d+ B over; the smallest "
+                                         r"capacity it reaches is hardware.gpu_capacity_bytes=\d+ \(or allow"):
+        run(cfg, tmp_path / "job", result, CPU)
+    assert result["iterations"] == [] and result["plan"]["shortfall_bytes"] > 0
