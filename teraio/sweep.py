@@ -121,7 +121,8 @@ def run_config(cfg: DictConfig) -> RunConfig:
 
     ``sweep.system_options[<system name>]`` is merged over ``system.options`` (an
     experiment that sweeps several systems sets per-system options there), and
-    ``hardware.ssd_dirs`` are made absolute (the worker may start elsewhere).
+    ``hardware.ssd_dirs`` are made absolute against the directory the sweep was launched
+    from (:func:`launch_dir`), whether or not Hydra changes into the job dir.
 
     Raises:
         ValueError: an unknown key or a bad value, naming it (``teraio.config``).
@@ -134,8 +135,16 @@ def run_config(cfg: DictConfig) -> RunConfig:
                                   **OmegaConf.to_container(extra, resolve=True)}
     hw = d.get("hardware") or {}
     if "ssd_dirs" in hw:
-        hw["ssd_dirs"] = [str(Path(p).expanduser().absolute()) for p in hw["ssd_dirs"]]
+        hw["ssd_dirs"] = [str(launch_dir() / Path(p).expanduser()) for p in hw["ssd_dirs"]]
     return run_config_from_dict(d)
+
+
+def launch_dir() -> Path:
+    """The directory ``python -m teraio.sweep`` was started in (Hydra's original working
+    directory; ``hydra.job.chdir=true`` moves each job into its job dir)."""
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.cwd)
+    return Path.cwd()
 
 
 def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool = False) -> None:

@@ -204,3 +204,17 @@ def test_fig7_teraio_points_run_below_their_unoffloaded_peak(tmp_path):
         assert [s["step"] for s in r["paged_steps"]] == [0, 1]
         assert all(s["max_accounted_bytes"] <= capacity for s in r["paged_steps"])
         assert all(i["max_accounted_bytes"] <= capacity for i in r["iterations"])
+
+
+@pytest.mark.parametrize("chdir", ["true", "false"])
+def test_a_relative_ssd_dir_is_resolved_against_the_launch_dir(tmp_path, fake_worker, chdir):
+    runs = tmp_path / "runs"
+    cmd = sweep_cmd(runs, "system=teraio_ssd", "trial=0", "hardware.ssd_dirs=[rel/ssd]",
+                    f"hydra.job.chdir={chdir}")
+    p = subprocess.run(cmd, cwd=tmp_path, env=sweep_env({}, fake_worker), capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    job = runs / "smoke" / "llama3_tiny-teraio_ssd-cpu_ci-bs4-mb2-seq64-t0"
+    resolved = yaml.safe_load((job / "resolved.yaml").read_text())
+    assert resolved["hardware"]["ssd_dirs"] == [str(tmp_path / "rel" / "ssd")]
+    assert (tmp_path / "rel" / "ssd").is_dir() and not (job / "rel").exists()
