@@ -1,4 +1,9 @@
-"""One drive-bound run at a time per drive, across the sweeps of one host.
+"""Locks that let the sweeps of one host share a runs dir and drives: one run at a time per
+point (:func:`hold_point`) and one drive-bound run at a time per drive (:func:`hold_drives`).
+
+A point's job dir holds ``.owner.lock``; the sweep that runs the point holds an exclusive
+``flock`` on it from the resume check to the row, so a second sweep of the same point
+skips it instead of running it again beside the first.
 
 Two runs that move data through the same drive slow each other down: on the lent
 nvidia-h200-x2 machine two ZeRO-Infinity runs, one per GPU, on its one drive each took
@@ -22,6 +27,19 @@ import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+
+
+@contextlib.contextmanager
+def hold_point(job_dir: str | os.PathLike) -> Iterator[bool]:
+    """Hold the job dir's owner lock for the ``with`` block; yields True, or False at once
+    (holding nothing) when another process holds it."""
+    with open(Path(job_dir) / ".owner.lock", "a") as f:  # closing it releases the lock
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
 
 
 def lock_path(directory: str | os.PathLike) -> Path:

@@ -40,9 +40,11 @@ Schema (keys always present; unknown values are ``null``):
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +141,8 @@ def _json_safe(x):
 
 
 def write_result(path: str | Path, result: dict) -> None:
-    """Write ``result`` to ``path`` atomically (temp file + rename).
+    """Write ``result`` to ``path`` atomically (temp file + rename) and exclusively (the
+    check for an ok row and the rename hold a lock file beside ``path``).
 
     Raises:
         ValueError: status not in ``STATUSES``.
@@ -149,11 +152,20 @@ def write_result(path: str | Path, result: dict) -> None:
     if result.get("status") not in STATUSES:
         raise ValueError(f"result status {result.get('status')!r} not in {STATUSES}")
     path = Path(path)
-    if read_status(path) == "ok":
-        raise FileExistsError(f"{path} already holds an ok result; refusing to overwrite it")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(_json_safe(result), indent=1))
-    tmp.replace(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(_json_safe(result), indent=1))
+        # The check and the rename under one lock: of two writers at the same instant,
+        # the second sees the first's ok row.
+        with open(path.parent / f".{path.name}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if read_status(path) == "ok":
+                raise FileExistsError(f"{path} already holds an ok result; refusing to overwrite it")
+            os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def read_status(path: str | Path) -> str | None:

@@ -48,6 +48,7 @@ import torch
 import yaml
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
@@ -55,7 +56,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from teraio.config import ModelConfig, RunConfig, WorkloadConfig, run_config_from_dict
-from teraio.drive_lock import hold_drives
+from teraio.drive_lock import hold_drives, hold_point
 from teraio.result import empty_result, read_status, write_result
 from teraio.run import iso_time
 
@@ -358,12 +359,21 @@ def drive_dirs(run: RunConfig) -> list[str]:
 
 def run_point_job(cfg: DictConfig, job_dir: Path, label: str = "") -> str:
     """Validate, resume-check and run one point in ``job_dir``; returns its final status,
-    or ``"skip"`` for a point already ok. Never raises for a failed point: the failure is
-    written as its row, so that the sweep goes on."""
+    ``"skip"`` for a point already ok, or ``"busy"`` when another sweep is running it now
+    (``teraio.drive_lock.hold_point``, held for the point's whole run). Never raises for a
+    failed point: the failure is written as its row, so that the sweep goes on."""
     job_dir.mkdir(parents=True, exist_ok=True)
+    console.print(f"[bold]▶ {label}{job_dir.name}[/bold]")
+    with hold_point(job_dir) as owner:
+        if not owner:
+            console.print("  skip: another sweep is running this point now")
+            return "busy"
+        return _run_owned_point(cfg, job_dir)
+
+
+def _run_owned_point(cfg: DictConfig, job_dir: Path) -> str:
     result_path = job_dir / "result.json"
     started = time.time()
-    console.print(f"[bold]▶ {label}{job_dir.name}[/bold]")
     try:
         run = run_config(cfg)
     except ValueError as e:  # the pre-pass catches this in a multirun
@@ -421,6 +431,7 @@ class SweepCallback(Callback):
 
     def __init__(self) -> None:
         self.job_dirs: list[Path] = []
+        self.outcomes: collections.Counter[str] = collections.Counter()  # of this sweep's own jobs
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Compose every point as the launcher will, build and validate its RunConfig,
@@ -453,9 +464,15 @@ class SweepCallback(Callback):
                       + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
                       + (" (ok ones are skipped)" if counts["ok"] else ""))
 
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        ok = job_return.status == JobStatus.COMPLETED and isinstance(job_return.return_value, str)
+        self.outcomes[job_return.return_value if ok else "error"] += 1
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        statuses = collections.Counter(read_status(d / "result.json") or "missing"
-                                       for d in self.job_dirs)
+        # What this sweep's own jobs ended with; a launcher that runs jobs elsewhere
+        # (Slurm) reports none here, and then the rows on disk stand in.
+        statuses = self.outcomes or collections.Counter(read_status(d / "result.json") or "missing"
+                                                        for d in self.job_dirs)
         console.print("[bold]sweep done:[/bold] " + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())))
         if config.sweep.analyze:
             analyze(Path(config.hydra.sweep.dir))

@@ -125,3 +125,32 @@ def test_a_loss_or_throughput_that_is_not_finite_is_an_error_row(tmp_path, loss,
         result["losses"] = [warmup_loss, 1.0, loss]
     r = worker.run_point(cfg(), tmp_path, runner)
     assert r["status"] == "error" and named in r["error"]
+
+
+def _write_ok_at_once(path, barrier, out):
+    from teraio.result import empty_result, write_result
+    row = empty_result(cfg().point(), {})
+    row["status"] = "ok"
+    barrier.wait()
+    try:
+        write_result(path, row)
+        out.put("written")
+    except FileExistsError:
+        out.put("refused")
+
+
+def test_two_writers_of_one_row_at_the_same_instant_cannot_both_succeed(tmp_path):
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    for i in range(20):
+        path = tmp_path / f"p{i}" / "result.json"
+        path.parent.mkdir()
+        barrier, out = ctx.Barrier(2), ctx.Queue()
+        procs = [ctx.Process(target=_write_ok_at_once, args=(path, barrier, out)) for _ in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+        assert sorted([out.get(), out.get()]) == ["refused", "written"]
+        assert sorted(f.name for f in path.parent.iterdir()) == [".result.json.lock", "result.json"]

@@ -23,7 +23,7 @@ from teraio.config import load_run_config
 REPO = Path(__file__).resolve().parents[1]
 
 # A worker that writes rows with the real teraio.result code, acting per trial as
-# $FAKE_PLAN says: ok | oom | crash (exit 3, no row) | sleep (hang until killed).
+# $FAKE_PLAN says: ok | oom | crash (exit 3, no row) | sleep (hang until killed) | slow (ok after 8 s).
 FAKE_WORKER = '''
 import json, os, sys, time
 from pathlib import Path
@@ -40,6 +40,8 @@ if action == "crash":
     sys.exit(3)
 if action == "sleep":
     time.sleep(120)
+if action == "slow":
+    time.sleep(8)
 row = empty_result(cfg.point(), cfg.to_dict())
 if action == "oom":
     row.update(status="oom", error="torch.OutOfMemoryError: CUDA out of memory (scripted)")
@@ -218,3 +220,21 @@ def test_a_relative_ssd_dir_is_resolved_against_the_launch_dir(tmp_path, fake_wo
     resolved = yaml.safe_load((job / "resolved.yaml").read_text())
     assert resolved["hardware"]["ssd_dirs"] == [str(tmp_path / "rel" / "ssd")]
     assert (tmp_path / "rel" / "ssd").is_dir() and not (job / "rel").exists()
+
+
+def test_two_sweeps_into_one_runs_dir_run_each_point_once(tmp_path, fake_worker):
+    runs = tmp_path / "runs"
+    env = sweep_env({"0": "slow"}, fake_worker)
+    procs = [subprocess.Popen(sweep_cmd(runs, "trial=0"), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert calls(runs, 0) == 1 and row(runs, 0)["status"] == "ok"
+    ran = [o for o in outs if "✓ ok" in o]
+    other = [o for o in outs if "✓ ok" not in o]
+    assert len(ran) == 1 and "sweep done: 1 ok" in ran[0]
+    # The other one skipped it (busy while the first ran, or already ok) and says so.
+    assert "another sweep is running this point now" in other[0] or "skip (ok)" in other[0]
+    assert "sweep done: 1 busy" in other[0] or "sweep done: 1 skip" in other[0]
+    assert "worker.log" not in os.listdir(job_dir(runs, 0)) or \
+        (job_dir(runs, 0) / "worker.log").read_text().count("fake worker trial 0") == 1
