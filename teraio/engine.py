@@ -59,6 +59,14 @@ class ExecutionDivergedError(RuntimeError):
     """The training step ran a different op sequence than the profiled trace."""
 
 
+class PlanDriftError(ValueError):
+    """A step's workload shape differs from the profiled one's, so the plan's tensors and op
+    indices do not describe it; raised before the step touches anything."""
+
+
+SHAPE_KEYS: tuple[str, ...] = ("batch_size", "micro_batch_size", "seq_len")
+
+
 @dataclass
 class _Tensor:
     name: str
@@ -227,12 +235,26 @@ class MigrationEngine(TorchDispatchMode):
         if pager is not None:
             pager.restore_all()
 
-    def run_step(self, step_fn, step: int):
+    def run_step(self, step_fn, step: int, shape: dict | None = None):
         """Run one training step under the engine; returns ``step_fn()``'s value.
 
+        Args:
+            shape: the step's workload (``batch_size``, ``micro_batch_size``, ``seq_len``),
+                checked against the trace's ``meta`` before anything runs.
+
         Raises:
+            PlanDriftError: ``shape`` differs from the profiled step's; it names each key
+                that changed (profile it again and plan anew for the new shape).
             ExecutionDivergedError: the step ran other ops than the profiled trace.
         """
+        if shape is not None:
+            changed = {k: (self.trace.meta[k], shape[k]) for k in SHAPE_KEYS
+                       if k in shape and k in self.trace.meta and shape[k] != self.trace.meta[k]}
+            if changed:
+                raise PlanDriftError(
+                    f"step {step} drifted from the profiled step: "
+                    + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items())
+                    + "; the plan holds only for the profiled shape: profile and plan again")
         self.step_index = step
         self.stats = StepStats(step=step)
         self._k = 0

@@ -173,6 +173,8 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
         optimizer = make_optimizer(model, w.lr)
         peaks = [peak_memory(device)]  # (allocated, reserved): the build, then each step
 
+        shape = {"batch_size": w.batch_size, "micro_batch_size": w.micro_batch_size, "seq_len": w.seq_len}
+
         def step_fn(step: int):
             inputs, labels = make_batch(step, w, cfg.model.vocab_size, cfg.seed, device)
             return lambda: train_step(model, optimizer, inputs, labels, w.micro_batch_size)
@@ -258,7 +260,7 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
             for step in range(2, w.warmup_steps + w.measure_steps):
                 reset_peak_memory(device)
                 with timed(device) as t:
-                    loss = engine.run_step(step_fn(step), step)
+                    loss = engine.run_step(step_fn(step), step, shape=shape)
                 losses.append(loss)
                 peaks.append(peak_memory(device))
                 s = engine.stats

@@ -4,6 +4,7 @@ divergence, I/O failures, and cleanup. The planner's own plans are tested end to
 test_teraio_train.py."""
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from teraio.config import ModelConfig, WorkloadConfig
-from teraio.engine import ExecutionDivergedError, MigrationEngine
+from teraio.engine import ExecutionDivergedError, MigrationEngine, PlanDriftError
 from teraio.models import build_model
 from teraio.plan import Migration, MigrationPlan, cyclic_between
 from teraio.profiler import persistent_tensors, profile_step
@@ -143,6 +144,26 @@ def test_diverging_step_is_an_error(tmp_path):
     x, y = make_batch(2, WORK, MODEL.vocab_size, 0, CPU)
     with pytest.raises(ExecutionDivergedError, match="op 0 is"):
         eng.run_step(lambda: model(x).sum(), 2)
+    eng.close()
+
+
+@pytest.mark.parametrize("shape,named", [
+    ({"batch_size": 2, "micro_batch_size": 1, "seq_len": 16}, "seq_len 32 -> 16"),
+    ({"batch_size": 4, "micro_batch_size": 2, "seq_len": 32}, "batch_size 2 -> 4, micro_batch_size 1 -> 2"),
+])
+def test_a_step_of_another_shape_is_refused_before_anything_moves(tmp_path, shape, named):
+    model, opt, _, trace = profiled()
+    trace.meta.update(batch_size=WORK.batch_size, micro_batch_size=WORK.micro_batch_size, seq_len=WORK.seq_len)
+    plan = every_gap_plan(trace)
+    eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), open_tiers(plan, tmp_path), CPU)
+    eng.prime()
+    moved = len(eng.transfers)
+    work = WorkloadConfig(**shape)
+    x, y = make_batch(2, work, MODEL.vocab_size, 0, CPU)
+    with pytest.raises(PlanDriftError, match=f"step 2 drifted from the profiled step: {named}"):
+        eng.run_step(lambda: train_step(model, opt, x, y, work.micro_batch_size), 2, shape=shape)
+    assert len(eng.transfers) == moved and eng.history == []
+    eng.run_step(step_fn(model, opt, 2), 2, shape=dataclasses.asdict(WORK))  # the profiled shape runs
     eng.close()
 
 
