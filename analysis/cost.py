@@ -1,4 +1,4 @@
-"""Cost-efficiency (paper Table 3, PAPER.md §5): hardware cost per system, tokens/s per
+"""Cost-efficiency (paper Table 3): hardware cost per system, tokens/s per
 dollar, and the paper's ratios recomputed from our measured throughput.
 
 Prices come from the run config's ``hardware.prices`` (``conf/hardware/*.yaml``), in USD:
@@ -19,7 +19,7 @@ falls back to the paper's Table 3 value and the table says so; with no prices at
 whole row is labelled "paper Table 3 (fallback)".
 
 The paper's "5.88×" cost saving of TeraIO-SSD over PureGPUs does not follow from its own
-Table 3: 499,591.4 / (84,139.9 + 1,360) = 5.84× (5.94× without the SSDs); PAPER.md §5.
+Table 3: 499,591.4 / (84,139.9 + 1,360) = 5.84× (5.94× without the SSDs).
 """
 from __future__ import annotations
 

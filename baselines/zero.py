@@ -1,9 +1,9 @@
-"""DeepSpeed ZeRO baselines (PAPER.md §4): ``zero_offload`` and ``zero_infinity``.
+"""DeepSpeed ZeRO baselines (paper §4.1, Table 4): ``zero_offload`` and ``zero_infinity``.
 
 - ``zero_offload``: ZeRO stage 3 (Table 4: stage=3; or stage 2) with the optimizer state
   and step on the host (``offload_optimizer.device: cpu``, DeepSpeedCPUAdam in AdamW mode)
   and, at stage 3, the parameters in host memory too (``offload_param.device: cpu``): the
-  paper's "GPU → CPU memory only" (PAPER.md §4).
+  paper's "GPU → CPU memory only" (paper §4.1).
 - ``zero_infinity``: ZeRO stage 3 with parameters and optimizer state on NVMe
   (``offload_param``/``offload_optimizer.device: nvme``) through DeepSpeed's ``async_io``
   op, under ``hardware.ssd_dirs[0]``.

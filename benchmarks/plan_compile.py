@@ -1,4 +1,4 @@
-"""Plan compile time (issue 5, acceptance 3; paper camera-ready Table 1, PAPER.md §5:
+"""Plan compile time (issue 5, acceptance 3; paper camera-ready Table 1:
 31.2 s for Llama3-8B, 396.6 s for Llama3-70B): wall time of
 :func:`teraio.planner.plan_migrations` on a saved trace, on this machine's CPU.
 
@@ -6,7 +6,7 @@
         [--host-cap-gb 170] [--ssd-gbps 16] [--host-gbps 50] [--repeats 3] \
         [--synthesize L:L2] [--note TEXT] [--out benchmarks/results/plan_compile_cpu.json]
 
-Setting (the paper's TeraIO-Mixed on its server, PAPER.md §4): capacity = the trace's
+Setting (the paper's TeraIO-Mixed on its server, §4.1): capacity = the trace's
 un-offloaded peak / M; SSD tier ``--ssd-gbps`` GB/s each way (4 x 990 PRO per GPU,
 ~16 GB/s); host tier ``--host-gbps`` GB/s each way (the paper states none:
 ``conf/hardware/paper_h100nvl.yaml``'s assumption) capped at ``--host-cap-gb`` GB (170 GB
@@ -37,7 +37,7 @@ from teraio.planner import TierBandwidth, plan_migrations  # noqa: E402
 from teraio.synth import synthesize_layers  # noqa: E402
 from teraio.trace import Trace  # noqa: E402
 
-# Camera-ready Table 1 (PAPER.md §5), for comparison only; the paper's machine and what its
+# Camera-ready Table 1, for comparison only; the paper's machine and what its
 # time includes are not stated.
 PAPER_SECONDS = {"llama3_8b": 31.2, "granite_8b": 37.9, "llama3_70b": 396.6}
 

@@ -1,5 +1,5 @@
 """Profile a reduced-depth model, synthesize the full-depth trace, time the planner on it
-(issue 5: Llama3-70B cannot run on one GPU, its 2-layer cut can; PAPER.md §5 Table 1).
+(issue 5: Llama3-70B cannot run on one GPU, its 2-layer cut can; camera-ready Table 1).
 
 On a GPU machine (Llama3-70B widths, 2 of its 80 layers, bs1 seq2048: ~61 GB of weights,
 gradients and AdamW state in FP32, fits one H200):

@@ -4,7 +4,7 @@
 
 No worker and no GPU: each model's saved trace is planned and replayed by the
 performance model at every bandwidth (:mod:`teraio.roofline`). The GPU capacity per model
-is the paper's memory pressure M (PAPER.md §5, Fig. 7 table): capacity = the trace's
+is the paper's memory pressure M (its Fig. 7 tables): capacity = the trace's
 un-offloaded peak / M. Outputs (``teraio.roofline.OUTPUT_FILES``) go to the run
 directory, ``<sweep.runs_dir>/<sweep.name>/``.
 """

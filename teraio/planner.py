@@ -1,4 +1,4 @@
-"""Lifetime-aware tensor migration planning (paper §3.2, Algorithm 1; PAPER.md §2.2).
+"""Lifetime-aware tensor migration planning (paper §3.2, Algorithm 1).
 
 Given a profiled :class:`~teraio.trace.Trace` and a GPU capacity, choose which inactive
 periods of which tensors to offload (to SSD, or to host memory under a cap) and when, so
@@ -30,8 +30,7 @@ Model
 
 Benefit (``benefit=``)
 ----------------------
-The paper's prose and its Algorithm 1 disagree (PAPER.md §2.2, "Notes for
-re-implementers"):
+The paper's prose (§3.2) and its Algorithm 1 disagree:
 
 ``"pressure"`` (default)
     The prose: the time integral of the *reduction* of critical memory pressure (the

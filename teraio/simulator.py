@@ -1,4 +1,4 @@
-"""The paper's performance model (§2.2, Fig. 3; PAPER.md §3): replay an iteration of a
+"""The paper's performance model (§2.2, Fig. 3): replay an iteration of a
 :class:`~teraio.trace.Trace` under a :class:`~teraio.plan.MigrationPlan` at given
 bandwidths and predict its time and stalls.
 

@@ -1,4 +1,4 @@
-"""The profiled tensor-lifetime trace of one training iteration (paper §3.1, PAPER.md §2.1).
+"""The profiled tensor-lifetime trace of one training iteration (paper §3.1).
 
 A :class:`Trace` is what the profiler emits and what the planner and simulator consume.
 It is plain data (numpy arrays and small records) so that it can be saved, reloaded and

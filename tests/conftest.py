@@ -2,7 +2,7 @@
 
 GPU tests get a time limit (pytest-timeout, ``method="thread"``): a test that hangs on the
 lent GPU then fails with every thread's stack printed, instead of using up the device call
-with nothing to show (session 3: the TeraIO GPU test ran until the call's deadline)."""
+with nothing to show (a TeraIO GPU test once ran until the GPU call's deadline)."""
 from __future__ import annotations
 
 import pytest

@@ -55,7 +55,7 @@ def test_smoke_is_five_systems_times_two_trials_on_a_small_llama3(hydra_conf):
     assert options["ideal"] == {"modeled_traces": {}}
 
 
-PAPER_FIG7 = {  # PAPER.md §4, the Fig. 7 configurations (batch, seq) per model
+PAPER_FIG7 = {  # the paper's Fig. 7 configurations (batch, seq) per model
     "llama3_8b": {(32, 2048), (64, 2048), (128, 2048), (64, 1024), (64, 4096)},
     "granite_8b": {(32, 4096), (64, 4096), (128, 4096), (64, 2048), (64, 8192)},
     "llama3_70b": {(8, 2048), (16, 2048), (32, 2048), (16, 3072), (16, 4096)},

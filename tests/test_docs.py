@@ -6,7 +6,7 @@ the checkout can do.
   Hydra's compose API (an unknown key fails there, as on the command line), and every point
   it would run becomes a valid run config (``teraio.sweep.run_config``);
 - every repository path the READMEs name exists, and every ``python -m`` module imports;
-- ae_README.md has one row per claim C1-C22 of the paper (PAPER.md §6);
+- ae_README.md has one row per claim C1-C22 of the paper (ae_README.md §1 lists them);
 - the Dockerfile (no Docker engine here to build it) installs what pyproject.toml pins, at
   the same pins, for one CUDA major throughout, and copies only files that exist.
 """

@@ -302,7 +302,7 @@ class _StreamOrderedHostTier(HostTier):
 def test_device_waits_skip_host_waits_and_stay_bit_exact(tmp_path, device_waits):
     model, opt, losses, trace = profiled()
     # free_delay: some host-tier writes that prime() starts are still pending at op 0 and
-    # freed inside the first step (a path that once crashed on the GPU, session 5).
+    # freed inside the first step (a path that once crashed on the GPU).
     plan = every_gap_plan(trace, alternate_tiers, free_delay=5)
     n = plan.n_ops
     assert any(m.tier == "host" and m.wraps and cyclic_between(0, (m.offload_after + 1) % n, m.prefetch_before, n)
