@@ -21,7 +21,7 @@ into two tidy pandas frames.
 - one-time costs and facts: ``plan_compile_seconds``, ``profile_seconds``, ``kvikio_mode``,
   ``gpu_name``, ``n_gpus``, ``wall_seconds``, ``started_at``, ``finished_at``;
 - side files: ``prices_json`` (the run config's ``hardware.prices`` as JSON, "{}" if none),
-  ``transfers_path``, ``oplog_path`` (relative to the sweep dir, null if absent).
+  ``transfers_path``, ``oplog_path``, ``trace_path`` (relative to the sweep dir, null if absent).
 
 ``iterations``: one row per measured iteration of every run, with the identity and outcome
 columns above plus ``step``, ``seconds``, ``tokens``, ``tokens_per_s``, ``loss``,
@@ -51,7 +51,7 @@ INT_KEYS = ("batch_size", "micro_batch_size", "seq_len", "trial", "host_mem_cap_
             "n_gpus")
 TEXT_KEYS = ("sweep", "job_dir", "model", "system", "hardware", "config", "status", "error",
              "measure", "kvikio_mode", "gpu_name", "started_at", "finished_at", "prices_json",
-             "transfers_path", "oplog_path")
+             "transfers_path", "oplog_path", "trace_path")
 ID_COLUMNS = ("sweep", "job_dir", *POINT_KEYS, "config", "host_mem_cap_bytes", "n_ssd",
               "status", "error", "failed", "measure")
 
@@ -168,6 +168,7 @@ def _rows(result: dict, sweep: str, job_rel: Path) -> tuple[dict, list[dict]]:
         "prices_json": json.dumps(hw.get("prices") or {}, sort_keys=True),
         "transfers_path": _artifact(job_rel, artifacts, "transfers"),
         "oplog_path": _artifact(job_rel, artifacts, "oplog"),
+        "trace_path": _artifact(job_rel, artifacts, "trace"),
     }
     return run, iter_rows
 
@@ -195,7 +196,7 @@ RUN_COLUMNS = list(ID_COLUMNS) + [
     "peak_allocated_bytes", "peak_reserved_bytes", "peak_host_rss_bytes", "capacity_bytes",
     "unoffloaded_peak_bytes", "memory_pressure", "peak_fraction", "plan_compile_seconds",
     "profile_seconds", "kvikio_mode", "gpu_name", "n_gpus", "wall_seconds", "started_at",
-    "finished_at", "prices_json", "transfers_path", "oplog_path"]
+    "finished_at", "prices_json", "transfers_path", "oplog_path", "trace_path"]
 ITERATION_COLUMNS = list(ID_COLUMNS) + [
     "step", "seconds", "tokens", "tokens_per_s", "loss", "stall_count", "stall_seconds",
     "migration_seconds", "overlapped_seconds", "compute_seconds", "bytes_offloaded_ssd",

@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import aggregate as agg
+from . import breakdown as bd
 from .load import Sweep, describe
 from .render import FAILED, NA, fmt, fmt_ci, write_table
 
@@ -131,6 +132,29 @@ def memory_table(summary: pd.DataFrame) -> pd.DataFrame:
     return d
 
 
+def memory_breakdown_table(measured: pd.DataFrame) -> pd.DataFrame:
+    d = measured[["model", "system", "config", "micro_batch_size", "trial"]].rename(
+        columns={"micro_batch_size": "µbatch"}).astype(str)
+    d["peak GiB"] = (measured["peak_bytes"] / GIB).map(fmt)
+    for g in (*bd.GROUPS, bd.ALLOCATOR):
+        d[f"{g} GiB"] = (measured[g] / GIB).map(fmt)
+    d["persistent % at peak"] = (100 * measured["persistent_at_peak"]).map(lambda v: fmt(v, 1))
+    d["persistent % mean"] = (100 * measured["persistent_mean"]).map(lambda v: fmt(v, 1))
+    return d
+
+
+def paper_breakdown_table(paper: pd.DataFrame) -> pd.DataFrame:
+    d = paper[["model", "point", "batch_size", "micro_batch_size", "seq_len", "stage"]].astype(str)
+    d["paper M %"] = paper["paper_m"].map(lambda v: fmt(v, 2))
+    d["estimated M %"] = paper["estimated_m"].map(lambda v: fmt(v, 2))
+    d["peak GiB"] = (paper["peak_bytes"] / GIB).map(fmt)
+    for g in bd.GROUPS:
+        if g != "temporaries":
+            d[f"{g} GiB"] = (paper[g] / GIB).map(fmt)
+    d["persistent %"] = (100 * paper["persistent_share"]).map(lambda v: fmt(v, 1))
+    return d
+
+
 def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
     """Write every table under ``out_dir`` (``<name>.md`` and ``<name>.tex``); return the
     paths written."""
@@ -178,4 +202,22 @@ def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
                           "allocated with offloading; peak host RSS is the worker process's "
                           "peak resident host memory (pinned buffers, host-side state and the "
                           "Python runtime; n/a in rows made before it was recorded)."])
+    measured = bd.measured_frame(sweep.runs, sweep.root)
+    if len(measured):
+        paths += write_table(memory_breakdown_table(measured), out_dir / "memory_breakdown",
+                             f"What the un-offloaded step's memory is made of (paper Fig. 10(1)) — {who}",
+                             ["From each ok run's profiled trace: bytes live at the op where the "
+                              "un-offloaded step peaks, by tensor kind; allocator: what a CUDA "
+                              "profile's allocator held beyond the tensors. Persistent = "
+                              "parameters, gradients and optimizer state; 'mean' weighs each op "
+                              "by its time. The paper's configurations, estimated: "
+                              "memory_breakdown_paper."])
+    paths += write_table(paper_breakdown_table(bd.paper_frame()), out_dir / "memory_breakdown_paper",
+                         "The paper's Fig. 7 configurations, estimated per GPU of its 2-stage 1F1B "
+                         "pipeline (analysis.breakdown.pipeline_estimate)",
+                         ["16 B per parameter of the stage (FP32 weight, gradient, two AdamW "
+                          "states); activations of the micro-batches in flight at the stage's "
+                          "peak (2 on stage 0, 1 on stage 1), about (12·dim + 4·ffn) floats per "
+                          "token per layer, and the logits on the last stage. Micro-batch sizes "
+                          "are not in the paper: those of conf/experiment/fig7.yaml."])
     return paths

@@ -125,6 +125,28 @@ def model_state_bytes(cfg: ModelConfig, max_seq_len: int) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+# Bytes per parameter of FP32 training with AdamW: the weight, its gradient and two states.
+STATE_BYTES_PER_PARAMETER = 16
+
+
+def ffn_hidden(net: nn.Module) -> int:
+    """The FFN width of a built (meta) model, from its first block's ``w1``."""
+    return max(m.out_features for name, m in net.named_modules() if name.endswith("feed_forward.w1"))
+
+
+def activation_bytes(cfg: ModelConfig, ffn: int, tokens: int, n_layers: int) -> int:
+    """Estimated bytes of the activations ``n_layers`` blocks save for backward over ``tokens``
+    tokens in FP32: about (12·dim + 4·ffn) floats per token per layer, attention saving no
+    seq² matrix (SDPA's flash/efficient kernels)."""
+    return tokens * n_layers * (12 * cfg.dim + 4 * ffn) * 4
+
+
+def logits_bytes(cfg: ModelConfig, tokens: int) -> int:
+    """Three logits-sized FP32 buffers over ``tokens`` tokens: the logits, their log-softmax
+    and its gradient."""
+    return 3 * tokens * cfg.vocab_size * 4
+
+
 def count_parameters(model: nn.Module) -> int:
     """Number of distinct parameter elements (tied weights counted once)."""
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())

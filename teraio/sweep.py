@@ -79,14 +79,13 @@ def estimate_unoffloaded_peak_bytes(model: ModelConfig, workload: WorkloadConfig
     (SDPA's flash/efficient kernels on CUDA). An estimate: the measured peak of a run is
     in its row (Ideal's ``peak_allocated_bytes``, TeraIO's ``unoffloaded_peak_bytes``).
     """
-    from teraio.models import build_meta_model, count_parameters
+    from teraio.models import (STATE_BYTES_PER_PARAMETER, activation_bytes, build_meta_model,
+                               count_parameters, ffn_hidden, logits_bytes)
 
     net = build_meta_model(model, workload.seq_len)
-    ffn = max(m.out_features for name, m in net.named_modules() if name.endswith("feed_forward.w1"))
     tokens = workload.micro_batch_size * workload.seq_len
-    activations = tokens * model.n_layers * (12 * model.dim + 4 * ffn) * 4
-    logits = 3 * tokens * model.vocab_size * 4
-    return 16 * count_parameters(net) + activations + logits
+    return (STATE_BYTES_PER_PARAMETER * count_parameters(net)
+            + activation_bytes(model, ffn_hidden(net), tokens, model.n_layers) + logits_bytes(model, tokens))
 
 
 def capacity_for_pressure(model: DictConfig, workload: DictConfig, m_percent: float) -> int:

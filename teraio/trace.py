@@ -124,6 +124,19 @@ class Trace:
                 delta[t.uses[-1] + 1] -= t.nbytes
         return np.cumsum(delta[:-1])
 
+    def live_bytes_by_kind(self) -> dict[str, np.ndarray]:
+        """``{kind: int64 [n_ops]}``: :meth:`live_bytes` split by tensor kind (``TENSOR_KINDS``;
+        a kind with no tensor is all zeros). The arrays add up to :meth:`live_bytes`."""
+        delta = {k: np.zeros(self.n_ops + 1, dtype=np.int64) for k in TENSOR_KINDS}
+        for t in self.tensors:
+            d = delta[t.kind]
+            if t.persistent:
+                d[0] += t.nbytes
+            else:
+                d[t.uses[0]] += t.nbytes
+                d[t.uses[-1] + 1] -= t.nbytes
+        return {k: np.cumsum(d[:-1]) for k, d in delta.items()}
+
     def required_bytes(self) -> np.ndarray:
         """int64 ``[n_ops]``: device memory each op needs with no offloading (the paper's
         M[k], Algorithm 1): the larger of the tensor-lifetime count and, where profiled,

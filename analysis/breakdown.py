@@ -1,0 +1,137 @@
+"""What a step's memory is made of (paper Fig. 10(1), camera-ready): bytes of parameters,
+gradients, optimizer state, activations and temporaries, measured from a run's profiled
+trace and estimated for the paper's own configurations.
+
+Measured (:func:`trace_breakdown`): at the op where the un-offloaded step peaks
+(``Trace.required_bytes``) and as a time-weighted mean over the iteration, from the
+tensors' kinds and lifetimes (``Trace.live_bytes_by_kind``). Bytes the allocator holds
+beyond the tensors (``op_allocated_bytes`` of a CUDA profile above the lifetime count:
+gradients ``param.grad`` keeps past their last use, workspaces, rounding) are their own
+group, ``allocator``.
+
+Estimated (:func:`pipeline_estimate`): one GPU of a pipeline of ``stages`` stages run
+1F1B, as the paper trains every model (§4.1: two GPUs, one stage each). A stage holds its
+share of the blocks (the first also the embedding, the last also the final norm and the
+output layer), with 16 bytes per parameter (weight, gradient, two AdamW states), and at its
+peak the activations of ``min(stages - stage, micro-batches)`` micro-batches
+in flight (``teraio.models.activation_bytes``; the last stage also its logits). The
+paper gives no micro-batch size: the estimate takes the one the configuration names
+(``conf/experiment/fig7.yaml`` states its assumption).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from teraio.config import ModelConfig
+from teraio.models import activation_bytes, build_meta_model, ffn_hidden, logits_bytes
+from teraio.trace import Trace
+
+GROUPS: dict[str, tuple[str, ...]] = {
+    "parameters": ("param",), "gradients": ("grad",), "optimizer state": ("optim",),
+    "activations": ("activation",), "temporaries": ("temp", "input")}
+PERSISTENT = ("parameters", "gradients", "optimizer state")
+ALLOCATOR = "allocator"
+
+
+def trace_breakdown(trace: Trace) -> dict:
+    """``{"peak_op", "peak_bytes", "at_peak": {group: bytes}, "mean": {group: bytes}}`` of
+    ``trace``; groups are :data:`GROUPS` plus :data:`ALLOCATOR`, and ``at_peak`` adds up to
+    ``peak_bytes``. ``mean`` weighs each op by its seconds (by op count if none are
+    timed)."""
+    kinds = trace.live_bytes_by_kind()
+    series = {g: sum(kinds[k] for k in ks) for g, ks in GROUPS.items()}
+    required = trace.required_bytes()
+    series[ALLOCATOR] = required - trace.live_bytes()
+    peak = int(np.argmax(required))
+    w = trace.op_seconds if trace.op_seconds.sum() > 0 else np.ones(trace.n_ops)
+    return {"peak_op": peak, "peak_bytes": int(required[peak]),
+            "at_peak": {g: int(s[peak]) for g, s in series.items()},
+            "mean": {g: float(np.average(s, weights=w)) for g, s in series.items()}}
+
+
+def persistent_share(groups: dict) -> float:
+    """Parameters, gradients and optimizer state as a fraction of all ``groups``' bytes."""
+    total = sum(groups.values())
+    return sum(groups.get(g, 0) for g in PERSISTENT) / total if total else float("nan")
+
+
+def stage_of(name: str, n_layers: int, stages: int) -> list[int]:
+    """The pipeline stages holding parameter ``name`` (``layers.<i>.…``, ``tok_embeddings.…``,
+    ``norm.…``, ``output.…``); blocks split evenly, earlier stages taking the remainder."""
+    if name.startswith("layers."):
+        i = int(name.split(".")[1])
+        bounds = np.cumsum([n_layers // stages + (s < n_layers % stages) for s in range(stages)])
+        return [int(np.searchsorted(bounds, i, side="right"))]
+    return [0] if name.startswith("tok_embeddings.") else [stages - 1]
+
+
+def pipeline_estimate(model: ModelConfig, micro_batch_size: int, seq_len: int, n_micro: int,
+                      stages: int = 2) -> list[dict]:
+    """Per stage: ``{"stage", "layers", "parameters_count", group: bytes, "peak_bytes"}``
+    for :data:`GROUPS` (temporaries 0: not estimated). A weight tied across stages
+    (Granite's embedding and output) counts on both.
+
+    Raises:
+        ValueError: fewer blocks than stages, or no micro-batch.
+    """
+    if not 1 <= stages <= model.n_layers or n_micro < 1:
+        raise ValueError(f"stages={stages} must be in 1..n_layers={model.n_layers} and n_micro={n_micro} >= 1")
+    net = build_meta_model(model, seq_len)
+    counts = [0] * stages
+    for name, p in net.named_parameters(remove_duplicate=False):
+        for s in stage_of(name, model.n_layers, stages):
+            counts[s] += p.numel()
+    ffn, tokens = ffn_hidden(net), micro_batch_size * seq_len
+    out = []
+    for s in range(stages):
+        layers = model.n_layers // stages + (s < model.n_layers % stages)
+        in_flight = min(stages - s, n_micro)
+        act = in_flight * (activation_bytes(model, ffn, tokens, layers)
+                           + (logits_bytes(model, tokens) if s == stages - 1 else 0))
+        groups = {"parameters": 4 * counts[s], "gradients": 4 * counts[s],
+                  "optimizer state": 8 * counts[s],  # AdamW's two FP32 states
+                  "activations": act, "temporaries": 0}
+        out.append({"stage": s, "layers": layers, "parameters_count": counts[s], **groups,
+                    "peak_bytes": sum(groups.values())})
+    return out
+
+
+def measured_frame(runs: pd.DataFrame, root: Path) -> pd.DataFrame:
+    """One row per ok run with a trace: its point, the un-offloaded peak, each group's bytes at
+    that peak and the persistent share there and over the iteration."""
+    rows = []
+    for _, r in runs[(~runs["failed"]) & runs["trace_path"].notna()].iterrows():
+        b = trace_breakdown(Trace.load(root / r["trace_path"]))
+        rows.append({**{k: r[k] for k in ("model", "system", "config", "micro_batch_size", "trial")},
+                     "peak_bytes": b["peak_bytes"], **b["at_peak"],
+                     "persistent_at_peak": persistent_share(b["at_peak"]),
+                     "persistent_mean": persistent_share(b["mean"])})
+    return pd.DataFrame(rows)
+
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+def paper_frame(conf_dir: Path = CONF_DIR, stages: int = 2) -> pd.DataFrame:
+    """The :func:`pipeline_estimate` of every configuration of the paper's Fig. 7
+    (``experiment/fig7.yaml``: model, batch, micro-batch, sequence), one row per stage: the
+    estimated M (% of the paper's GPU, ``hardware/paper_h100nvl.yaml``) beside the paper's."""
+    import yaml
+
+    points = yaml.safe_load((conf_dir / "experiment" / "fig7.yaml").read_text())["fig7"]["points"]
+    capacity = yaml.safe_load((conf_dir / "hardware" / "paper_h100nvl.yaml").read_text())["gpu_capacity_bytes"]
+    rows = []
+    for name, by_point in points.items():
+        model = ModelConfig(**yaml.safe_load((conf_dir / "model" / f"{name}.yaml").read_text()))
+        for point, p in by_point.items():
+            n_micro = p["batch_size"] // p["micro_batch_size"]
+            for st in pipeline_estimate(model, p["micro_batch_size"], p["seq_len"], n_micro, stages):
+                groups = {g: st[g] for g in GROUPS}
+                rows.append({"model": name, "point": point, "batch_size": p["batch_size"],
+                             "micro_batch_size": p["micro_batch_size"], "seq_len": p["seq_len"],
+                             "paper_m": p["paper_m"], **st, "estimated_m": 100 * st["peak_bytes"] / capacity,
+                             "persistent_share": persistent_share(groups)})
+    return pd.DataFrame(rows)

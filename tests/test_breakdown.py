@@ -1,0 +1,59 @@
+"""Memory make-up (analysis/breakdown.py): exact bytes per kind from a hand-made trace, and
+the pipeline estimate of a configuration computed from the model's shapes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from analysis.breakdown import pipeline_estimate, persistent_share, trace_breakdown
+from teraio.config import ModelConfig
+from teraio.trace import TensorRecord, Trace
+
+
+def hand_trace() -> Trace:
+    # 4 ops of 1 s each. Persistent: a 100 B weight, 200 B of optimizer state. A 30 B
+    # activation lives over ops 0-2, a 50 B gradient over ops 2-3, a 7 B temporary at op 1,
+    # a 5 B input at op 0. The allocator saw 20 B more than the tensors at op 2.
+    t = [TensorRecord(0, "param:w", 100, "param", True, [0, 2]),
+         TensorRecord(1, "optim:w:exp_avg", 200, "optim", True, [3]),
+         TensorRecord(2, "op0:out0", 30, "activation", False, [0, 2]),
+         TensorRecord(3, "op2:out0", 50, "grad", False, [2, 3]),
+         TensorRecord(4, "op1:out0", 7, "temp", False, [1]),
+         TensorRecord(5, "input:5", 5, "input", False, [0])]
+    live = np.array([335, 337, 380, 350])
+    return Trace(op_names=["a", "b", "c", "d"], op_seconds=np.ones(4), tensors=t,
+                 op_allocated_bytes=live + np.array([0, 0, 20, 0]))
+
+
+def test_breakdown_of_a_hand_made_trace_has_exact_bytes_per_kind():
+    b = trace_breakdown(hand_trace())
+    assert b["peak_op"] == 2 and b["peak_bytes"] == 400
+    assert b["at_peak"] == {"parameters": 100, "gradients": 50, "optimizer state": 200, "activations": 30,
+                            "temporaries": 0, "allocator": 20}
+    assert b["mean"]["activations"] == pytest.approx(30 * 3 / 4)
+    assert b["mean"]["temporaries"] == pytest.approx((5 + 7) / 4)
+    assert b["mean"]["allocator"] == pytest.approx(20 / 4)
+    assert persistent_share(b["at_peak"]) == pytest.approx(350 / 400)
+
+
+def test_pipeline_estimate_is_computed_from_the_model_shapes():
+    # dim 64, 4 blocks, as many KV heads as heads, FFN 128, vocabulary 256: a block has
+    # 4 * 64 * 64 attention + 3 * 64 * 128 FFN + 2 * 64 norm parameters.
+    model = ModelConfig(name="m", dim=64, n_layers=4, n_heads=4, vocab_size=256, ffn_hidden_dim=128)
+    block = 4 * 64 * 64 + 3 * 64 * 128 + 2 * 64
+    first, last = pipeline_estimate(model, micro_batch_size=2, seq_len=16, n_micro=8)
+    assert (first["layers"], last["layers"]) == (2, 2)
+    assert first["parameters_count"] == 2 * block + 256 * 64
+    assert last["parameters_count"] == 2 * block + 64 + 64 * 256
+    per_layer = 32 * (12 * 64 + 4 * 128) * 4  # 32 tokens of FP32 saved activations
+    assert first["activations"] == 2 * 2 * per_layer  # 2 micro-batches in flight, 2 layers
+    assert last["activations"] == 2 * per_layer + 3 * 32 * 256 * 4  # 1 in flight, with logits
+    for s in (first, last):
+        assert (s["parameters"], s["gradients"], s["optimizer state"]) == (
+            4 * s["parameters_count"], 4 * s["parameters_count"], 8 * s["parameters_count"])
+        assert s["peak_bytes"] == sum(s[g] for g in ("parameters", "gradients", "optimizer state",
+                                                      "activations", "temporaries"))
+    only = pipeline_estimate(model, micro_batch_size=2, seq_len=16, n_micro=1)[0]
+    assert only["activations"] == 2 * per_layer  # a single micro-batch is all that can be in flight
+    with pytest.raises(ValueError, match="stages=5"):
+        pipeline_estimate(model, 2, 16, 1, stages=5)
