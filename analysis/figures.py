@@ -19,6 +19,8 @@ bars), ``"failed"`` (× marks), ``"stall"``/``"overlapped"``/``"compute"``/``"to
   system and SSD count (``len(hardware.ssd_dirs)``); Ideal as a dashed line.
 - Fig. 10: migration GB/s over op index, offload and prefetch, from ``transfers.csv`` and
   ``oplog.csv`` of the first ok trial (see :mod:`analysis.bandwidth`).
+- Fig. 10(1): live bytes by kind over one iteration, from the profiled trace
+  (:mod:`analysis.breakdown`).
 """
 from __future__ import annotations
 
@@ -324,6 +326,43 @@ def fig10_bandwidth(sweep: Sweep) -> tuple[Figure, pd.DataFrame]:
             ax.legend(fontsize=7, loc="upper right")
     suptitle(fig, f"Fig. 10 — migration bandwidth over one iteration\n{describe(sweep)}")
     return fig, pd.DataFrame(rows)
+
+
+def fig10_memory_breakdown(sweep: Sweep) -> Figure:
+    """Fig. 10(1) (camera-ready): the un-offloaded step's live bytes by kind over one
+    iteration (stacked, GiB against seconds of profiled kernel time), one panel per
+    (model, hardware, config, system) from its first ok trial with a trace
+    (:mod:`analysis.breakdown`). Areas carry ``gid`` = the group's name.
+
+    Raises:
+        NoData: no ok run lists a ``trace`` artifact.
+    """
+    from teraio.trace import Trace
+
+    from . import breakdown as bd
+
+    ok = sweep.runs[(~sweep.runs["failed"]) & sweep.runs["trace_path"].notna()]
+    if ok.empty:
+        raise NoData("no ok run lists a 'trace' artifact (TeraIO's profiled step)")
+    firsts = ok.sort_values("trial").groupby(["model", "hardware", "config", "system"], sort=True).head(1)
+    fig, axes = new_figure(len(firsts), 7.0, 3.0)
+    with sns.axes_style("whitegrid"), sns.plotting_context("paper"):
+        for ax, (_, r) in zip(axes, firsts.iterrows()):
+            trace = Trace.load(sweep.root / r["trace_path"])
+            kinds = trace.live_bytes_by_kind()
+            series = {g: sum(kinds[k] for k in ks) for g, ks in bd.GROUPS.items()}
+            series[bd.ALLOCATOR] = trace.required_bytes() - trace.live_bytes()
+            t = trace.op_start_seconds()[:-1]
+            polys = ax.stackplot(t, *[v / GIB for v in series.values()], labels=list(series), lw=0)
+            for poly, name in zip(polys, series):
+                poly.set_gid(name)
+            ax.set_xlabel("seconds of profiled kernel time into the iteration")
+            ax.set_ylabel("GiB live, nothing offloaded")
+            ax.set_title(f"{r['model']} · {r['hardware']} · {r['config']} · "
+                         f"{agg.system_label(r['system'])}\n{r['job_dir']}", fontsize=8)
+            ax.legend(fontsize=6, loc="upper left", ncol=3)
+    suptitle(fig, f"Fig. 10(1) — memory by kind over one iteration\n{describe(sweep)}")
+    return fig
 
 
 def save_figure(fig: Figure, stem: Path) -> list[Path]:

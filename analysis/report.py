@@ -19,7 +19,7 @@ from .render import write_table
 from .tables import write_tables
 
 FIGURES = {"fig7_throughput": figs.fig7_throughput, "fig8_breakdown": figs.fig8_breakdown,
-           "fig9_host_memory": figs.fig9_host_memory}
+           "fig9_host_memory": figs.fig9_host_memory, "fig10_memory_breakdown": figs.fig10_memory_breakdown}
 
 
 def analyze(sweep_dir: str | Path, out_dir: str | Path | None = None) -> dict[str, Path]:

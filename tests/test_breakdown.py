@@ -57,3 +57,29 @@ def test_pipeline_estimate_is_computed_from_the_model_shapes():
     assert only["activations"] == 2 * per_layer  # a single micro-batch is all that can be in flight
     with pytest.raises(ValueError, match="stages=5"):
         pipeline_estimate(model, 2, 16, 1, stages=5)
+
+
+def test_every_analysis_shows_the_breakdown_of_runs_with_a_trace(tmp_path):
+    from analysis import analyze
+    from analysis.figures import fig10_memory_breakdown
+    from analysis.load import load_sweep
+    from teraio.result import empty_result, write_result
+
+    job = tmp_path / "sweep" / "run"
+    job.mkdir(parents=True)
+    hand_trace().save(job / "trace.json")
+    point = {"model": "tiny", "system": "teraio_mixed", "hardware": "cpu", "batch_size": 2,
+             "micro_batch_size": 1, "seq_len": 8, "trial": 0}
+    row = empty_result(point, {"hardware": {"prices": {}, "host_mem_cap_bytes": 1 << 20, "ssd_dirs": ["/ssd"],
+                                            "n_gpus": 1}})
+    row.update(status="ok", tokens_per_s=10.0, artifacts={"trace": "trace.json"},
+               iterations=[{"step": 2, "seconds": 1.0, "tokens": 16, "tokens_per_s": 16.0, "loss": 1.0}])
+    write_result(job / "result.json", row)
+    paths = analyze(tmp_path / "sweep")
+    table = paths["tables/memory_breakdown.md"].read_text()
+    # 400 B peak: 100 B parameters, 50 B gradients, 200 B optimizer state, 30 B activations, 20 B allocator
+    assert "| tiny | teraio_mixed | bs2_seq8 | 1 | 0 |" in table and "| 87.5 |" in table
+    assert "tables/memory_breakdown_paper.md" in paths
+    fig = fig10_memory_breakdown(load_sweep(tmp_path / "sweep"))
+    gids = {a.get_gid() for ax in fig.axes for a in ax.collections}
+    assert {"parameters", "gradients", "optimizer state", "activations", "temporaries", "allocator"} <= gids
