@@ -14,3 +14,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("gpu") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(GPU_TEST_TIMEOUT_S, method="thread"))
+
+
+class ModelBuilt(Exception):
+    """Raised by :func:`cap_then_build`'s stand-in for ``build_model``: the run stops there."""
+
+
+def cap_then_build(monkeypatch, runner_module) -> list:
+    """Replace ``apply_memory_cap`` and ``build_model`` in ``runner_module`` with recorders:
+    the returned list gets ``("cap", capacity)`` and ``"build"`` in call order, and building
+    raises :class:`ModelBuilt`, so a test sees what a runner does before its first device
+    allocation."""
+    calls: list = []
+
+    def build(*args, **kwargs):
+        calls.append("build")
+        raise ModelBuilt
+
+    monkeypatch.setattr(runner_module, "apply_memory_cap", lambda capacity, device: calls.append(("cap", capacity)))
+    monkeypatch.setattr(runner_module, "build_model", build)
+    return calls

@@ -12,6 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import teraio.train
+from conftest import ModelBuilt, cap_then_build
 
 from teraio.config import run_config_from_dict
 from teraio.measure import param_digest
@@ -254,19 +255,9 @@ def test_too_small_offload_dir_is_refused_before_the_engine_runs(tmp_path, monke
 
 
 def test_the_emulated_capacity_binds_before_the_model_is_built(tmp_path, monkeypatch):
-    calls = []
-
-    class Built(Exception):
-        pass
-
-    def build(*args, **kwargs):
-        calls.append("build")
-        raise Built
-
-    monkeypatch.setattr(teraio.train, "apply_memory_cap", lambda capacity, device: calls.append(("cap", capacity)))
-    monkeypatch.setattr(teraio.train, "build_model", build)
+    calls = cap_then_build(monkeypatch, teraio.train)
     cfg = config("teraio_mixed", tmp_path, 1 << 30)
-    with pytest.raises(Built):
+    with pytest.raises(ModelBuilt):
         run(cfg, tmp_path, empty_result(cfg.point(), cfg.to_dict()), CPU)
     assert calls == [("cap", 1 << 30), "build"]
 

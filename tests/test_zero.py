@@ -16,6 +16,7 @@ import torch
 import yaml
 
 from baselines import zero
+from conftest import ModelBuilt, cap_then_build
 from teraio.config import HardwareConfig, ModelConfig, RunConfig, SystemConfig, WorkloadConfig
 from teraio.models import build_meta_model, build_model
 from teraio.result import write_result
@@ -290,19 +291,9 @@ def test_zero_offload_two_ranks_follow_plain_torch(tmp_path, reference):
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_the_emulated_capacity_binds_before_the_model_is_built(tmp_path, monkeypatch, stage):
-    calls = []
-
-    class Built(Exception):
-        pass
-
-    def build(*args, **kwargs):
-        calls.append("build")
-        raise Built
-
-    monkeypatch.setattr(zero, "apply_memory_cap", lambda capacity, device: calls.append(("cap", capacity)))
-    monkeypatch.setattr(zero, "build_model", build)
+    calls = cap_then_build(monkeypatch, zero)
     cfg = make_cfg("zero_offload", {"stage": stage})
     cfg.hardware.gpu_capacity_bytes = 1 << 30
-    with pytest.raises(Built):
+    with pytest.raises(ModelBuilt):
         zero.run(cfg, tmp_path / "job", {"artifacts": {}}, torch.device("cpu"))
     assert calls == [("cap", 1 << 30), "build"]
