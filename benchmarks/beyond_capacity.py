@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 from baselines.ideal import run_modeled
 from teraio.config import load_run_config
 from teraio.models import build_meta_model, count_parameters
+from teraio.pager import physical_memory_bytes
 from teraio.result import empty_result, summarize_iterations
 
 
@@ -83,7 +83,7 @@ def zero_offload_host_bytes(zero_rows: Path, n_params: int) -> dict:
     b = min(per_param)
     return {"rows": str(zero_rows), "host_bytes_per_parameter_measured": b,
             "host_bytes_needed": int(b * n_params),
-            "host_ram_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")}
+            "host_ram_bytes": physical_memory_bytes()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,6 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_map_only
 
 from teraio.profiler import fresh_outputs, iter_tensors, storage_id
+from teraio.storage import byte_view, page_lock, page_unlock
 
 
 class CapacityError(RuntimeError):
@@ -64,10 +65,6 @@ class _Page:
     def __init__(self, key: int, ref: weakref.ref, nbytes: int):
         self.key, self.ref, self.nbytes = key, ref, nbytes
         self.host: torch.Tensor | None = None  # the bytes while evicted
-
-
-def _byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
-    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
 
 def _signature(x):
@@ -153,10 +150,8 @@ class HostBuffers:
             raise MemoryError(f"pager: {self.in_use_bytes} B of evicted tensors are in host memory; "
                               f"{nbytes} B more would pass the {self.limit_bytes} B it may use")
         buf = torch.empty(nbytes, dtype=torch.uint8)
-        if self.pinned and nbytes:
-            err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 1)  # 1: Portable
-            if int(err) != 0:
-                raise RuntimeError(f"pager: cudaHostRegister of {nbytes} bytes failed (cudaError {int(err)})")
+        if self.pinned:
+            page_lock(buf, "pager")
         self.in_use_bytes += nbytes
         return buf
 
@@ -193,8 +188,8 @@ class HostBuffers:
 
     def _release(self, buf: torch.Tensor) -> None:
         self.free_bytes -= buf.numel()
-        if self.pinned and buf.numel():
-            torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
+        if self.pinned:
+            page_unlock(buf)
 
     def settle(self) -> None:
         """Wait for the copies still reading from returned buffers."""
@@ -348,7 +343,7 @@ class Pager:
         with _disable_current_modes():
             host = self.buffers.take(page.nbytes)
             # Stream-ordered: the block freed next is reused only by work queued after the copy.
-            host.copy_(_byte_view(storage), non_blocking=self.buffers.pinned)
+            host.copy_(byte_view(storage), non_blocking=self.buffers.pinned)
             storage.resize_(0)
         page.host = host
         del self._lru[page.key]
@@ -362,7 +357,7 @@ class Pager:
     def _restore(self, page: _Page, storage: torch.UntypedStorage) -> None:
         with _disable_current_modes():
             storage.resize_(page.nbytes)
-            _byte_view(storage).copy_(page.host, non_blocking=self.buffers.pinned)
+            byte_view(storage).copy_(page.host, non_blocking=self.buffers.pinned)
         self._drop_host(page)
         del self._away[page.key]
         (self._pinned if page.nbytes < self.min_evict_bytes else self._lru)[page.key] = page

@@ -105,9 +105,28 @@ class Transfer:
         return self.nbytes
 
 
-def _byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
+def byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
     """A fresh 1-D uint8 tensor over all of ``storage`` (own autograd version counter)."""
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+def page_lock(buf: torch.Tensor, what: str) -> None:
+    """Page-lock the host tensor ``buf`` on exactly its bytes (``cudaHostRegister``, portable);
+    no-op for an empty one. Undo with :func:`page_unlock` before ``buf`` is freed.
+
+    Raises:
+        RuntimeError: the driver refused, naming ``what`` and the CUDA error.
+    """
+    if buf.numel():
+        err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), buf.numel(), 1)  # 1: Portable
+        if int(err) != 0:
+            raise RuntimeError(f"{what}: cudaHostRegister of {buf.numel()} bytes failed (cudaError {int(err)})")
+
+
+def page_unlock(buf: torch.Tensor) -> None:
+    """Undo :func:`page_lock`."""
+    if buf.numel():
+        torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
 
 
 def _ready_event(storage: torch.UntypedStorage) -> torch.cuda.Event | None:
@@ -374,7 +393,7 @@ class SSDTier:
         path, offset = self.placement[name]
         where = "to" if kind == "write" else "from"
         what = f"SSD {kind} of {name!r} ({nbytes} B) {where} {path} at offset {offset}"
-        view = _byte_view(storage)
+        view = byte_view(storage)
         future = self._pool.submit(self._run, kind, view, self._handles[self._file_index[path]],
                                    offset, _ready_event(storage), self._last.get(name),
                                    self._last_write.get(name))
@@ -428,7 +447,7 @@ class SSDTier:
 
 def _unregister(buffers: dict) -> None:
     for buf in buffers.values():
-        torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
+        page_unlock(buf)
     buffers.clear()
 
 
@@ -502,8 +521,8 @@ class HostTier:
             if buf is None:
                 continue
             self._slot_buffers[name] = buf
-            if self.pinned and buf.numel():
-                self._buffers[name] = buf  # unregistered at close
+            if self.pinned:
+                self._buffers[name] = buf  # unlocked at close
             adopted += buf.numel()
         return adopted
 
@@ -511,11 +530,8 @@ class HostTier:
         buf = self._slot_buffers.get(name)
         if buf is None:
             buf = torch.empty(_align(self._slots[name], _HOST_ALIGN), dtype=torch.uint8)
-            if self.pinned and buf.numel():
-                err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), buf.numel(), 1)  # 1: Portable
-                if int(err) != 0:
-                    raise RuntimeError(f"host tier: cudaHostRegister of {buf.numel()} bytes for {name!r} "
-                                       f"failed (cudaError {int(err)})")
+            if self.pinned:
+                page_lock(buf, f"host tier slot {name!r}")
                 self._buffers[name] = buf
             self._slot_buffers[name] = buf
         return buf
@@ -542,7 +558,7 @@ class HostTier:
             raise RuntimeError(f"host tier is closed; cannot {kind} {name!r}")
         nbytes = _check_storage("host tier", self._slots, name, storage)
         slot = self._slot(name)[:nbytes]
-        view = _byte_view(storage)
+        view = byte_view(storage)
         src, dst = (view, slot) if kind == "write" else (slot, view)
         what = f"host {kind} of {name!r} ({nbytes} B)"
         if not view.is_cuda:
