@@ -211,8 +211,8 @@ def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
                               "profile's allocator held beyond the tensors. Persistent = "
                               "parameters, gradients and optimizer state; 'mean' weighs each op "
                               "by its time. The paper's configurations, estimated: "
-                              "memory_breakdown_paper."])
-    paths += write_table(paper_breakdown_table(bd.paper_frame()), out_dir / "memory_breakdown_paper",
+                              "memory_breakdown_paper_configs."])
+    paths += write_table(paper_breakdown_table(bd.paper_frame()), out_dir / "memory_breakdown_paper_configs",
                          "The paper's Fig. 7 configurations, estimated per GPU of its 2-stage 1F1B "
                          "pipeline (analysis.breakdown.pipeline_estimate)",
                          ["16 B per parameter of the stage (FP32 weight, gradient, two AdamW "

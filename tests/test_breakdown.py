@@ -79,7 +79,7 @@ def test_every_analysis_shows_the_breakdown_of_runs_with_a_trace(tmp_path):
     table = paths["tables/memory_breakdown.md"].read_text()
     # 400 B peak: 100 B parameters, 50 B gradients, 200 B optimizer state, 30 B activations, 20 B allocator
     assert "| tiny | teraio_mixed | bs2_seq8 | 1 | 0 |" in table and "| 87.5 |" in table
-    assert "tables/memory_breakdown_paper.md" in paths
+    assert "tables/memory_breakdown_paper_configs.md" in paths
     fig = fig10_memory_breakdown(load_sweep(tmp_path / "sweep"))
     gids = {a.get_gid() for ax in fig.axes for a in ax.collections}
     assert {"parameters", "gradients", "optimizer state", "activations", "temporaries", "allocator"} <= gids
