@@ -207,30 +207,37 @@ class MigrationEngine(TorchDispatchMode):
         Args:
             pager: the ``teraio.pager.Pager`` the steps before the plan ran under, holding
                 some storages off the device. Its host copies go straight to their tier
-                where the plan keeps them off the device at op 0; the rest come back.
-                Tensors the plan frees are handled first, so the device never holds more
-                than the plan's op 0 plus one tensor. On return the pager holds nothing
-                (its host buffers stay for reuse until it is closed).
+                where the plan keeps them off the device at op 0 (a host-tier slot takes
+                the pager's buffer itself where it has none yet); the rest come back.
+                Order: the pager's copies that stay off the device first (host memory
+                shrinks, the device is untouched), then resident tensors (their frees make
+                room on the device), then the pager's copies that come back; so the device
+                never holds more than the plan's op 0 plus one tensor, and host memory
+                never holds a tensor twice. On return the pager holds nothing.
         """
         spanning = [m for m in self.plan.migrations
                     if m.wraps and cyclic_between(0, (m.offload_after + 1) % self.n_ops,
                                                   m.prefetch_before, self.n_ops)]
         held = (lambda m: False) if pager is None else (lambda m: pager.holds(self.tensors[m.tid].storage))
-        for m in sorted(spanning, key=held):  # resident ones first: their frees make room
-            t = self.tensors[m.tid]
+        away = {m.tid: m.offloaded_at_iteration_start(self.n_ops) for m in spanning}
+        for m in sorted(spanning, key=lambda m: 1 if not held(m) else (0 if away[m.tid] else 2)):
+            tier, t = self.tiers[m.tier], self.tensors[m.tid]
             t.tier = m.tier
-            away = m.offloaded_at_iteration_start(self.n_ops)
-            if held(m) and away:
-                transfer = self.tiers[m.tier].write(t.name, pager.host_copy(t.storage).untyped_storage())
-                transfer.wait()
-                pager.forget(t.storage)
+            if held(m) and away[m.tid]:
+                take_over = getattr(tier, "take_over", None)
+                if take_over is not None and not tier.has_slot_buffer(t.name):
+                    transfer = take_over(t.name, pager.hand_over(t.storage))
+                else:
+                    transfer = tier.write(t.name, pager.host_copy(t.storage).untyped_storage())
+                    transfer.wait()
+                    pager.forget(t.storage)
             else:
                 if held(m):
                     pager.restore(t.storage)
-                transfer = self.tiers[m.tier].write(t.name, t.storage)
+                transfer = tier.write(t.name, t.storage)
                 transfer.wait()
             t.status, t.job, t.handle = OFFLOADING, _done_future(), transfer
-            if away:
+            if away[m.tid]:
                 self._free(m.tid, t)
         if pager is not None:
             pager.restore_all()

@@ -248,11 +248,17 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
         result["kvikio_mode"] = tiers["ssd"].mode if "ssd" in tiers else None
         engine = MigrationEngine(trace, plan, persistent_tensors(model, optimizer), tiers, device,
                                  device_waits=opts.device_waits, release_grads=opts.release_grads)
+        if pager is not None:
+            # The pager's free page-locked buffers become host-tier slots; the rest of its
+            # buffers are released as they empty, so host memory never holds both.
+            adopted = tiers["host"].adopt(pager.buffers) if "host" in tiers else 0
+            pager.buffers.stop_keeping()
         engine.prime(pager)
         if pager is not None:
-            if "host" in tiers:  # the pager's page-locked buffers become host-tier slots
-                adopted = tiers["host"].adopt(pager.buffers)
-                print(f"host tier: {adopted} B of {tiers['host'].nbytes} B in the pager's buffers", flush=True)
+            if "host" in tiers:
+                print(f"host tier: {adopted} B of {tiers['host'].nbytes} B adopted from the pager's "
+                      f"free buffers, {tiers['host'].allocated_bytes - adopted} B more taken over or "
+                      "allocated", flush=True)
             pager.close()
         if device.type == "cuda":
             torch.cuda.empty_cache()

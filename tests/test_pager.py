@@ -121,3 +121,38 @@ def test_host_buffers_are_reused_by_size_and_adopted_by_the_host_tier():
     assert tier.adopt(pool) == 8 * KB and tier.allocated_bytes == 8 * KB
     assert tier._slot_buffers["x"] is b and pool.free_bytes == 0
     tier.close()
+
+
+def test_a_pagers_copy_is_handed_to_the_host_tier_without_a_second_buffer():
+    from teraio.storage import HostTier
+
+    xs = [torch.arange(1024, dtype=torch.float32) + i for i in range(4)]  # 4 KiB each
+    expected = [x.clone() for x in xs]
+    pager = Pager(16 * KB, CPU, xs)
+    pager.make_room(8 * KB)  # evicts the two least recently used: xs[0], xs[1]
+    assert pager.holds(xs[0].untyped_storage()) and pager.buffers.in_use_bytes == 8 * KB
+    host = pager.hand_over(xs[0].untyped_storage())
+    assert not pager.holds(xs[0].untyped_storage()) and pager.buffers.in_use_bytes == 4 * KB
+    assert pager.evicted_bytes == 4 * KB and pager.buffers.free_bytes == 0
+
+    tier = HostTier(16 * KB, {"x0": 4 * KB, "x1": 4 * KB}, CPU)
+    tier.take_over("x0", host)
+    assert tier._slot_buffers["x0"] is host and tier.allocated_bytes == 4 * KB
+    xs[0].untyped_storage().resize_(4 * KB)
+    tier.read("x0", xs[0].untyped_storage()).wait()
+    assert torch.equal(xs[0], expected[0])
+    with pytest.raises(ValueError, match=r"slot 'x0' is already allocated"):
+        tier.take_over("x0", host)
+    with pytest.raises(ValueError, match=r"slot 'x1' needs a uint8 buffer of at least 4096 B, got "
+                                         r"torch.uint8 of 100 elements"):
+        tier.take_over("x1", torch.empty(100, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"'zz' has no slot"):
+        tier.take_over("zz", host)
+
+    # Once the pager stops keeping buffers, a restored tensor's buffer is released, not kept.
+    pager.buffers.stop_keeping()
+    pager.restore(xs[1].untyped_storage())
+    assert torch.equal(xs[1], expected[1])
+    assert pager.buffers.free_bytes == 0 and pager.buffers.in_use_bytes == 0
+    pager.close()
+    tier.close()

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import teraio.storage
 import teraio.train
 from conftest import ModelBuilt, cap_then_build
 
@@ -125,6 +126,10 @@ def test_capped_from_the_first_allocation(tmp_path, ref, monkeypatch, system, hw
             seen_before_plan.extend(watcher.per_op)
         return open_tiers(*args, **kwargs)
 
+    taken_over = []
+    take_over = teraio.storage.HostTier.take_over
+    monkeypatch.setattr(teraio.storage.HostTier, "take_over",
+                        lambda tier, name, buf: taken_over.append(name) or take_over(tier, name, buf))
     monkeypatch.setattr(teraio.train, "build_model", build_and_watch)
     monkeypatch.setattr(teraio.train, "open_tiers", stop_watching_and_open_tiers)
     (tmp_path / "ssd").mkdir()
@@ -135,6 +140,8 @@ def test_capped_from_the_first_allocation(tmp_path, ref, monkeypatch, system, hw
 
     assert result["losses"] == ref[0] and result["final_params_sha256"] == ref[1]
     assert len(result["losses"]) == 20
+    # The host tier took the pager's copies over instead of copying them (held once).
+    assert bool(taken_over) == (system == "teraio_mixed")
     # Steps 0 and 1 (each thousands of ops) and the model build ran under the watcher.
     assert len(seen_before_plan) > 2000
     assert max(seen_before_plan) <= capacity, (max(seen_before_plan), capacity)
