@@ -47,6 +47,13 @@ The paper's prose (§3.2) and its Algorithm 1 disagree:
 
 Tiers
 -----
+One drive is one channel for reads and writes (``shared_ssd``, default): the SSD tier's
+offloads and prefetches draw on one timeline of drive time, an offload of ``s`` bytes
+taking ``s / BW_write`` of it and a prefetch ``s / BW_read`` (the lent H200's drive served
+both directions from one budget, 1.2-1.8 GB/s in all; planning them as two independent
+channels sent it twice what it could move). ``shared_ssd=False`` plans the two directions
+as independent channels (full-duplex links; the Fig. 3 roofline's model).
+
 SSD first (paper §3.2). For each candidate both options are evaluated on their own
 timelines: SSD (``ssd_write`` / ``ssd_read``) and, when ``host_cap_bytes > 0``, host
 memory (``host_d2h`` / ``host_h2d``). Host memory is used only when its window gives a
@@ -220,6 +227,28 @@ class _Channel:
         return self.capacity - self.free
 
 
+def _snap(x: np.ndarray) -> np.ndarray:
+    """``x`` rounded to 36 significant bits: scores that are equal but for the rounding of
+    the prefix sums they came from (which shifts as other slots' free bandwidth changes)
+    compare equal, so ties go to the lowest candidate index whenever a score was computed.
+    Monotone, so an upper bound stays one."""
+    m, e = np.frexp(x)
+    return np.ldexp(np.round(m * 2.0**36), e - 36)
+
+
+def _channels(tiers: TierBandwidth, op_seconds: np.ndarray, shared_ssd: bool):
+    """The bandwidth timelines by channel name, and per channel the factor that turns a
+    transfer's bytes into the timeline's units. With ``shared_ssd`` ``ssd_read`` is the
+    ``ssd_write`` timeline itself (bytes at the write rate), a read of ``s`` bytes taking
+    ``s * BW_write / BW_read`` of it: the drive time it takes."""
+    chans = {c: _Channel(tiers.bytes_per_second(c), op_seconds) for c in CHANNELS}
+    scale = dict.fromkeys(CHANNELS, 1.0)
+    if shared_ssd:
+        chans["ssd_read"] = chans["ssd_write"]
+        scale["ssd_read"] = tiers.bytes_per_second("ssd_write") / tiers.bytes_per_second("ssd_read")
+    return chans, scale
+
+
 def _cyclic_slices(lo: int, hi: int, n: int) -> list[tuple[int, int]]:
     """Unrolled ``[lo, hi)`` (``0 <= lo <= hi``, ``hi - lo <= n``) as slices of ``[0, n)``."""
     if hi <= lo:
@@ -233,13 +262,13 @@ class _Planner:
     window never needs splitting), host occupancy, and per-candidate cached scores."""
 
     def __init__(self, trace: Trace, capacity: int, tiers: TierBandwidth, host_cap: int,
-                 benefit: str, use_ssd: bool, periods: Periods):
+                 benefit: str, use_ssd: bool, periods: Periods, shared_ssd: bool):
         self.n = trace.n_ops
         self.capacity = capacity
         self.host_cap = host_cap
         self.benefit = benefit
         self.tiers = [t for t, on in (("ssd", use_ssd), ("host", host_cap > 0)) if on]
-        self.channels = {c: _Channel(tiers.bytes_per_second(c), trace.op_seconds) for c in CHANNELS}
+        self.channels, self.scale = _channels(tiers, trace.op_seconds, shared_ssd)
         self.cost_per_byte = {t: sum(1.0 / tiers.bytes_per_second(c) for c in TIER_CHANNELS[t])
                               for t in TIER_CHANNELS}
         self.live = trace.required_bytes().astype(np.int64)
@@ -268,10 +297,10 @@ class _Planner:
     def _options(self, tier: str, idx: np.ndarray):
         """Window ends (unrolled), benefit, score and viability of ``tier`` for candidates ``idx``."""
         s, st, b = self.s[idx], self.a[idx] + 1, self.b[idx]
-        wr, rd = (self.channels[c] for c in TIER_CHANNELS[tier])
-        pw, pr = wr.prefix, rd.prefix
-        f = np.searchsorted(pw, pw[st] + s, side="left")
-        p = np.searchsorted(pr, pr[b] - s, side="right") - 1
+        cw, cr = TIER_CHANNELS[tier]
+        pw, pr = self.channels[cw].prefix, self.channels[cr].prefix
+        f = np.searchsorted(pw, pw[st] + s * self.scale[cw], side="left")
+        p = np.searchsorted(pr, pr[b] - s * self.scale[cr], side="right") - 1
         ok = (f < b) & (p > f)
         if tier == "host":
             ok &= self.host_room(idx)
@@ -284,7 +313,7 @@ class _Planner:
             ben *= s
         ok &= ben > 0
         per = s * self.cost_per_byte[tier] if self.benefit == "pressure" else s.astype(np.float64)
-        return ok, f, p, ben, np.where(ok, ben / per, 0.0)
+        return ok, f, p, ben, _snap(np.where(ok, ben / per, 0.0))
 
     def evaluate(self, idx: np.ndarray):
         """For candidates ``idx``: (upper bound on every future score, chosen tier index
@@ -306,9 +335,9 @@ class _Planner:
     # ---- choosing -----------------------------------------------------------------------
     def accept(self, c: int, tier: str) -> tuple[int, int]:
         s, a, b = int(self.s[c]), int(self.a[c]), int(self.b[c])
-        wr, rd = (self.channels[ch] for ch in TIER_CHANNELS[tier])
-        f = wr.reserve_offload(a + 1, s)
-        p = rd.reserve_prefetch(b, s)
+        cw, cr = TIER_CHANNELS[tier]
+        f = self.channels[cw].reserve_offload(a + 1, s * self.scale[cw])
+        p = self.channels[cr].reserve_prefetch(b, s * self.scale[cr])
         for lo, hi in _cyclic_slices(f, p, self.n):
             self.live[lo:hi] -= s
             self.live2[lo:hi] -= s
@@ -471,7 +500,7 @@ class _Planner:
 
 def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
                     benefit: str = "pressure", min_tensor_bytes: int = 1 << 20,
-                    use_ssd: bool = True, allow_stalls: bool = False) -> MigrationPlan:
+                    use_ssd: bool = True, allow_stalls: bool = False, shared_ssd: bool = True) -> MigrationPlan:
     """Algorithm 1 (paper §3.2): a migration plan that brings ``trace``'s peak live bytes
     under ``capacity_bytes`` while hiding transfers behind compute.
 
@@ -491,6 +520,8 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
             run stalls) until it fits (see ``_Planner.run_exposed``). They come last in
             ``plan.migrations``; ``plan.meta["n_exposed"]`` counts them. Off by default:
             the plan then only holds migrations Algorithm 1 deems viable.
+        shared_ssd: the SSD tier's reads and writes share one drive-time timeline
+            (default; see the module docstring); False: two independent channels.
 
     Returns:
         the plan, migrations in the order chosen. If the peak cannot be brought under
@@ -515,7 +546,7 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
     capacity_bytes = int(capacity_bytes)
     baseline = trace.peak_bytes()
     periods = inactive_periods(trace, min_tensor_bytes)
-    planner = _Planner(trace, capacity_bytes, tiers, int(host_cap_bytes), benefit, use_ssd, periods)
+    planner = _Planner(trace, capacity_bytes, tiers, int(host_cap_bytes), benefit, use_ssd, periods, shared_ssd)
     if baseline > capacity_bytes:
         migrations, stats = planner.run(trace)
         if allow_stalls and stats["stop_reason"] != "fits":
@@ -531,6 +562,7 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
         "planner": "teraio.planner/1", "benefit": benefit,
         "tiers_gbps": dataclasses.asdict(tiers), "host_cap_bytes": int(host_cap_bytes),
         "use_ssd": use_ssd, "allow_stalls": allow_stalls, "min_tensor_bytes": int(min_tensor_bytes),
+        "shared_ssd": shared_ssd,
         "n_exposed": 0, "n_widened": 0,
         "shortfall_bytes": max(0, predicted - capacity_bytes), **stats,
         "compile_seconds": time.perf_counter() - t0,
@@ -568,20 +600,24 @@ def reserved_bandwidth(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth) 
     Returns:
         channel name (``CHANNELS``) -> (reserved bytes per op slot, capacity bytes per op
         slot), float64 ``[n_ops]`` each: the planned bandwidth use (paper Fig. 8 / 10(2)
-        as planned rather than measured).
+        as planned rather than measured). For a plan made with ``shared_ssd`` the SSD
+        tier is one channel, ``"ssd"``, in bytes at the write rate (reads counted by the
+        drive time they take), in place of ``ssd_write`` and ``ssd_read``.
 
     Raises:
         ValueError: a migration's op indices are not what the fluid model gives for it
             (the plan was made with other bandwidths or for another trace).
     """
     n = trace.n_ops
-    chans = {c: _Channel(tiers.bytes_per_second(c), trace.op_seconds) for c in CHANNELS}
+    shared = plan.meta.get("shared_ssd", False)
+    chans, scale = _channels(tiers, trace.op_seconds, shared)
     hidden = plan.migrations[:len(plan.migrations) - plan.meta.get("n_exposed", 0)]
     for m in hidden:
         a = m.offload_after
         b = m.needed_by if m.needed_by > a else m.needed_by + n
-        wr, rd = (chans[c] for c in TIER_CHANNELS[m.tier])
-        f, p = wr.reserve_offload(a + 1, m.nbytes), rd.reserve_prefetch(b, m.nbytes)
+        cw, cr = TIER_CHANNELS[m.tier]
+        f = chans[cw].reserve_offload(a + 1, m.nbytes * scale[cw])
+        p = chans[cr].reserve_prefetch(b, m.nbytes * scale[cr])
         # A migration widened by the exposed phase keeps its reservation; its window only
         # grew around the replayed one (it frees earlier and/or comes back later).
         widened_ok = ((m.free_before - a) % n <= (f - a) % n
@@ -589,4 +625,6 @@ def reserved_bandwidth(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth) 
         if (f % n, p % n) != (m.free_before, m.prefetch_before) and not widened_ok:
             raise ValueError(f"migration of {m.name!r} after op {a}: replay gives free_before {f % n}, "
                              f"prefetch_before {p % n}; the plan says {m.free_before}, {m.prefetch_before}")
+    if shared:
+        chans = {"ssd": chans["ssd_write"], "host_d2h": chans["host_d2h"], "host_h2d": chans["host_h2d"]}
     return {c: (ch.reserved, ch.capacity) for c, ch in chans.items()}

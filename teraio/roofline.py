@@ -90,7 +90,7 @@ def roofline(traces: dict[str, Trace], capacities: dict[str, int],
                              "plan_compile_seconds": 0.0})
             continue
         tiers = TierBandwidth.uniform(float(bw))
-        plan = plan_migrations(trace, cap, tiers, host_cap_bytes=0, allow_stalls=True)
+        plan = plan_migrations(trace, cap, tiers, host_cap_bytes=0, allow_stalls=True, shared_ssd=False)
         for policy in policies:
             sim = simulate(trace, plan, tiers, policy=policy)
             rows.append({

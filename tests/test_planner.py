@@ -5,6 +5,7 @@ import pytest
 from teraio.plan import MigrationPlan
 from teraio.planner import (TierBandwidth, _Planner, inactive_periods, plan_migrations, predicted_live_bytes,
                             reserved_bandwidth)
+from teraio.simulator import simulate
 from teraio.synth import layered_trace
 from teraio.trace import TensorRecord, Trace
 
@@ -82,29 +83,40 @@ def transfer_slots(m, n):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("host_cap", [0, 3 * GB])
-def test_no_slot_reserved_beyond_its_bandwidth(seed, host_cap):
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-ssd", "duplex-ssd"])
+def test_no_slot_reserved_beyond_its_bandwidth(seed, host_cap, shared):
     tr = random_trace(seed)
     tiers = TierBandwidth(2.0, 3.0, 5.0, 4.0)
     peak = tr.peak_bytes()
-    plan = plan_migrations(tr, BASE + (peak - BASE) // 3, tiers, host_cap_bytes=host_cap)
+    plan = plan_migrations(tr, BASE + (peak - BASE) // 3, tiers, host_cap_bytes=host_cap, shared_ssd=shared)
     assert len(plan.migrations) > 3
     n = tr.n_ops
     res = reserved_bandwidth(tr, plan, tiers)
+    # What each channel carries, in its units: with one shared drive a read costs the
+    # drive time it takes, counted in bytes at the write rate (2/3 of its bytes here).
+    spans: dict[str, list] = {ch: [] for ch in res}
+    for m in plan.migrations:
+        w, r = transfer_slots(m, n)
+        if m.tier == "host":
+            spans["host_d2h"].append((w, m.nbytes))
+            spans["host_h2d"].append((r, m.nbytes))
+        elif shared:
+            spans["ssd"] += [(w, m.nbytes), (r, m.nbytes * 2.0 / 3.0)]
+        else:
+            spans["ssd_write"].append((w, m.nbytes))
+            spans["ssd_read"].append((r, m.nbytes))
+    assert set(res) == ({"ssd", "host_d2h", "host_h2d"} if shared else
+                        {"ssd_write", "ssd_read", "host_d2h", "host_h2d"})
     for ch, (reserved, cap) in res.items():
         assert (reserved <= cap * (1 + 1e-9) + 1e-3).all(), ch
-        tier = ch.split("_")[0]
-        moved = sum(m.nbytes for m in plan.migrations if m.tier == tier)
-        assert reserved.sum() == pytest.approx(moved, rel=1e-9)
-    # Independent of the planner's fluid model: the transfers that must fit inside any run
-    # of slots [l, r] cannot carry more bytes than the channel's capacity over that run.
-    for tier, (wr, rd) in {"ssd": ("ssd_write", "ssd_read"), "host": ("host_d2h", "host_h2d")}.items():
-        for ch, side in ((wr, 0), (rd, 1)):
-            cap = np.concatenate([res[ch][1], res[ch][1]])
-            spans = [(transfer_slots(m, n)[side], m.nbytes) for m in plan.migrations if m.tier == tier]
-            for l in range(2 * n):
-                for r in range(l, min(2 * n, l + n)):
-                    inside = sum(s for (lo, hi), s in spans if l <= lo and hi <= r)
-                    assert inside <= cap[l:r + 1].sum() * (1 + 1e-9) + 1e-3
+        assert reserved.sum() == pytest.approx(sum(c for _, c in spans[ch]), rel=1e-9)
+        # Independent of the planner's fluid model: the transfers that must fit inside any
+        # run of slots [l, r] cannot carry more than the channel's capacity over that run.
+        cap2 = np.concatenate([cap, cap])
+        for l in range(2 * n):
+            for r in range(l, min(2 * n, l + n)):
+                inside = sum(c for (lo, hi), c in spans[ch] if l <= lo and hi <= r)
+                assert inside <= cap2[l:r + 1].sum() * (1 + 1e-9) + 1e-3
     # Windows lie strictly inside their inactive periods, and M' matches the plan.
     for m in plan.migrations:
         (olo, ohi), (plo, phi) = transfer_slots(m, n)
@@ -150,6 +162,26 @@ def test_host_cap_holds_on_random_traces():
         assert host_held(tr, plan).max() <= 2 * GB
 
 
+def test_one_drive_is_one_channel_for_reads_and_writes():
+    # Spikes at ops 2 and 4 need the first tensor away at op 2 and the second at op 4. Op 3
+    # is where the first one's prefetch and the second one's offload both want the drive:
+    # as two independent channels both fit, on one shared drive only one does.
+    tr = make_trace(8, [("op0:out0", GB, False, [0, 4]), ("op2:out0", GB, False, [2, 6]),
+                        ("op2:out1", GB, False, [2]), ("op4:out1", GB, False, [4])])
+    tiers = TierBandwidth.uniform(1.0)
+    duplex = plan_migrations(tr, BASE + 2 * GB, tiers, host_cap_bytes=0, shared_ssd=False)
+    assert duplex.feasible and len(duplex.migrations) == 2
+    shared = plan_migrations(tr, BASE + 2 * GB, tiers, host_cap_bytes=0)
+    assert len(shared.migrations) == 1 and shared.shortfall_bytes == GB
+    assert shared.meta["shared_ssd"] is True and duplex.meta["shared_ssd"] is False
+    # On a drive that serves one request at a time the duplex plan stalls, the shared one not.
+    assert simulate(tr, duplex, tiers, shared_ssd=True).stall_seconds > 0
+    assert simulate(tr, shared, tiers, shared_ssd=True).stall_seconds == 0
+    # With room in host memory, the tensor the drive cannot hide goes there.
+    mixed = plan_migrations(tr, BASE + 2 * GB, TierBandwidth(1.0, 1.0, 10.0, 10.0), host_cap_bytes=GB)
+    assert mixed.feasible and sorted(m.tier for m in mixed.migrations) == ["host", "ssd"]
+
+
 def test_ssd_is_preferred_when_it_frees_as_much():
     tr = make_trace(7, [("op0:out0", GB, False, [0, 4])])
     plan = plan_migrations(tr, BASE, TierBandwidth(1.0, 1.0, 10.0, 10.0), host_cap_bytes=10 * GB)
@@ -187,7 +219,7 @@ def test_lazy_greedy_picks_what_full_rescoring_picks(seed, benefit):
     cap = BASE + (tr.peak_bytes() - BASE) // 4
     plan = plan_migrations(tr, cap, tiers, host_cap, benefit=benefit)
     # Reference: re-score every remaining candidate every round.
-    ref = _Planner(tr, cap, tiers, host_cap, benefit, True, inactive_periods(tr))
+    ref = _Planner(tr, cap, tiers, host_cap, benefit, True, inactive_periods(tr), True)
     alive = np.ones(len(ref.s), dtype=bool)
     chosen = []
     while ref.live.max() > cap:

@@ -102,17 +102,24 @@ def test_exposed_migration_from_planner_stalls_as_computed():
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_planned_windows_never_stall_under_edf(seed):
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-ssd", "duplex-ssd"])
+def test_planned_windows_never_stall_under_edf(seed, shared):
     """The planner's bandwidth model is EDF-consistent: a plan of hidden migrations runs
-    without a single stall when each channel serves the earliest deadline first."""
+    without a single stall when each channel serves the earliest deadline first, one
+    drive serving both directions where the plan was made so."""
     tr = layered_trace(6 + 3 * seed, mm_seconds=20e-3)
     tiers = TierBandwidth(8.0 + seed, 12.0, 20.0, 25.0)
-    plan = plan_migrations(tr, int(tr.peak_bytes() * 0.55), tiers, host_cap_bytes=(seed % 2) * (2 << 30))
+    plan = plan_migrations(tr, int(tr.peak_bytes() * 0.55), tiers, host_cap_bytes=(seed % 2) * (2 << 30),
+                           shared_ssd=shared)
     assert len(plan.migrations) > 20
-    r = simulate(tr, plan, tiers, policy="edf")
+    r = simulate(tr, plan, tiers, policy="edf", shared_ssd=shared)
     assert r.stall_count == 0 and r.iteration_seconds == r.ideal_seconds
     moved = {c: v.sum() for c, v in r.slot_bytes.items()}
-    assert moved["ssd_write"] == pytest.approx(plan.bytes_per_tier()["ssd"])
+    if shared:  # EDF may leave the last offload (due next iteration) unfinished when the run ends
+        biggest = max(m.nbytes for m in plan.migrations if m.tier == "ssd")
+        assert plan.bytes_per_tier()["ssd"] - biggest <= moved["ssd_write"] <= plan.bytes_per_tier()["ssd"] + 1
+    else:
+        assert moved["ssd_write"] == pytest.approx(plan.bytes_per_tier()["ssd"])
 
 
 def test_bad_inputs_are_named():
