@@ -348,7 +348,7 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
         _release_device(device, capped=cfg.hardware.gpu_capacity_bytes is not None)
     result.update(capacity_bytes=cfg.hardware.gpu_capacity_bytes,
                   capacity_emulated=True if cfg.hardware.gpu_capacity_bytes is not None else None,
-                  kvikio_mode=None,
+                  ssd_io_mode=None,
                   unoffloaded_peak_bytes=None, memory_pressure=None)
 
 

@@ -33,7 +33,7 @@ Schema (keys always present; unknown values are ``null``):
 ``unoffloaded_peak_bytes``  peak live bytes with no offloading (from the trace), null if unknown
 ``memory_pressure``   M = unoffloaded peak ÷ capacity (paper Fig. 7), null if unknown
 ``plan_compile_seconds``, ``profile_seconds``   TeraIO one-time costs, null otherwise
-``kvikio_mode``       ``"gds" | "compat" | "posix" | null``
+``ssd_io_mode``       ``"gds" | "compat" | "direct" | "buffered" | null`` (SSD tier I/O path, ``teraio.storage.SSDTier.mode``)
 ``gpu_name``, ``versions``, ``host``, ``started_at``, ``finished_at``, ``wall_seconds``
 ``artifacts``         relative paths of side files in the job dir (trace, plan, oplog, transfers,
                       deepspeed config), by name
@@ -67,7 +67,7 @@ def empty_result(point: dict, config: dict) -> dict[str, Any]:
         "peak_allocated_bytes": None, "peak_reserved_bytes": None, "peak_host_rss_bytes": None,
         "capacity_bytes": None, "capacity_emulated": None, "paged_steps": [],
         "step_peak_allocated_bytes": [], "unoffloaded_peak_bytes": None, "memory_pressure": None,
-        "plan_compile_seconds": None, "profile_seconds": None, "kvikio_mode": None,
+        "plan_compile_seconds": None, "profile_seconds": None, "ssd_io_mode": None,
         "gpu_name": None, "versions": {}, "host": None, "started_at": None,
         "finished_at": None, "wall_seconds": None, "artifacts": {},
     }

@@ -20,20 +20,22 @@ write returns the written bytes); transfers of different names may overlap.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import ctypes
 import errno
 import os
 import shutil
 import socket
 import tempfile
+import threading
 import weakref
+from dataclasses import dataclass
 
 import torch
 
 _FILE_ALIGN = 4096  # GDS needs 4 KiB-aligned file offsets (kvikio CuFile.pwrite notes)
 _HOST_ALIGN = 64  # cache line; also the CPU allocator's alignment
-_MAX_SYSCALL_BYTES = 1 << 30  # Linux moves at most 0x7ffff000 bytes per pread/pwrite anyway
-BACKENDS: tuple[str, ...] = ("auto", "kvikio", "posix")
+BACKENDS: tuple[str, ...] = ("auto", "direct", "buffered", "kvikio")
 
 
 class TierIOError(RuntimeError):
@@ -182,24 +184,6 @@ def _check_storage(tier: str, slots: dict[str, int], name: str, storage: torch.U
     return slots[name]
 
 
-def _pwrite_all(fd: int, buf: memoryview, offset: int) -> None:
-    done = 0
-    while done < len(buf):
-        n = os.pwrite(fd, buf[done:done + _MAX_SYSCALL_BYTES], offset + done)
-        if n <= 0:
-            raise OSError(errno.EIO, f"pwrite moved no bytes at file offset {offset + done}")
-        done += n
-
-
-def _pread_all(fd: int, buf: memoryview, offset: int) -> None:
-    done = 0
-    while done < len(buf):
-        n = os.preadv(fd, [buf[done:done + _MAX_SYSCALL_BYTES]], offset + done)
-        if n <= 0:
-            raise OSError(errno.EIO, f"unexpected end of file at offset {offset + done}")
-        done += n
-
-
 def _delete_files(paths: list[str], handles: list) -> None:
     for h in handles:  # kvikio.CuFile or a POSIX fd
         if isinstance(h, int):
@@ -256,58 +240,75 @@ def remove_orphans(directory: str) -> list[str]:
     return gone
 
 
+@dataclass(frozen=True)
+class Stripe:
+    """One piece of a tensor's slot: bytes ``[start, start + nbytes)`` of the storage live
+    in ``path`` at byte ``offset`` (4 KiB-aligned)."""
+
+    path: str
+    offset: int
+    start: int
+    nbytes: int
+
+
 class SSDTier:
     """The SSD tier: one preallocated file per directory (one directory per drive), each
-    tensor name a fixed 4 KiB-aligned slot in one of them. The paper (§3.3) moves tensors
-    between HBM and SSDs with GPUDirect Storage through cuFile and leaves the file layout
-    unstated; kvikio is the cuFile binding used here, and the fixed slots mean no
+    tensor name a fixed slot striped over all of them (RAID-0 style): its bytes are cut
+    into ``stripe_bytes`` pieces dealt round-robin over the files, so one large tensor
+    moves at the drives' summed bandwidth. The paper (§3.3) moves tensors between HBM and
+    SSDs with GPUDirect Storage through cuFile and leaves the file layout unstated; kvikio
+    is the cuFile binding used where GDS is present, and the fixed slots mean no
     allocation, fragmentation or file growth while training.
 
+    Each stripe is one request on a pool of ``threads`` workers per directory, so every
+    drive has several requests in flight. Without GDS a stripe goes through a 4 KiB-aligned
+    bounce buffer of the worker (page-locked on a CUDA device, copied on the worker's own
+    CUDA stream) and the file is opened with ``O_DIRECT``: the page cache is out of both
+    the data path and the measurement, as with ZeRO-Infinity's libaio.
+
     Args:
-        dirs: directories, one per drive; slots are spread over them balanced by bytes
-            (largest first onto the least-filled directory), so each drive carries an
-            equal share of the traffic.
+        dirs: directories, one per drive.
         slots: tensor name -> storage size in bytes, from the migration plan.
-        backend: ``"kvikio"`` (``kvikio.CuFile``: GDS, or kvikio's POSIX compat mode when
-            GDS is unavailable; needs a CUDA driver, kvikio does no I/O without
-            ``libcuda.so.1``), ``"posix"`` (``os.pwrite``/``os.preadv`` on a thread
-            pool, through the page cache: no ``O_DIRECT``, which would need aligned
-            bounce buffers), or ``"auto"`` (kvikio iff ``torch.cuda.is_available()``).
-        threads: worker threads issuing transfers (kvikio splits each further into
-            ``kvikio.defaults`` ``task_size`` tasks on its own pool, ``KVIKIO_NTHREADS``).
+        backend: ``"direct"`` (``O_DIRECT`` through bounce buffers; a directory whose
+            filesystem refuses ``O_DIRECT`` is an error), ``"buffered"`` (the same path
+            through the page cache), ``"kvikio"`` (``kvikio.CuFile`` on device memory: GDS,
+            or kvikio's compat mode without nvidia-fs; needs a CUDA driver), or ``"auto"``
+            (kvikio where GDS is available, else direct where every directory allows it,
+            else buffered).
+        threads: workers per directory.
+        stripe_bytes: stripe size, a positive multiple of 4 KiB.
 
     Attributes:
-        mode: ``"gds"``, ``"compat"`` (kvikio compat mode: POSIX I/O with bounce buffers)
-            or ``"posix"``; goes into the result row.
-        placement: tensor name -> (file path, byte offset).
+        mode: ``"gds"``, ``"compat"`` (kvikio without GDS), ``"direct"`` or ``"buffered"``;
+            goes into the result row (``ssd_io_mode``).
+        placement: tensor name -> its :class:`Stripe` list, in storage order.
 
     Raises:
         ValueError: before any transfer, if a directory is missing, not a directory, not
-            writable, or has too little free space for its share (the message names the
-            path and the bytes needed), or on a bad backend / slot.
+            writable, has too little free space for its share (the message names the path
+            and the bytes needed) or refuses ``O_DIRECT`` with ``backend="direct"``; or on a
+            bad backend, thread count, stripe size or slot.
     """
 
-    def __init__(self, dirs: list[str], slots: dict[str, int], backend: str = "auto", threads: int = 4):
+    def __init__(self, dirs: list[str], slots: dict[str, int], backend: str = "auto", threads: int = 4,
+                 stripe_bytes: int = 8 << 20):
         if not dirs:
             raise ValueError("SSDTier needs at least one offload directory, got none")
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r}; valid: {BACKENDS}")
         if threads < 1:
             raise ValueError(f"threads={threads}; need >= 1")
+        if stripe_bytes <= 0 or stripe_bytes % _FILE_ALIGN:
+            raise ValueError(f"stripe_bytes={stripe_bytes}; must be a positive multiple of {_FILE_ALIGN}")
         _check_slots(slots)
-        if backend == "auto":
-            backend = "kvikio" if torch.cuda.is_available() else "posix"
         if backend == "kvikio" and not torch.cuda.is_available():
             raise ValueError("backend='kvikio' needs a CUDA driver (kvikio does no I/O without "
-                             "libcuda.so.1); use backend='posix' on this machine")
+                             "libcuda.so.1); use backend='direct' or 'buffered' on this machine")
+        if backend == "auto" and torch.cuda.is_available() and _gds_available():
+            backend = "kvikio"
         self._slots = dict(slots)
         dirs = [os.path.abspath(d) for d in dirs]
-        share = [0] * len(dirs)
-        where: dict[str, int] = {}
-        for name in sorted(slots, key=lambda n: -slots[n]):
-            i = min(range(len(dirs)), key=lambda j: share[j])
-            where[name] = i
-            share[i] += _align(slots[name], _FILE_ALIGN)
+        layout, share = _stripe_layout(slots, len(dirs), stripe_bytes)
         for d, need in zip(dirs, share):
             if not os.path.exists(d):
                 raise ValueError(f"offload dir {d!r} does not exist (the plan needs {need} bytes there)")
@@ -317,7 +318,8 @@ class SSDTier:
         # Owned by the finalizer, so the files go even if close() is never called.
         self._paths: list[str] = []
         self._handles: list = []
-        self._closed = weakref.finalize(self, _delete_files, self._paths, self._handles)
+        self._bounce: list[torch.Tensor] = []  # every worker's bounce buffer, unlocked at close
+        self._closed = weakref.finalize(self, _close_tier, self._paths, self._handles, self._bounce)
         try:
             for d, need in zip(dirs, share):
                 remove_orphans(d)
@@ -331,26 +333,32 @@ class SSDTier:
             self._check_free_space(dirs, share)
             for path, need in zip(self._paths, share):
                 self._allocate(path, need)
-            self.placement: dict[str, tuple[str, int]] = {}
-            fill = [0] * len(dirs)
-            for name in slots:  # offsets in plan order within each file
-                i = where[name]
-                self.placement[name] = (self._paths[i], fill[i])
-                fill[i] += _align(slots[name], _FILE_ALIGN)
-            self.backend = backend
+            self.placement: dict[str, list[Stripe]] = {
+                name: [Stripe(self._paths[f], off, start, n) for f, off, start, n in pieces]
+                for name, pieces in layout.items()}
             if backend == "kvikio":
                 import kvikio
                 import kvikio.defaults
                 self.mode = "compat" if kvikio.defaults.is_compat_mode_preferred() else "gds"
                 self._handles.extend(kvikio.CuFile(p, "r+") for p in self._paths)
             else:
-                self.mode = "posix"
-                self._handles.extend(os.open(p, os.O_RDWR) for p in self._paths)
+                direct = backend != "buffered" and all(_direct_io_works(p) for p in self._paths)
+                if backend == "direct" and not direct:
+                    bad = [d for d, p in zip(dirs, self._paths) if not _direct_io_works(p)]
+                    raise ValueError(f"offload dir(s) {bad} refuse O_DIRECT; use backend='buffered' "
+                                     "or 'auto' there (reads then come from the page cache)")
+                self.mode = "direct" if direct else "buffered"
+                flags = os.O_RDWR | (os.O_DIRECT if direct else 0)
+                self._handles.extend(os.open(p, flags) for p in self._paths)
         except BaseException:
             self._closed()
             raise
+        self.backend = backend
+        self._stripe_bytes = stripe_bytes
         self._file_index = {p: i for i, p in enumerate(self._paths)}
-        self._pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="teraio-ssd")
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads * len(dirs), thread_name_prefix="teraio-ssd")
+        self._workers = concurrent.futures.ThreadPoolExecutor(threads * len(dirs), thread_name_prefix="teraio-ssd-io")
+        self._local = threading.local()  # per worker: bounce buffer, CUDA stream
         self._last: dict[str, concurrent.futures.Future] = {}  # last transfer per name
         self._last_write: dict[str, concurrent.futures.Future] = {}
 
@@ -407,19 +415,21 @@ class SSDTier:
         if not self._closed.alive:
             raise RuntimeError(f"SSD tier is closed; cannot {kind} {name!r}")
         nbytes = _check_storage("SSD tier", self._slots, name, storage)
-        path, offset = self.placement[name]
+        stripes = self.placement[name]
         where = "to" if kind == "write" else "from"
-        what = f"SSD {kind} of {name!r} ({nbytes} B) {where} {path} at offset {offset}"
+        files = sorted({st.path for st in stripes})
+        path = files[0] if len(files) == 1 else os.path.commonpath(files)
+        what = (f"SSD {kind} of {name!r} ({nbytes} B) {where} {path}"
+                + (f" at offset {stripes[0].offset}" if len(stripes) == 1 else f" in {len(stripes)} stripes"))
         view = byte_view(storage)
-        future = self._pool.submit(self._run, kind, view, self._handles[self._file_index[path]],
-                                   offset, _ready_event(storage), self._last.get(name),
-                                   self._last_write.get(name))
+        future = self._pool.submit(self._run, kind, view, stripes, _ready_event(storage),
+                                   self._last.get(name), self._last_write.get(name))
         self._last[name] = future
         if kind == "write":
             self._last_write[name] = future
         return Transfer(name, path, what, nbytes, future=future)
 
-    def _run(self, kind: str, view: torch.Tensor, handle, offset: int, ready, previous, last_write) -> int:
+    def _run(self, kind: str, view: torch.Tensor, stripes: list[Stripe], ready, previous, last_write) -> int:
         if previous is not None:
             concurrent.futures.wait([previous])
         if kind == "read" and last_write.exception() is not None:
@@ -427,32 +437,66 @@ class SSDTier:
                                      f"({last_write.exception()})")
         if ready is not None:
             ready.synchronize()
-        nbytes = view.numel()
-        if nbytes == 0:
+        if view.numel() == 0:
             return 0
+        pieces = [self._workers.submit(self._move, kind, view, st) for st in stripes]
+        concurrent.futures.wait(pieces)
+        for p in pieces:
+            if p.exception() is not None:
+                raise p.exception()
+        return view.numel()
+
+    def _move(self, kind: str, view: torch.Tensor, st: Stripe) -> None:
+        """One stripe, on a worker thread."""
+        fd = self._handles[self._file_index[st.path]]
+        part = view[st.start:st.start + st.nbytes]
         if self.backend == "kvikio":
-            buf = view if view.is_cuda else _host_buffer(view)
-            io = handle.pwrite if kind == "write" else handle.pread
-            moved = io(buf, nbytes, offset).get()
-            if moved != nbytes:
-                raise OSError(errno.EIO, f"kvikio moved {moved} of {nbytes} bytes")
-            return moved
-        # POSIX: a CPU storage is used in place; a CUDA one goes through a host copy.
+            buf = part if part.is_cuda else _host_buffer(part)
+            io = fd.pwrite if kind == "write" else fd.pread
+            moved = io(buf, st.nbytes, st.offset).get()
+            if moved != st.nbytes:
+                raise OSError(errno.EIO, f"kvikio moved {moved} of {st.nbytes} bytes at file offset {st.offset}")
+            return
+        bounce, stream = self._worker_state(part.device)
+        span = _align(st.nbytes, _FILE_ALIGN)
         if kind == "write":
-            host = view.cpu()
-            _pwrite_all(handle, _host_buffer(host), offset)
-            return nbytes
-        host = torch.empty(nbytes, dtype=torch.uint8) if view.is_cuda else view
-        _pread_all(handle, _host_buffer(host), offset)
-        if view.is_cuda:
-            view.copy_(host)
-        return nbytes
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                bounce[:st.nbytes].copy_(part, non_blocking=stream is not None)
+            if stream is not None:
+                stream.synchronize()
+            n = os.pwrite(fd, _host_buffer(bounce[:span]), st.offset)
+            if n != span:
+                raise OSError(errno.EIO, f"pwrite moved {n} of {span} bytes at file offset {st.offset}")
+            return
+        n = os.preadv(fd, [_host_buffer(bounce[:span])], st.offset)
+        if n < st.nbytes:
+            raise OSError(errno.EIO, f"unexpected end of file at offset {st.offset + max(n, 0)}")
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            part.copy_(bounce[:st.nbytes], non_blocking=stream is not None)
+        if stream is not None:
+            stream.synchronize()
+
+    def _worker_state(self, device: torch.device):
+        """This worker's 4 KiB-aligned bounce buffer of one stripe (page-locked for a CUDA
+        device) and its CUDA stream (None on a CPU device)."""
+        local = self._local
+        if getattr(local, "bounce", None) is None:
+            cuda = device.type == "cuda"
+            raw = pinned_empty(self._stripe_bytes + _FILE_ALIGN, "SSD tier bounce buffer") if cuda \
+                else torch.empty(self._stripe_bytes + _FILE_ALIGN, dtype=torch.uint8)
+            if cuda:
+                self._bounce.append(raw)
+            skip = -raw.data_ptr() % _FILE_ALIGN
+            local.bounce = raw[skip:skip + self._stripe_bytes]
+            local.stream = torch.cuda.Stream(device) if cuda else None
+        return local.bounce, local.stream
 
     def close(self) -> None:
         """Wait for in-flight transfers, then close and delete the offload files.
         Idempotent."""
         if self._closed.alive:
             self._pool.shutdown(wait=True)
+            self._workers.shutdown(wait=True)
             self._closed()
 
     def __enter__(self) -> SSDTier:
@@ -460,6 +504,58 @@ class SSDTier:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _stripe_layout(slots: dict[str, int], n_files: int, stripe: int):
+    """Where each slot's stripes go: name -> [(file index, file offset, start, nbytes)],
+    and the bytes each file needs. A slot's stripe j goes to file ``(first + j) % n_files``,
+    ``first`` being the least-filled file when the slot is placed (largest slots first);
+    a slot's stripes in one file are contiguous, each stripe 4 KiB-aligned."""
+    fill = [0] * n_files
+    layout: dict[str, list[tuple[int, int, int, int]]] = {}
+    for name in sorted(slots, key=lambda n: (-slots[n], n)):
+        nbytes = slots[name]
+        n_stripes = max(1, -(-nbytes // stripe))
+        first = min(range(n_files), key=lambda f: fill[f])
+        base = {}
+        for j in range(min(n_stripes, n_files)):
+            f = (first + j) % n_files
+            count = len(range(j, n_stripes, n_files))
+            base[f] = fill[f]
+            fill[f] += count * stripe if count > 1 else _align(min(stripe, nbytes), _FILE_ALIGN)
+        pieces = []
+        for j in range(n_stripes):
+            f = (first + j) % n_files
+            start = j * stripe
+            pieces.append((f, base[f] + (j // n_files) * stripe, start, max(0, min(stripe, nbytes - start))))
+        layout[name] = pieces
+    return {n: layout[n] for n in slots}, fill
+
+
+def _direct_io_works(path: str) -> bool:
+    """Whether ``path``'s filesystem takes ``O_DIRECT`` (tmpfs before Linux 6.6 does not)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_DIRECT)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
+
+
+def _gds_available() -> bool:
+    """True where kvikio would use GPUDirect Storage (nvidia-fs present), not its compat mode."""
+    try:
+        import kvikio.defaults
+    except ImportError:
+        return False
+    return not kvikio.defaults.is_compat_mode_preferred()
+
+
+def _close_tier(paths: list[str], handles: list, bounce: list[torch.Tensor]) -> None:
+    _delete_files(paths, handles)
+    for buf in bounce:
+        page_unlock(buf)
+    bounce.clear()
 
 
 def _unregister(buffers: dict) -> None:

@@ -245,7 +245,7 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
                 + ("" if opts.allow_stalls else " (or allow stalls: system.options.allow_stalls=true)"))
 
         tiers = open_tiers(plan, cfg, device, opts.io_threads)
-        result["kvikio_mode"] = tiers["ssd"].mode if "ssd" in tiers else None
+        result["ssd_io_mode"] = tiers["ssd"].mode if "ssd" in tiers else None
         engine = MigrationEngine(trace, plan, persistent_tensors(model, optimizer), tiers, device,
                                  device_waits=opts.device_waits, release_grads=opts.release_grads)
         if pager is not None:

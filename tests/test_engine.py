@@ -91,7 +91,7 @@ def open_tiers(plan, tmp_path, host_tier=None):
         dirs = [tmp_path / "ssd0", tmp_path / "ssd1"]
         for d in dirs:
             d.mkdir()
-        tiers["ssd"] = SSDTier([str(d) for d in dirs], slots["ssd"], backend="posix")
+        tiers["ssd"] = SSDTier([str(d) for d in dirs], slots["ssd"])
     if slots["host"]:
         tiers["host"] = (host_tier or HostTier)(sum(slots["host"].values()) + 4096 * len(slots["host"]),
                                                 slots["host"], CPU)

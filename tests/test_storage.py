@@ -18,11 +18,21 @@ DEVICE = torch.device("cuda" if CUDA else "cpu")
 gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 
 
-@pytest.fixture(params=["ssd", "ssd-posix", "host"])
+def _direct_io_in(path) -> bool:
+    from teraio.storage import _direct_io_works
+    probe = os.path.join(path, "probe")
+    open(probe, "w").close()
+    try:
+        return _direct_io_works(probe)
+    finally:
+        os.unlink(probe)
+
+
+@pytest.fixture(params=["ssd", "ssd-buffered", "ssd-striped", "host"])
 def make_tier(request, tmp_path):
-    """Factory: slots -> a tier of the parametrised kind, closed after the test."""
-    if request.param == "ssd-posix" and not CUDA:
-        pytest.skip("same as 'ssd' without CUDA (auto picks posix)")
+    """Factory: slots -> a tier of the parametrised kind, closed after the test. "ssd" is
+    the default backend (O_DIRECT where the filesystem allows it), "ssd-striped" the same
+    with 4 KiB stripes, so every tensor over 4 KiB spans several stripes and files."""
     made = []
 
     def make(slots, n_dirs=1):
@@ -32,8 +42,9 @@ def make_tier(request, tmp_path):
             dirs = [tmp_path / f"drive{i}" for i in range(n_dirs)]
             for d in dirs:
                 d.mkdir()
-            backend = "posix" if request.param == "ssd-posix" else "auto"
-            tier = SSDTier([str(d) for d in dirs], slots, backend=backend, threads=4)
+            backend = "buffered" if request.param == "ssd-buffered" else "auto"
+            stripe = 4096 if request.param == "ssd-striped" else 8 << 20
+            tier = SSDTier([str(d) for d in dirs], slots, backend=backend, threads=4, stripe_bytes=stripe)
         made.append(tier)
         return tier
 
@@ -199,22 +210,49 @@ def _ssd(tmp_path, slots, n_dirs=1, **kw):
     return SSDTier(dirs, slots, **kw), dirs
 
 
-def test_ssd_slots_are_4k_aligned_disjoint_and_spread_over_dirs(tmp_path):
-    slots = {f"t{i}": n for i, n in enumerate([5000, 1, 4096, 9000, 300, 70000, 4097])}
-    tier, dirs = _ssd(tmp_path, slots, n_dirs=3)
+@pytest.mark.parametrize("stripe", [4096, 8 << 20])
+def test_ssd_slots_are_4k_aligned_disjoint_striped_and_spread_over_dirs(tmp_path, stripe):
+    slots = {f"t{i}": n for i, n in enumerate([5000, 1, 4096, 9000, 300, 70000, 4097, 0])}
+    tier, dirs = _ssd(tmp_path, slots, n_dirs=3, stripe_bytes=stripe)
     with tier:
-        assert {os.path.dirname(p) for p, _ in tier.placement.values()} == set(dirs)
+        stripes = [st for sts in tier.placement.values() for st in sts]
+        assert {os.path.dirname(st.path) for st in stripes} == set(dirs)
         by_file: dict[str, list[tuple[int, int]]] = {}
-        for name, (path, off) in tier.placement.items():
-            assert off % 4096 == 0
-            by_file.setdefault(path, []).append((off, slots[name]))
+        for name, sts in tier.placement.items():
+            # The stripes cover the storage's bytes once, in order, each at most a stripe.
+            assert [st.start for st in sts] == [j * stripe for j in range(len(sts))]
+            assert sum(st.nbytes for st in sts) == slots[name] and all(st.nbytes <= stripe for st in sts)
+            # Consecutive stripes go to consecutive files (RAID-0).
+            files = [tier._file_index[st.path] for st in sts]
+            assert all((b - a) % 3 == 1 for a, b in zip(files, files[1:]))
+            for st in sts:
+                assert st.offset % 4096 == 0
+                by_file.setdefault(st.path, []).append((st.offset, st.nbytes))
         for path, spans in by_file.items():
             spans.sort()
             for (o1, n1), (o2, _) in zip(spans, spans[1:]):
                 assert o1 + n1 <= o2
             assert os.path.getsize(path) >= spans[-1][0] + spans[-1][1]
+        if stripe == 4096:  # the 70,000-byte slot is spread over all three files
+            assert len({st.path for st in tier.placement["t5"]}) == 3
         assert all(len(os.listdir(d)) == 1 for d in dirs)
     assert all(os.listdir(d) == [] for d in dirs)
+
+
+def test_ssd_io_bypasses_the_page_cache_where_the_filesystem_allows(tmp_path):
+    (tmp_path / "d").mkdir()
+    direct = _direct_io_in(tmp_path / "d")
+    with SSDTier([str(tmp_path / "d")], {"a": 10}) as tier:
+        assert tier.mode == ("direct" if direct else "buffered")
+        flags = __import__("fcntl").fcntl(tier._handles[0], __import__("fcntl").F_GETFL)
+        assert bool(flags & os.O_DIRECT) == direct
+    with SSDTier([str(tmp_path / "d")], {"a": 10}, backend="buffered") as tier:
+        assert tier.mode == "buffered"
+    if not direct:
+        with pytest.raises(ValueError, match=r"refuse O_DIRECT; use backend='buffered'"):
+            SSDTier([str(tmp_path / "d")], {"a": 10}, backend="direct")
+    with pytest.raises(ValueError, match=r"stripe_bytes=1000; must be a positive multiple of 4096"):
+        SSDTier([str(tmp_path / "d")], {"a": 10}, stripe_bytes=1000)
 
 
 def test_ssd_files_stay_flat_over_50_cycles_and_vanish_on_close(tmp_path):
@@ -277,7 +315,7 @@ def test_ssd_too_little_free_space_is_rejected_naming_path_and_bytes(tmp_path, m
 
 
 def test_ssd_failed_write_raises_naming_tensor_and_path_and_poisons_the_slot(tmp_path, monkeypatch):
-    tier, dirs = _ssd(tmp_path, {"layers.3.w": 100}, backend="posix")
+    tier, dirs = _ssd(tmp_path, {"layers.3.w": 100}, backend="buffered")
     with tier:
         s = torch.arange(25, dtype=torch.float32, device=DEVICE).untyped_storage()
 
@@ -299,11 +337,12 @@ def test_ssd_failed_write_raises_naming_tensor_and_path_and_poisons_the_slot(tmp
 
 
 def test_ssd_failed_read_raises_naming_tensor_and_path(tmp_path):
-    tier, dirs = _ssd(tmp_path, {"opt.exp_avg": 5000}, backend="posix")
+    tier, dirs = _ssd(tmp_path, {"opt.exp_avg": 5000})
     with tier:
         s = torch.ones(1250, device=DEVICE).untyped_storage()
         tier.write("opt.exp_avg", s).wait()
-        path, _ = tier.placement["opt.exp_avg"]
+        (stripe,) = tier.placement["opt.exp_avg"]
+        path = stripe.path
         os.truncate(path, 100)  # the drive lost the data behind the tier's back
         with pytest.raises(TierIOError, match=rf"'opt.exp_avg'.*{re.escape(path)}.*end of file"):
             tier.read("opt.exp_avg", s).wait()
@@ -316,7 +355,7 @@ def test_ssd_rejects_bad_backend(tmp_path):
         with pytest.raises(ValueError, match="CUDA driver"):
             SSDTier([str(tmp_path)], {"a": 1}, backend="kvikio")
         with SSDTier([str(tmp_path)], {}) as tier:
-            assert tier.mode == "posix"
+            assert tier.mode in ("direct", "buffered")
 
 
 # --- host tier ------------------------------------------------------------------------
@@ -349,7 +388,7 @@ def test_restore_over_2_gib_is_bit_exact(kind, tmp_path):
             else HostTier(nbytes + 64, {"big": nbytes}, "cuda"))
     with tier:
         if kind == "ssd":
-            assert tier.mode in ("gds", "compat")
+            assert tier.mode in ("gds", "direct", "buffered")
         offload_and_restore(tier, "big", t)
         if kind == "host":
             assert tier._slot_buffers["big"].is_pinned()
@@ -370,8 +409,8 @@ def test_slot_files_of_killed_runs_are_removed_by_the_next_run(tmp_path, capsys)
     elsewhere = tmp_path / f"teraio-otherhost-{dead.pid}-ghi789.slots"
     for f in (orphan, live, elsewhere):
         f.write_bytes(b"x" * 100)
-    with SSDTier([str(tmp_path)], {"a": 10}, backend="posix") as tier:
-        (own,) = {p for p, _ in tier.placement.values()}
+    with SSDTier([str(tmp_path)], {"a": 10}) as tier:
+        (own,) = {st.path for sts in tier.placement.values() for st in sts}
         assert os.path.basename(own).startswith(f"teraio-{host}-{os.getpid()}-")
         assert not orphan.exists() and live.exists() and elsewhere.exists()
     assert f"removed {orphan} (100 B), left by process {dead.pid}, which is gone" in capsys.readouterr().out

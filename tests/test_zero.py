@@ -182,7 +182,7 @@ def check_row(result: dict, job_dir: Path, reference: list[float]) -> None:
         assert math.isfinite(i["loss"])
         assert i["stall_count"] is None and i["migration_seconds"] is None
     assert result["tokens_per_s"] > 0 and result["stall_count"] is None
-    assert result["kvikio_mode"] is None
+    assert result["ssd_io_mode"] is None
     assert result["artifacts"]["deepspeed_config"] == zero.CONFIG_FILE
     written = json.loads((job_dir / zero.CONFIG_FILE).read_text())
     assert written["zero_optimization"]["stage"] == result["config"]["system"]["options"].get(
