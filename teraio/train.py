@@ -31,10 +31,10 @@ On a CPU device with no capacity given nothing is capped (no pager, nothing to p
                          the runtime stalls kernels until memory is freed); default true
   ``device_waits``       host-tier transfers on a CUDA device ordered on the compute stream
                          (CUDA events) instead of blocking the training thread
-                         (``teraio.engine``); default false
+                         (``teraio.engine``); default true
   ``release_grads``      free each gradient right after its last use in the optimizer step
                          and plan for it (``Trace.with_released_grads``, ``teraio.engine``);
-                         default false
+                         default true
 """
 from __future__ import annotations
 
@@ -69,8 +69,8 @@ class TeraIOOptions:
     headroom_fraction: float | None = None
     io_threads: int = 4
     allow_stalls: bool = True
-    device_waits: bool = False
-    release_grads: bool = False
+    device_waits: bool = True
+    release_grads: bool = True
 
 
 def tier_bandwidth(cfg: RunConfig) -> TierBandwidth:
