@@ -18,7 +18,7 @@ into two tidy pandas frames.
   ``unoffloaded_peak_bytes``, ``memory_pressure`` (M, a fraction: unoffloaded peak ÷
   capacity, computed from those two when the row leaves it null), ``peak_fraction``
   (peak allocated ÷ capacity);
-- one-time costs and facts: ``plan_compile_seconds``, ``profile_seconds``, ``kvikio_mode``,
+- one-time costs and facts: ``plan_compile_seconds``, ``profile_seconds``, ``ssd_io_mode``,
   ``gpu_name``, ``n_gpus``, ``wall_seconds``, ``started_at``, ``finished_at``;
 - side files: ``prices_json`` (the run config's ``hardware.prices`` as JSON, "{}" if none),
   ``transfers_path``, ``oplog_path``, ``trace_path`` (relative to the sweep dir, null if absent).
@@ -50,7 +50,7 @@ POINT_KEYS = ("model", "system", "hardware", "batch_size", "micro_batch_size", "
 INT_KEYS = ("batch_size", "micro_batch_size", "seq_len", "trial", "host_mem_cap_bytes", "n_ssd",
             "n_gpus")
 TEXT_KEYS = ("sweep", "job_dir", "model", "system", "hardware", "config", "status", "error",
-             "measure", "kvikio_mode", "gpu_name", "started_at", "finished_at", "prices_json",
+             "measure", "ssd_io_mode", "gpu_name", "started_at", "finished_at", "prices_json",
              "transfers_path", "oplog_path", "trace_path")
 ID_COLUMNS = ("sweep", "job_dir", *POINT_KEYS, "config", "host_mem_cap_bytes", "n_ssd",
               "status", "error", "failed", "measure")
@@ -162,7 +162,8 @@ def _rows(result: dict, sweep: str, job_rel: Path) -> tuple[dict, list[dict]]:
         "peak_fraction": _div(peak, cap),
         "plan_compile_seconds": _num(result.get("plan_compile_seconds")),
         "profile_seconds": _num(result.get("profile_seconds")),
-        "kvikio_mode": result.get("kvikio_mode"), "gpu_name": result.get("gpu_name"),
+        # rows before the striped SSD tier name the same fact kvikio_mode
+        "ssd_io_mode": result.get("ssd_io_mode", result.get("kvikio_mode")), "gpu_name": result.get("gpu_name"),
         "n_gpus": hw.get("n_gpus"), "wall_seconds": _num(result.get("wall_seconds")),
         "started_at": result.get("started_at"), "finished_at": result.get("finished_at"),
         "prices_json": json.dumps(hw.get("prices") or {}, sort_keys=True),
@@ -195,7 +196,7 @@ RUN_COLUMNS = list(ID_COLUMNS) + [
     "stall_count_per_iter", "stall_seconds_per_iter", "bytes_ssd", "bytes_host",
     "peak_allocated_bytes", "peak_reserved_bytes", "peak_host_rss_bytes", "capacity_bytes",
     "unoffloaded_peak_bytes", "memory_pressure", "peak_fraction", "plan_compile_seconds",
-    "profile_seconds", "kvikio_mode", "gpu_name", "n_gpus", "wall_seconds", "started_at",
+    "profile_seconds", "ssd_io_mode", "gpu_name", "n_gpus", "wall_seconds", "started_at",
     "finished_at", "prices_json", "transfers_path", "oplog_path", "trace_path"]
 ITERATION_COLUMNS = list(ID_COLUMNS) + [
     "step", "seconds", "tokens", "tokens_per_s", "loss", "stall_count", "stall_seconds",

@@ -68,10 +68,10 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
         if not math.isfinite(loss):
             raise FloatingPointError(f"step {step}: loss {loss}")
         losses.append(loss)
-        print(progress_line(step, t["seconds"], w.tokens_per_step, loss, step < w.warmup_steps), flush=True)
+        print(progress_line(step, t["seconds"], w.tokens_at(step), loss, step < w.warmup_steps), flush=True)
         if step >= w.warmup_steps:
             result["iterations"].append(iteration_row(
-                step, t["seconds"], w.tokens_per_step, loss, stall_count=0, stall_seconds=0.0,
+                step, t["seconds"], w.tokens_at(step), loss, stall_count=0, stall_seconds=0.0,
                 migration_seconds=0.0, bytes_offloaded=NO_BYTES, bytes_prefetched=NO_BYTES))
     peak, reserved = peak_memory(device)
     capacity = cfg.hardware.gpu_capacity_bytes

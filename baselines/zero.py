@@ -381,9 +381,9 @@ def _train(engine, cfg: RunConfig, result: dict, device: torch.device, world: in
             raise FloatingPointError(f"step {step}: loss {loss}")
         losses.append(loss)
         if rank == 0:
-            print(progress_line(step, t["seconds"], w.tokens_per_step, loss, step < w.warmup_steps), flush=True)
+            print(progress_line(step, t["seconds"], w.tokens_at(step), loss, step < w.warmup_steps), flush=True)
         if step >= w.warmup_steps:
             # DeepSpeed exposes no stall, migration time or bytes moved: those stay null.
-            result["iterations"].append(iteration_row(step, t["seconds"], w.tokens_per_step, loss))
+            result["iterations"].append(iteration_row(step, t["seconds"], w.tokens_at(step), loss))
     result["peak_allocated_bytes"], result["peak_reserved_bytes"] = peak_memory(device)
     result["losses"] = losses

@@ -67,7 +67,7 @@ def system_row(name: str, result: dict, ideal: dict, call: str) -> dict:
                                  else None),
         "plan": result.get("plan"),
         "plan_compile_seconds": result.get("plan_compile_seconds"),
-        "kvikio_mode": result.get("kvikio_mode"),
+        "ssd_io_mode": result.get("ssd_io_mode", result.get("kvikio_mode")),
     }
 
 

@@ -129,7 +129,7 @@ def main() -> None:
         r = run_worker(args.out / system, run_config(system, args), args.timeout)
         keep = ("status", "error", "tokens_per_s", "stall_count", "stall_seconds", "bytes_per_tier",
                 "peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes", "unoffloaded_peak_bytes",
-                "memory_pressure", "plan_compile_seconds", "profile_seconds", "kvikio_mode", "gpu_name",
+                "memory_pressure", "plan_compile_seconds", "profile_seconds", "ssd_io_mode", "gpu_name",
                 "losses", "plan", "wall_seconds")
         summary["systems"][system] = {k: r.get(k) for k in keep}
         summary["systems"][system]["iterations"] = r.get("iterations")

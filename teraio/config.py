@@ -48,7 +48,13 @@ class ModelConfig:
 
 @dataclasses.dataclass
 class WorkloadConfig:
-    """Global batch (sequences), micro-batch, sequence length (tokens), steps."""
+    """Global batch (sequences), micro-batch, sequence length (tokens), steps.
+
+    ``seq_len_schedule``: the sequence length of steps 0, 1, 2, ... (the last value holds
+    for every later step); empty: ``seq_len`` throughout. Each value is at most ``seq_len``,
+    which sizes the model (its RoPE table). A TeraIO run profiles and plans again where
+    the length changes (``system.options.replan_on_drift``).
+    """
 
     batch_size: int = 2
     micro_batch_size: int = 1
@@ -56,12 +62,32 @@ class WorkloadConfig:
     warmup_steps: int = 2
     measure_steps: int = 3
     lr: float = 1e-4
+    seq_len_schedule: list[int] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.micro_batch_size <= 0 or self.batch_size % self.micro_batch_size:
             raise ValueError(
                 f"workload.batch_size={self.batch_size} is not divisible by "
                 f"workload.micro_batch_size={self.micro_batch_size}; pick a divisor")
+        bad = [v for v in self.seq_len_schedule if not 0 < v <= self.seq_len]
+        if bad:
+            raise ValueError(f"workload.seq_len_schedule={list(self.seq_len_schedule)}: {bad[0]} is not in "
+                             f"1..workload.seq_len={self.seq_len}")
+
+    def seq_len_at(self, step: int) -> int:
+        """The sequence length of ``step`` (tokens)."""
+        if not self.seq_len_schedule:
+            return self.seq_len
+        return self.seq_len_schedule[min(step, len(self.seq_len_schedule) - 1)]
+
+    def tokens_at(self, step: int) -> int:
+        """Tokens trained in ``step``."""
+        return self.batch_size * self.seq_len_at(step)
+
+    def shape_at(self, step: int) -> dict:
+        """``step``'s workload shape, the keys a migration plan depends on."""
+        return {"batch_size": self.batch_size, "micro_batch_size": self.micro_batch_size,
+                "seq_len": self.seq_len_at(step)}
 
     @property
     def grad_accum_steps(self) -> int:

@@ -290,6 +290,36 @@ class MigrationEngine(TorchDispatchMode):
         self.history.append(self.stats)
         return out
 
+    def hand_back(self, pager) -> None:
+        """Between steps, end the engine's life without bringing anything back to the
+        device: each tensor it holds off the device goes to ``pager``
+        (``teraio.pager.Pager``) as an evicted storage, its bytes read from the tier into
+        one of the pager's host buffers; transfers in flight finish first (an offload
+        leaves its tensor resident, a prefetch makes it resident). Then the I/O threads
+        stop and the tiers close. The reverse of :meth:`prime`, for planning anew
+        (``teraio.train``, on a change of workload shape)."""
+        if self._pool is None:
+            raise RuntimeError("hand_back: the engine is closed")
+        self.step_index, self.stats = -1, StepStats(step=-1)
+        for tid, t in self.tensors.items():
+            if t.storage is None or t.status == RESIDENT:
+                continue
+            if t.status == OFFLOADING:
+                concurrent.futures.wait([t.job])
+                t.handle.wait()
+                t.status, t.job = RESIDENT, None
+            elif t.status == PREFETCHING:
+                self._make_resident(tid, t, urgent=False)
+            else:  # OFFLOADED
+                host = pager.buffers.take(t.nbytes)
+                self.tiers[t.tier].read(t.name, host.untyped_storage()).wait()
+                pager.adopt_evicted(t.storage, host)
+                t.status = RESIDENT  # the engine no longer holds it
+        self._pool.shutdown(wait=True)
+        self._pool = None
+        for tier in self.tiers.values():
+            tier.close()
+
     def close(self, restore: Callable[[str], bool] | None = None) -> None:
         """Restore offloaded tensors to the device, stop the I/O threads and close the tiers
         (offload files deleted, pinned pool freed). Idempotent.

@@ -260,8 +260,33 @@ class Pager:
         self._dead: list[_Page] = []  # filled by weak-reference callbacks, drained on the next op
         self.resident_bytes = 0
         self.evicted_bytes = 0
-        for t in persistent:
+        self.track(persistent)
+
+    def track(self, tensors) -> None:
+        """Count the storages of ``tensors`` from now on (resident, unless already held)."""
+        for t in tensors:
             self._track(t.untyped_storage())
+
+    def adopt_evicted(self, storage: torch.UntypedStorage, host: torch.Tensor) -> None:
+        """Track ``storage``, freed (0 bytes) by another owner, as evicted, its bytes in
+        ``host`` (a CPU ``uint8`` tensor of the storage's size from :attr:`buffers`
+        ``.take``): the migration engine hands its off-device tensors back this way
+        (``MigrationEngine.hand_back``).
+
+        Raises:
+            ValueError: ``storage`` still holds bytes, or the pager already tracks it.
+        """
+        if storage.nbytes() != 0:
+            raise ValueError(f"adopt_evicted: the storage still holds {storage.nbytes()} B; free it first")
+        self._drain_dead()
+        if self._page(storage) is not None:
+            raise ValueError("adopt_evicted: the pager already tracks this storage")
+        key = storage_id(storage)
+        dead = self._dead
+        page = _Page(key, weakref.ref(storage, lambda _, dead=dead: dead.append(page)), host.numel())
+        page.host = host
+        self._away[key] = page
+        self.evicted_bytes += page.nbytes
 
     # ---- bookkeeping --------------------------------------------------------------
     def _on_device(self, storage: torch.UntypedStorage) -> bool:

@@ -28,6 +28,10 @@ Schema (keys always present; unknown values are ``null``):
                       1: profiled), each ``{step, seconds, loss, peak_allocated_bytes,
                       max_accounted_bytes, evictions, restores, bytes_evicted, bytes_restored,
                       oom_retries}`` (``teraio.pager``); empty for other systems
+``replans``           TeraIO: one entry per step where the workload shape changed and the
+                      run profiled and planned again (``{step, shape, profile_seconds,
+                      plan_compile_seconds, plan, artifacts}``; that step is not measured);
+                      empty otherwise
 ``step_peak_allocated_bytes``  TeraIO on CUDA: the allocator's peak of every step, the
                       paged ones included (bytes, step order); empty otherwise
 ``unoffloaded_peak_bytes``  peak live bytes with no offloading (from the trace), null if unknown
@@ -65,7 +69,7 @@ def empty_result(point: dict, config: dict) -> dict[str, Any]:
         "tokens_per_s": None, "stall_count": None, "stall_seconds": None,
         "bytes_per_tier": {"ssd": None, "host": None},
         "peak_allocated_bytes": None, "peak_reserved_bytes": None, "peak_host_rss_bytes": None,
-        "capacity_bytes": None, "capacity_emulated": None, "paged_steps": [],
+        "capacity_bytes": None, "capacity_emulated": None, "paged_steps": [], "replans": [],
         "step_peak_allocated_bytes": [], "unoffloaded_peak_bytes": None, "memory_pressure": None,
         "plan_compile_seconds": None, "profile_seconds": None, "ssd_io_mode": None,
         "gpu_name": None, "versions": {}, "host": None, "started_at": None,

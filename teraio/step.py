@@ -16,9 +16,10 @@ from teraio.config import WorkloadConfig
 
 def make_batch(step: int, workload: WorkloadConfig, vocab_size: int, seed: int,
                device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inputs and labels, int64 ``[batch_size, seq_len]``, deterministic in (seed, step)."""
+    """Inputs and labels, int64 ``[batch_size, workload.seq_len_at(step)]``, deterministic in
+    (seed, step)."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    tokens = torch.randint(0, vocab_size, (workload.batch_size, workload.seq_len + 1), generator=g)
+    tokens = torch.randint(0, vocab_size, (workload.batch_size, workload.seq_len_at(step) + 1), generator=g)
     tokens = tokens.to(device)
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 

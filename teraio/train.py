@@ -35,6 +35,11 @@ On a CPU device with no capacity given nothing is capped (no pager, nothing to p
   ``release_grads``      free each gradient right after its last use in the optimizer step
                          and plan for it (``Trace.with_released_grads``, ``teraio.engine``);
                          default true
+  ``replan_on_drift``    when a step's shape differs from the profiled one's
+                         (``workload.seq_len_schedule``), hand the engine's tensors back to a
+                         pager, profile that step and plan again (counted in the row's
+                         ``replans``); false: the step fails with ``PlanDriftError``;
+                         default true
 """
 from __future__ import annotations
 
@@ -71,6 +76,7 @@ class TeraIOOptions:
     allow_stalls: bool = True
     device_waits: bool = True
     release_grads: bool = True
+    replan_on_drift: bool = True
 
 
 def tier_bandwidth(cfg: RunConfig) -> TierBandwidth:
@@ -173,18 +179,19 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
         optimizer = make_optimizer(model, w.lr)
         peaks = [peak_memory(device)]  # (allocated, reserved): the build, then each step
 
-        shape = {"batch_size": w.batch_size, "micro_batch_size": w.micro_batch_size, "seq_len": w.seq_len}
-
         def step_fn(step: int):
             inputs, labels = make_batch(step, w, cfg.model.vocab_size, cfg.seed, device)
             return lambda: train_step(model, optimizer, inputs, labels, w.micro_batch_size)
 
-        pager = None if limit is None else Pager(
-            limit, device, list(persistent_tensors(model, optimizer).values()),
-            min_evict_bytes=opts.min_tensor_bytes)
+        def new_pager(track: bool = True):
+            return None if limit is None else Pager(
+                limit, device, list(persistent_tensors(model, optimizer).values()) if track else [],
+                min_evict_bytes=opts.min_tensor_bytes)
+
+        pager = new_pager()
         losses, paged = [], []
 
-        def paged_step(step: int, body):
+        def paged_step(step: int, body, note: str = ""):
             if pager is not None:
                 pager.stats = PagerStats(max_accounted_bytes=pager.resident_bytes)
             reset_peak_memory(device)
@@ -192,14 +199,14 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
                 loss = body()
             losses.append(loss)
             allocated, reserved = peak_memory(device)
-            if "trace" in traced and allocated is not None:  # the profiler resets the peak per op
-                allocated = max(allocated, traced["trace"].meta["peak_allocated_bytes"] or 0)
+            if step in traced and allocated is not None:  # the profiler resets the peak per op
+                allocated = max(allocated, traced[step].meta["peak_allocated_bytes"] or 0)
             peaks.append((allocated, reserved))
             paged.append({"step": step, "seconds": t["seconds"], "loss": loss,
                           "peak_allocated_bytes": peaks[-1][0],
                           **(dataclasses.asdict(pager.stats) if pager is not None else {})})
-            print(progress_line(step, t["seconds"], w.tokens_per_step, loss, True,
-                                " (paged)" if pager is not None else ""), flush=True)
+            print(progress_line(step, t["seconds"], w.tokens_at(step), loss, not note,
+                                (" (paged)" if pager is not None else "") + note), flush=True)
             return t["seconds"]
 
         def first_step():
@@ -208,73 +215,98 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
 
         traced = {}
 
-        def profiled_step():
-            loss, traced["trace"] = profile_step(step_fn(1), model, optimizer, device, meta=cfg.point(),
-                                                 pager=pager)
-            return loss
+        def profiled(step: int):
+            def body():
+                loss, traced[step] = profile_step(step_fn(step), model, optimizer, device,
+                                                  meta={**cfg.point(), **w.shape_at(step)}, pager=pager)
+                return loss
+            return body
+
+        def plan_for(trace, suffix: str):
+            """Plan ``trace`` (saved with it in the job dir) and start an engine on it, taking
+            over what the pager holds."""
+            unoffloaded_peak = trace.peak_bytes()  # M's numerator: the plain step's, for every option
+            trace.save(job_dir / f"trace{suffix}.json")
+            if opts.release_grads:
+                trace = trace.with_released_grads()
+            plan_capacity = limit if limit is not None else int(unoffloaded_peak * (1 - headroom))
+            host_cap = cfg.hardware.host_mem_cap_bytes if cfg.system.name == "teraio_mixed" else 0
+            t0 = time.perf_counter()
+            plan = plan_migrations(trace, plan_capacity, tier_bandwidth(cfg), host_cap_bytes=host_cap,
+                                   benefit=opts.benefit, min_tensor_bytes=opts.min_tensor_bytes,
+                                   allow_stalls=opts.allow_stalls)
+            compile_seconds = time.perf_counter() - t0
+            plan.save(job_dir / f"plan{suffix}.json")
+            summary = {"capacity_bytes": plan_capacity, "predicted_peak_bytes": plan.predicted_peak_bytes,
+                       "shortfall_bytes": plan.shortfall_bytes, "migrations": len(plan.migrations),
+                       "bytes_per_tier": plan.bytes_per_tier()}
+            if not suffix:
+                result.update(unoffloaded_peak_bytes=unoffloaded_peak, plan_compile_seconds=compile_seconds,
+                              memory_pressure=unoffloaded_peak / capacity if capacity else None, plan=summary)
+                result["artifacts"].update(trace="trace.json", plan="plan.json")
+            if plan.shortfall_bytes > 0:
+                raise ValueError(
+                    f"the capacity cannot be met: the plan for {plan_capacity} B (capacity {capacity} B less "
+                    f"headroom {headroom}) peaks at {plan.predicted_peak_bytes} B, {plan.shortfall_bytes} B over; "
+                    f"the smallest capacity it reaches is hardware.gpu_capacity_bytes="
+                    f"{math.ceil(plan.predicted_peak_bytes / (1 - headroom))}"
+                    + ("" if opts.allow_stalls else " (or allow stalls: system.options.allow_stalls=true)"))
+            tiers = open_tiers(plan, cfg, device, opts.io_threads)
+            result["ssd_io_mode"] = tiers["ssd"].mode if "ssd" in tiers else None
+            eng = MigrationEngine(trace, plan, persistent_tensors(model, optimizer), tiers, device,
+                                  device_waits=opts.device_waits, release_grads=opts.release_grads)
+            if pager is not None:
+                # The pager's free page-locked buffers become host-tier slots; the rest of its
+                # buffers are released as they empty, so host memory never holds both.
+                adopted = tiers["host"].adopt(pager.buffers) if "host" in tiers else 0
+                pager.buffers.stop_keeping()
+            eng.prime(pager)
+            if pager is not None:
+                if "host" in tiers:
+                    print(f"host tier: {adopted} B of {tiers['host'].nbytes} B adopted from the pager's "
+                          f"free buffers, {tiers['host'].allocated_bytes - adopted} B more taken over or "
+                          "allocated", flush=True)
+                pager.close()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            return eng, trace, compile_seconds, summary
 
         paged_step(0, first_step)
-        result["profile_seconds"] = paged_step(1, profiled_step)
+        result["profile_seconds"] = paged_step(1, profiled(1))
         result["paged_steps"] = paged
-        trace = traced["trace"]
-        trace.save(job_dir / "trace.json")
-
-        unoffloaded_peak = trace.peak_bytes()  # M's numerator: the plain step's, for every option
-        if opts.release_grads:
-            trace = trace.with_released_grads()
-        plan_capacity = limit if limit is not None else int(unoffloaded_peak * (1 - headroom))
-        host_cap = cfg.hardware.host_mem_cap_bytes if cfg.system.name == "teraio_mixed" else 0
-        t0 = time.perf_counter()
-        plan = plan_migrations(trace, plan_capacity, tier_bandwidth(cfg), host_cap_bytes=host_cap,
-                               benefit=opts.benefit, min_tensor_bytes=opts.min_tensor_bytes,
-                               allow_stalls=opts.allow_stalls)
-        result["plan_compile_seconds"] = time.perf_counter() - t0
-        plan.save(job_dir / "plan.json")
-        result.update(unoffloaded_peak_bytes=unoffloaded_peak,
-                      memory_pressure=unoffloaded_peak / capacity if capacity else None)
-        result["plan"] = {"capacity_bytes": plan_capacity, "predicted_peak_bytes": plan.predicted_peak_bytes,
-                          "shortfall_bytes": plan.shortfall_bytes, "migrations": len(plan.migrations),
-                          "bytes_per_tier": plan.bytes_per_tier()}
-        result["artifacts"].update(trace="trace.json", plan="plan.json")
-        if plan.shortfall_bytes > 0:
-            raise ValueError(
-                f"the capacity cannot be met: the plan for {plan_capacity} B (capacity {capacity} B less "
-                f"headroom {headroom}) peaks at {plan.predicted_peak_bytes} B, {plan.shortfall_bytes} B over; "
-                f"the smallest capacity it reaches is hardware.gpu_capacity_bytes="
-                f"{math.ceil(plan.predicted_peak_bytes / (1 - headroom))}"
-                + ("" if opts.allow_stalls else " (or allow stalls: system.options.allow_stalls=true)"))
-
-        tiers = open_tiers(plan, cfg, device, opts.io_threads)
-        result["ssd_io_mode"] = tiers["ssd"].mode if "ssd" in tiers else None
-        engine = MigrationEngine(trace, plan, persistent_tensors(model, optimizer), tiers, device,
-                                 device_waits=opts.device_waits, release_grads=opts.release_grads)
-        if pager is not None:
-            # The pager's free page-locked buffers become host-tier slots; the rest of its
-            # buffers are released as they empty, so host memory never holds both.
-            adopted = tiers["host"].adopt(pager.buffers) if "host" in tiers else 0
-            pager.buffers.stop_keeping()
-        engine.prime(pager)
-        if pager is not None:
-            if "host" in tiers:
-                print(f"host tier: {adopted} B of {tiers['host'].nbytes} B adopted from the pager's "
-                      f"free buffers, {tiers['host'].allocated_bytes - adopted} B more taken over or "
-                      "allocated", flush=True)
-            pager.close()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        engine, trace, _, _ = plan_for(traced[1], "")
+        runs = [(engine, trace)]  # every engine of the run with its trace, for the logs
         with compute_stream(device):
             for step in range(2, w.warmup_steps + w.measure_steps):
+                shape = w.shape_at(step)
+                if opts.replan_on_drift and shape != w.shape_at(step - 1):
+                    # Plan drift (the shape the plan was made for changed): page, profile, plan anew.
+                    pager = new_pager(track=False)
+                    if pager is None:  # uncapped: the plan moves nothing
+                        engine.close()
+                    else:
+                        engine.hand_back(pager)
+                        pager.track(persistent_tensors(model, optimizer).values())
+                    seconds = paged_step(step, profiled(step), f" (profiled again: seq_len {shape['seq_len']},"
+                                                               " not measured)")
+                    engine, trace, compile_seconds, summary = plan_for(traced[step], f".step{step}")
+                    runs.append((engine, trace))
+                    result["replans"].append({"step": step, "shape": shape, "profile_seconds": seconds,
+                                              "plan_compile_seconds": compile_seconds, "plan": summary,
+                                              "artifacts": {"trace": f"trace.step{step}.json",
+                                                            "plan": f"plan.step{step}.json"}})
+                    continue
                 reset_peak_memory(device)
                 with timed(device) as t:
                     loss = engine.run_step(step_fn(step), step, shape=shape)
                 losses.append(loss)
                 peaks.append(peak_memory(device))
                 s = engine.stats
-                print(progress_line(step, t["seconds"], w.tokens_per_step, loss, step < w.warmup_steps,
+                print(progress_line(step, t["seconds"], w.tokens_at(step), loss, step < w.warmup_steps,
                                     f" stalls {s.stall_count}"), flush=True)
                 if step >= w.warmup_steps:
                     result["iterations"].append(iteration_row(
-                        step, t["seconds"], w.tokens_per_step, loss, stall_count=s.stall_count,
+                        step, t["seconds"], w.tokens_at(step), loss, stall_count=s.stall_count,
                         stall_seconds=s.stall_seconds, migration_seconds=s.migration_seconds,
                         bytes_offloaded=s.bytes_offloaded, bytes_prefetched=s.bytes_prefetched,
                         urgent_count=s.urgent_count, max_accounted_bytes=s.max_accounted_bytes))
@@ -291,26 +323,30 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
             engine.close(restore=lambda name: name.startswith("param:"))
     result["losses"] = losses
     result["final_params_sha256"] = param_digest(model)
-    _write_logs(engine, trace, job_dir, first_step=w.warmup_steps)
+    _write_logs(runs, job_dir, first_step=w.warmup_steps)
     result["artifacts"].update(oplog="oplog.csv", transfers="transfers.csv")
 
 
-def _write_logs(engine: MigrationEngine, trace, job_dir: Path, first_step: int) -> None:
+def _write_logs(runs: list, job_dir: Path, first_step: int) -> None:
+    """``oplog.csv`` and ``transfers.csv`` of the steps from ``first_step`` on, over every
+    ``(engine, trace)`` of the run (several where the run planned again)."""
     with open(job_dir / "oplog.csv", "w", newline="") as f:
         wr = csv.writer(f)
         wr.writerow(["step", "op", "op_name", "t_start_s", "seconds", "stall_s"])
-        for row in engine.oplog:
-            if row["step"] < first_step:
-                continue
-            t = row["t_start_s"]
-            dur = list(t[1:] - t[:-1]) + [float("nan")]
-            for k in range(trace.n_ops):
-                wr.writerow([row["step"], k, trace.op_names[k], f"{t[k]:.9f}", f"{dur[k]:.9f}",
-                             f"{row['stall_s'][k]:.9f}"])
+        for engine, trace in runs:
+            for row in engine.oplog:
+                if row["step"] < first_step:
+                    continue
+                t = row["t_start_s"]
+                dur = list(t[1:] - t[:-1]) + [float("nan")]
+                for k in range(trace.n_ops):
+                    wr.writerow([row["step"], k, trace.op_names[k], f"{t[k]:.9f}", f"{dur[k]:.9f}",
+                                 f"{row['stall_s'][k]:.9f}"])
     cols = ["step", "tensor", "tier", "direction", "nbytes", "op_issued", "op_done", "t_issued_s", "t_done_s"]
     with open(job_dir / "transfers.csv", "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=cols)
         wr.writeheader()
-        for r in engine.transfers:
-            if r["step"] >= first_step:
-                wr.writerow(r)
+        for engine, _ in runs:
+            for r in engine.transfers:
+                if r["step"] >= first_step:
+                    wr.writerow(r)

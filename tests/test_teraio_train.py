@@ -21,6 +21,7 @@ from teraio.models import build_model
 from teraio.profiler import iter_tensors
 from teraio.result import empty_result
 from teraio.step import make_batch, make_optimizer, train_step
+from teraio.engine import PlanDriftError
 from teraio.train import run
 
 CPU = torch.device("cpu")
@@ -28,18 +29,19 @@ MODEL = {"name": "tiny", "dim": 64, "n_layers": 2, "n_heads": 4, "vocab_size": 2
 WORK = {"batch_size": 2, "micro_batch_size": 1, "seq_len": 32, "warmup_steps": 2, "measure_steps": 18}
 
 
-def config(system, ssd_dir, capacity, model=None, device="cpu", options=None, **hw):
+def config(system, ssd_dir, capacity, model=None, device="cpu", options=None, workload=None, **hw):
     hardware = {"device": device, "ssd_dirs": [str(ssd_dir)], "gpu_capacity_bytes": capacity,
                 "host_mem_cap_bytes": 1 << 28,
                 "ssd_write_gbps": 50.0, "ssd_read_gbps": 50.0, "host_d2h_gbps": 50.0, "host_h2d_gbps": 50.0,
                 **hw}
-    return run_config_from_dict({"model": {**MODEL, **(model or {})}, "workload": WORK, "hardware": hardware,
+    return run_config_from_dict({"model": {**MODEL, **(model or {})}, "workload": {**WORK, **(workload or {})},
+                                 "hardware": hardware,
                                  "system": {"name": system,
                                             "options": {"min_tensor_bytes": 1024, **(options or {})}}})
 
 
-def reference(device=CPU, **model):
-    cfg = config("teraio_ssd", "/unused", None, model=model)
+def reference(device=CPU, workload=None, **model):
+    cfg = config("teraio_ssd", "/unused", None, model=model, workload=workload)
     model = build_model(cfg.model, cfg.workload.seq_len, device, cfg.seed)
     opt = make_optimizer(model, cfg.workload.lr)
     losses = []
@@ -152,6 +154,42 @@ def test_capped_from_the_first_allocation(tmp_path, ref, monkeypatch, system, hw
         assert it["max_accounted_bytes"] <= capacity
     assert result["plan"]["shortfall_bytes"] == 0
     assert result["capacity_bytes"] == capacity and result["capacity_emulated"] is True
+
+
+# Sequence length 32 for steps 0-4, then 16 for steps 5-9, then 24.
+SCHEDULE = {"seq_len_schedule": [32] * 5 + [16] * 5 + [24], "measure_steps": 12}
+
+
+@pytest.mark.parametrize("system,hw", [
+    ("teraio_ssd", {}),
+    ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}),
+], ids=["ssd", "mixed"])
+def test_a_change_of_sequence_length_is_planned_anew_and_stays_bit_identical(tmp_path, system, hw):
+    ref_losses, ref_digest = reference(workload=SCHEDULE)
+    (tmp_path / "ssd").mkdir()
+    probe = run_teraio(config(system, tmp_path / "ssd", None, workload=SCHEDULE, **hw), tmp_path / "probe")
+    capacity = int(probe["unoffloaded_peak_bytes"] * 0.45)
+    result = run_teraio(config(system, tmp_path / "ssd", capacity, workload=SCHEDULE, **hw), tmp_path / "job")
+
+    assert result["losses"] == ref_losses and result["final_params_sha256"] == ref_digest
+    assert [(r["step"], r["shape"]["seq_len"]) for r in result["replans"]] == [(5, 16), (10, 24)]
+    for r in result["replans"]:
+        assert r["plan"]["shortfall_bytes"] == 0 and r["plan"]["migrations"] > 0
+        assert (tmp_path / "job" / r["artifacts"]["plan"]).exists()
+    # Every step ran within the capacity: the paged ones (0, 1 and the replanned ones) and
+    # the engine's; the replanned steps are not measured.
+    assert [s["step"] for s in result["paged_steps"]] == [0, 1, 5, 10]
+    assert all(s["max_accounted_bytes"] <= capacity for s in result["paged_steps"])
+    assert all(it["max_accounted_bytes"] <= capacity for it in result["iterations"])
+    assert [it["step"] for it in result["iterations"]] == [2, 3, 4, 6, 7, 8, 9, 11, 12, 13]
+    assert [it["tokens"] for it in result["iterations"]][-1] == 2 * 24
+    assert not list((tmp_path / "ssd").iterdir())
+
+    # Without re-planning the changed step fails, naming what changed.
+    cfg = config(system, tmp_path / "ssd", capacity, workload=SCHEDULE,
+                 options={"replan_on_drift": False}, **hw)
+    with pytest.raises(PlanDriftError, match="step 5 drifted from the profiled step: seq_len 32 -> 16"):
+        run_teraio(cfg, tmp_path / "strict")
 
 
 def test_bandwidth_starved_plan_stalls_but_fits(tmp_path, ref):
