@@ -135,3 +135,52 @@ def paper_frame(conf_dir: Path = CONF_DIR, stages: int = 2) -> pd.DataFrame:
                              "paper_m": p["paper_m"], **st, "estimated_m": 100 * st["peak_bytes"] / capacity,
                              "persistent_share": persistent_share(groups)})
     return pd.DataFrame(rows)
+
+
+def _points(conf_dir: Path, experiment: str) -> dict:
+    import yaml
+
+    return yaml.safe_load((conf_dir / "experiment" / f"{experiment}.yaml").read_text())["fig7"]["points"]
+
+
+def paper_point_of(model: str, batch_size: int, micro_batch_size: int, seq_len: int,
+                   conf_dir: Path = CONF_DIR) -> tuple[str, str] | None:
+    """The paper configuration ``(model, point)`` a run stands for: a point of
+    ``experiment/fig7.yaml`` itself, or a scaled one of ``experiment/fig7_h200.yaml`` (whose
+    model is a cut of the paper's: ``llama3_8b_4l`` for ``llama3_8b``); None for any other
+    run."""
+    shape = (batch_size, micro_batch_size, seq_len)
+    for experiment, paper_model in (("fig7", model), ("fig7_h200", model.rsplit("_", 1)[0])):
+        for point, p in _points(conf_dir, experiment).get(model, {}).items():
+            if (p["batch_size"], p["micro_batch_size"], p["seq_len"]) == shape:
+                return paper_model, point
+    return None
+
+
+def point_comparison(runs: pd.DataFrame, measured: pd.DataFrame, paper: pd.DataFrame,
+                     conf_dir: Path = CONF_DIR) -> pd.DataFrame:
+    """Per measured point (model, batch, micro-batch, sequence): M and the persistent share
+    at the un-offloaded peak as measured (medians over the ok runs with a trace) beside the
+    paper's M and the persistent share estimated for the paper configuration the point
+    stands for (:func:`paper_point_of`; both stages of :func:`paper_frame`)."""
+    keys = ["model", "batch_size", "micro_batch_size", "seq_len"]
+    ok = runs[~runs["failed"] & runs["memory_pressure"].notna()]
+    rows = []
+    for key, g in ok.groupby(keys, sort=True):
+        point = dict(zip(keys, key))
+        m = measured[(measured["model"] == point["model"]) & (measured["config"].isin(g["config"]))
+                     & (measured["micro_batch_size"] == point["micro_batch_size"])]
+        row = {**point, "measured_m": 100 * float(g["memory_pressure"].median()),
+               "measured_persistent": float(m["persistent_at_peak"].median()) if len(m) else float("nan"),
+               "paper_model": None, "paper_point": None, "paper_m": float("nan"),
+               "paper_persistent_stage0": float("nan"), "paper_persistent_stage1": float("nan")}
+        match = paper_point_of(*key, conf_dir=conf_dir)
+        if match is not None:
+            est = paper[(paper["model"] == match[0]) & (paper["point"] == match[1])]
+            row.update(paper_model=match[0], paper_point=match[1])
+            if len(est):
+                row["paper_m"] = float(est["paper_m"].iloc[0])
+                for _, e in est.iterrows():
+                    row[f"paper_persistent_stage{int(e['stage'])}"] = float(e["persistent_share"])
+        rows.append(row)
+    return pd.DataFrame(rows)

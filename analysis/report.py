@@ -65,7 +65,12 @@ def analyze(sweep_dir: str | Path, out_dir: str | Path | None = None) -> dict[st
                                    ["Paper: > 16 GB/s for > 64% (Granite-8B) and 82.3% "
                                     "(Llama3-70B) of training time, TeraIO-Mixed."])
     index = out / "index.md"
-    lines = [f"# Analysis of {describe(sweep)}", "", "## Written", ""]
+    lines = [f"# Analysis of {describe(sweep)}", ""]
+    makeup = out / "tables" / "memory_makeup_vs_paper.md"
+    if makeup.exists():  # per point: the measured M and memory make-up beside the paper's
+        lines += ["## Memory pressure and make-up per point, beside the paper's", "",
+                  makeup.read_text().strip(), ""]
+    lines += ["## Written", ""]
     lines += [f"- `{p.relative_to(out)}`" for p in written]
     lines += ["", "## Figures skipped", ""] + ([f"- {k}: {v}" for k, v in skipped.items()] or ["- none"])
     lines += ["", "## result.json not loaded", ""] + (

@@ -155,6 +155,19 @@ def paper_breakdown_table(paper: pd.DataFrame) -> pd.DataFrame:
     return d
 
 
+def point_comparison_table(comp: pd.DataFrame) -> pd.DataFrame:
+    d = comp[["model", "batch_size", "micro_batch_size", "seq_len"]].rename(
+        columns={"batch_size": "batch", "micro_batch_size": "µbatch", "seq_len": "seq"}).astype(str)
+    d["M %"] = comp["measured_m"].map(lambda v: fmt(v, 1))
+    d["persistent % at peak"] = (100 * comp["measured_persistent"]).map(lambda v: fmt(v, 1))
+    d["paper configuration"] = [f"{m} {p}" if m else "none" for m, p in zip(comp["paper_model"], comp["paper_point"])]
+    d["paper M %"] = comp["paper_m"].map(lambda v: fmt(v, 1))
+    d["paper persistent % (stage 0 / 1, estimated)"] = [
+        f"{fmt(100 * a, 1)} / {fmt(100 * b, 1)}" if m else NA
+        for m, a, b in zip(comp["paper_model"], comp["paper_persistent_stage0"], comp["paper_persistent_stage1"])]
+    return d
+
+
 def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
     """Write every table under ``out_dir`` (``<name>.md`` and ``<name>.tex``); return the
     paths written."""
@@ -212,7 +225,18 @@ def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
                               "parameters, gradients and optimizer state; 'mean' weighs each op "
                               "by its time. The paper's configurations, estimated: "
                               "memory_breakdown_paper_configs."])
-    paths += write_table(paper_breakdown_table(bd.paper_frame()), out_dir / "memory_breakdown_paper_configs",
+    paper = bd.paper_frame()
+    if len(measured):
+        paths += write_table(point_comparison_table(bd.point_comparison(sweep.runs, measured, paper)),
+                             out_dir / "memory_makeup_vs_paper",
+                             f"Memory pressure M and the persistent share, measured per point beside the "
+                             f"paper's — {who}",
+                             ["M: un-offloaded peak ÷ capacity (median over ok runs); persistent: "
+                              "parameters, gradients and optimizer state at the un-offloaded peak "
+                              "(median over the ok runs' traces). Paper: M from its Fig. 7 tables; "
+                              "persistent share estimated for the configuration the point stands "
+                              "for, per stage of its 2-stage pipeline (memory_breakdown_paper_configs)."])
+    paths += write_table(paper_breakdown_table(paper), out_dir / "memory_breakdown_paper_configs",
                          "The paper's Fig. 7 configurations, estimated per GPU of its 2-stage 1F1B "
                          "pipeline (analysis.breakdown.pipeline_estimate)",
                          ["16 B per parameter of the stage (FP32 weight, gradient, two AdamW "

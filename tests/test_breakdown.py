@@ -72,7 +72,7 @@ def test_every_analysis_shows_the_breakdown_of_runs_with_a_trace(tmp_path):
              "micro_batch_size": 1, "seq_len": 8, "trial": 0}
     row = empty_result(point, {"hardware": {"prices": {}, "host_mem_cap_bytes": 1 << 20, "ssd_dirs": ["/ssd"],
                                             "n_gpus": 1}})
-    row.update(status="ok", tokens_per_s=10.0, artifacts={"trace": "trace.json"},
+    row.update(status="ok", tokens_per_s=10.0, artifacts={"trace": "trace.json"}, memory_pressure=1.25,
                iterations=[{"step": 2, "seconds": 1.0, "tokens": 16, "tokens_per_s": 16.0, "loss": 1.0}])
     write_result(job / "result.json", row)
     paths = analyze(tmp_path / "sweep")
@@ -80,6 +80,36 @@ def test_every_analysis_shows_the_breakdown_of_runs_with_a_trace(tmp_path):
     # 400 B peak: 100 B parameters, 50 B gradients, 200 B optimizer state, 30 B activations, 20 B allocator
     assert "| tiny | teraio_mixed | bs2_seq8 | 1 | 0 |" in table and "| 87.5 |" in table
     assert "tables/memory_breakdown_paper_configs.md" in paths
+    # The index names the point's measured M and persistent share (no paper point for it).
+    index = paths["index.md"].read_text()
+    assert "## Memory pressure and make-up per point, beside the paper's" in index
+    assert "| tiny | 2 | 1 | 8 | 125.0 | 87.5 | none | n/a | n/a |" in index
     fig = fig10_memory_breakdown(load_sweep(tmp_path / "sweep"))
     gids = {a.get_gid() for ax in fig.axes for a in ax.collections}
     assert {"parameters", "gradients", "optimizer state", "activations", "temporaries", "allocator"} <= gids
+
+
+def test_a_scaled_point_is_compared_with_the_paper_configuration_it_stands_for():
+    import pandas as pd
+
+    from analysis.breakdown import paper_frame, paper_point_of, point_comparison
+
+    # fig7_h200's llama3_8b_4l bs_small stands for the paper's llama3_8b bs_small; fig7's
+    # own points stand for themselves; anything else for nothing.
+    assert paper_point_of("llama3_8b_4l", 8, 2, 1024) == ("llama3_8b", "bs_small")
+    assert paper_point_of("llama3_8b", 64, 1, 4096) == ("llama3_8b", "seq_long")
+    assert paper_point_of("llama3_8b_4l", 2, 2, 1024) is None
+    runs = pd.DataFrame([
+        {"model": "llama3_8b_4l", "batch_size": 8, "micro_batch_size": 2, "seq_len": 1024, "config": "bs8_seq1024",
+         "failed": False, "memory_pressure": m} for m in (1.8, 1.9, 2.0)] + [
+        {"model": "llama3_8b_4l", "batch_size": 8, "micro_batch_size": 2, "seq_len": 1024, "config": "bs8_seq1024",
+         "failed": True, "memory_pressure": 9.0}])
+    measured = pd.DataFrame([{"model": "llama3_8b_4l", "config": "bs8_seq1024", "micro_batch_size": 2,
+                              "persistent_at_peak": v} for v in (0.7, 0.8, 0.9)])
+    paper = paper_frame()
+    (row,) = point_comparison(runs, measured, paper).to_dict("records")
+    assert row["measured_m"] == pytest.approx(190.0) and row["measured_persistent"] == pytest.approx(0.8)
+    est = paper[(paper["model"] == "llama3_8b") & (paper["point"] == "bs_small")].set_index("stage")
+    assert (row["paper_model"], row["paper_point"], row["paper_m"]) == ("llama3_8b", "bs_small", 187.56)
+    assert row["paper_persistent_stage0"] == est.loc[0, "persistent_share"]
+    assert row["paper_persistent_stage1"] == est.loc[1, "persistent_share"]
