@@ -12,13 +12,10 @@ import math
 import numpy as np
 import pandas as pd
 
+from teraio import systems
+
 from .stats import mean_ci
 
-SYSTEM_ORDER = ("zero_infinity", "zero_offload", "teraio_ssd", "teraio_mixed", "ideal")  # Fig. 7
-SYSTEM_LABELS = {"ideal": "Ideal", "teraio_ssd": "TeraIO-SSD", "teraio_mixed": "TeraIO-Mixed",
-                 "zero_offload": "ZeRO-Offload", "zero_infinity": "ZeRO-Infinity"}
-TERAIO = ("teraio_ssd", "teraio_mixed")
-ZERO = ("zero_offload", "zero_infinity")
 
 WORKLOAD_KEYS = ["model", "hardware", "batch_size", "seq_len"]
 VARIANT_KEYS = ["host_mem_cap_bytes", "n_ssd"]
@@ -27,11 +24,17 @@ GROUP_KEYS = COMPARE_KEYS + ["micro_batch_size", "system", "measure"]
 
 
 def system_label(system) -> str:
-    return SYSTEM_LABELS.get(system, "?" if system is None or pd.isna(system) else str(system))
+    """The registry's display name (``teraio.systems``); the name itself for a system it
+    does not know, ``?`` for none."""
+    if system is None or (not isinstance(system, str) and pd.isna(system)):
+        return "?"
+    return systems.get(system).display if system in systems.names() else str(system)
 
 
 def system_rank(system) -> int:
-    return SYSTEM_ORDER.index(system) if system in SYSTEM_ORDER else len(SYSTEM_ORDER)
+    """Position in the registry (the paper's Fig. 7 order); unknown systems last."""
+    order = systems.names()
+    return order.index(system) if system in order else len(order)
 
 
 def _failures(status: pd.Series) -> str:
@@ -148,8 +151,8 @@ def speedups(best: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for keys, g in best.groupby(COMPARE_KEYS, dropna=False, sort=False):
         by_sys = {s: r for s, r in zip(g["system"], g.to_dict("records"))}
-        for t in TERAIO:
-            for z in ZERO:
+        for t in systems.with_role("teraio"):
+            for z in systems.with_role("baseline"):
                 if t not in by_sys and z not in by_sys:
                     continue
                 notes = []
@@ -178,8 +181,8 @@ def speedup_summary(sp: pd.DataFrame) -> pd.DataFrame:
     series), ``n_points``, ``mean``, ``geomean``, ``max``."""
     valid = sp[np.isfinite(sp["speedup"].astype(float))]  # an empty frame's column is object
     rows = []
-    for t in TERAIO:
-        for z in (*ZERO, "both"):
+    for t in systems.with_role("teraio"):
+        for z in (*systems.with_role("baseline"), "both"):
             pair = (sp["teraio"] == t) & ((sp["zero"] == z) if z != "both" else True)
             if not pair.any():
                 continue

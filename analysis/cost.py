@@ -30,6 +30,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from teraio import systems
+
 from . import aggregate as agg
 from .load import Sweep, describe
 from .render import FAILED, NA, fmt, write_table
@@ -46,9 +48,11 @@ PAPER_COST_SAVING = {"teraio_ssd": 5.88, "teraio_mixed": 5.41}
 PAPER_COST_EFFICIENCY = {("teraio_mixed", "zero_offload"): 1.45,
                          ("teraio_mixed", "zero_infinity"): 1.47}
 
-_SERVER = {"teraio_ssd": "server_base", "teraio_mixed": "server_1tb",
-           "zero_offload": "server_1tb", "zero_infinity": "server_1tb"}
-_USES_SSD = {"teraio_ssd", "teraio_mixed", "zero_infinity"}
+
+
+def _server(system: str) -> str | None:
+    """The server ``system`` is priced on (``SystemSpec.cost_server``); None if unpriced."""
+    return systems.get(system).cost_server if system in systems.names() else None
 
 
 def resolve_prices(prices: dict | None, where: str = "hardware.prices") -> tuple[dict, str]:
@@ -78,10 +82,10 @@ def system_cost(system: str, prices: dict, n_ssd_run) -> float:
     """Hardware cost (USD) of ``system`` under ``prices`` (resolved); ``n_ssd_run`` (the run's
     drive count) is used when the prices do not fix ``n_ssd``. NaN for Ideal or an unknown
     system."""
-    if system not in _SERVER:
+    if _server(system) is None:
         return math.nan
-    cost = float(prices[_SERVER[system]])
-    if system in _USES_SSD:
+    cost = float(prices[_server(system)])
+    if systems.get(system).uses_drives:
         n = prices.get("n_ssd", n_ssd_run)
         if n is None or pd.isna(n):
             return math.nan
@@ -110,7 +114,7 @@ def cost_frame(sweep: Sweep) -> pd.DataFrame:
     ``cost_usd``, ``price_source``, ``tokens_per_s_mean`` and ``tokens_per_s_per_usd``."""
     best = agg.select_best(agg.summarize_runs(sweep.runs))
     prices = hardware_prices(sweep.runs)
-    best = best[best["system"].isin(list(_SERVER))].copy()
+    best = best[[_server(s) is not None for s in best["system"]]].copy()
     best["cost_usd"] = [system_cost(s, prices[h][0], n)
                         for s, h, n in zip(best["system"], best["hardware"], best["n_ssd"])]
     best["price_source"] = [prices[h][1] for h in best["hardware"]]
@@ -126,7 +130,7 @@ def cost_saving(sweep: Sweep) -> pd.DataFrame:
     variants = sweep.runs[["hardware", "n_ssd"]].drop_duplicates()
     for hw, n_ssd in variants.itertuples(index=False):
         p, src = prices[hw]
-        for t in agg.TERAIO:
+        for t in systems.with_role("teraio"):
             rows.append({"hardware": hw, "n_ssd": p.get("n_ssd", n_ssd), "teraio": t,
                          "cost_usd": system_cost(t, p, n_ssd), "pure_gpu_usd": p["pure_gpu_servers"],
                          "saving": p["pure_gpu_servers"] / system_cost(t, p, n_ssd),
@@ -144,8 +148,8 @@ def cost_efficiency(costs: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for keys, g in costs.groupby(agg.COMPARE_KEYS, dropna=False, sort=False):
         eff = {s: e for s, e, n in zip(g["system"], g["tokens_per_s_per_usd"], g["n"]) if n > 0}
-        for t in agg.TERAIO:
-            for z in agg.ZERO:
+        for t in systems.with_role("teraio"):
+            for z in systems.with_role("baseline"):
                 if t in eff and z in eff:
                     rows.append({**dict(zip(agg.COMPARE_KEYS, keys)), "config": g["config"].iloc[0],
                                  "teraio": t, "zero": z, "ratio": eff[t] / eff[z]})

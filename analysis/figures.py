@@ -36,6 +36,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from teraio import systems as registry
+
 from . import aggregate as agg
 from .bandwidth import run_bandwidth
 from .load import Sweep, config_label, describe
@@ -54,9 +56,10 @@ class NoData(Exception):
 
 def system_palette(systems) -> dict[str, tuple]:
     """A fixed colour per system (by the paper's series order), so figures agree."""
-    base = sns.color_palette("colorblind", len(agg.SYSTEM_ORDER) + len(systems))
-    extra = iter(base[len(agg.SYSTEM_ORDER):])
-    return {s: base[agg.SYSTEM_ORDER.index(s)] if s in agg.SYSTEM_ORDER else next(extra)
+    order = registry.names()
+    base = sns.color_palette("colorblind", len(order) + len(systems))
+    extra = iter(base[len(order):])
+    return {s: base[order.index(s)] if s in order else next(extra)
             for s in systems}
 
 

@@ -27,6 +27,18 @@ from teraio.trace import Trace
 NO_BYTES = {"ssd": 0, "host": 0}
 
 
+def check_options(system: str, options: dict) -> None:
+    """``system.options`` of Ideal (``teraio.systems``): only ``modeled_traces``, a map of
+    model names to trace files. Raises ValueError naming the bad key or value."""
+    unknown = sorted(set(options) - {"modeled_traces"})
+    if unknown:
+        raise ValueError(f"system.options {unknown}: {system} takes only modeled_traces "
+                         "({model name: trace file})")
+    traces = options.get("modeled_traces") or {}
+    if not isinstance(traces, dict):
+        raise ValueError(f"system.options.modeled_traces={traces!r}; must map model names to trace files")
+
+
 def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> None:
     """Train ``workload.warmup_steps`` untimed then ``workload.measure_steps`` timed
     iterations of the shared step, uncapped, and fill ``result`` (``teraio.result``).
@@ -47,13 +59,8 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
         FloatingPointError: a non-finite loss.
         torch.OutOfMemoryError: the model does not fit the real device.
     """
-    unknown = sorted(set(cfg.system.options) - {"modeled_traces"})
-    if unknown:
-        raise ValueError(f"system.options {unknown}: ideal takes only modeled_traces "
-                         "({model name: trace file})")
+    check_options(cfg.system.name, cfg.system.options)
     traces = cfg.system.options.get("modeled_traces") or {}
-    if not isinstance(traces, dict):
-        raise ValueError(f"system.options.modeled_traces={traces!r}; must map model names to trace files")
     if cfg.model.name in traces:
         return run_modeled(cfg, Path(traces[cfg.model.name]), result)
     w = cfg.workload

@@ -86,7 +86,6 @@ from teraio.result import iteration_row, progress_line
 from teraio.step import make_batch, make_optimizer
 
 REPO = Path(__file__).resolve().parents[1]
-ZERO_SYSTEMS = ("zero_offload", "zero_infinity")
 CONFIG_FILE = "deepspeed_config.json"
 
 _COMMON = {"stage": 3, "pin_memory": True, "param_persistence_threshold": 100_000,
@@ -104,6 +103,7 @@ DEFAULTS: dict[str, dict] = {
                 "single_submit": False, "overlap_events": True}},
 }
 VALID_STAGES = {"zero_offload": (2, 3), "zero_infinity": (3,)}
+ZERO_SYSTEMS = tuple(DEFAULTS)  # the systems this runner serves (teraio.systems)
 
 
 def use_extensions_dir() -> Path:
@@ -117,6 +117,11 @@ def use_extensions_dir() -> Path:
               (f"cu{cuda.replace('.', '')}" if cuda else "cpu")
         os.environ["TORCH_EXTENSIONS_DIR"] = str(REPO / ".torch_extensions" / tag)
     return Path(os.environ["TORCH_EXTENSIONS_DIR"])
+
+
+def check_options(system: str, options: dict) -> None:
+    """``system.options`` of a ZeRO system (``teraio.systems``): :func:`resolve_options`."""
+    resolve_options(system, options)
 
 
 def resolve_options(system: str, options: dict) -> dict:

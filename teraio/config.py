@@ -12,7 +12,8 @@ from typing import Any
 
 import yaml
 
-SYSTEMS: tuple[str, ...] = ("ideal", "teraio_ssd", "teraio_mixed", "zero_offload", "zero_infinity")
+from teraio import systems
+
 MODEL_FAMILIES: tuple[str, ...] = ("llama3", "granite")
 
 
@@ -107,8 +108,7 @@ class SystemConfig:
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.name not in SYSTEMS:
-            raise ValueError(f"system.name={self.name!r}; valid: {SYSTEMS}")
+        systems.get(self.name)  # ValueError naming the valid names
 
 
 @dataclasses.dataclass

@@ -9,14 +9,8 @@ a throughput that is not finite is an error too, naming the step). Exits 0
 once the row is written; a non-zero exit means no row (the sweep then writes one).
 
 Runners (``run(cfg, job_dir, result, device)``, filling ``result`` and raising on
-failure) are imported by system name only when needed, so a broken or missing one fails
-its own points and nothing else:
-
-=================================  ==============================
-``ideal``                          ``baselines.ideal``
-``teraio_ssd``, ``teraio_mixed``   ``teraio.train``
-``zero_offload``, ``zero_infinity``  ``baselines.zero``
-=================================  ==============================
+failure) come from the registry (``teraio.systems``) and are imported only when needed,
+so a broken or missing one fails its own points and nothing else.
 
 Under torchrun (``hardware.n_gpus`` > 1) every rank trains on ``cuda:<LOCAL_RANK>`` and
 rank 0 alone writes the row.
@@ -24,7 +18,6 @@ rank 0 alone writes the row.
 from __future__ import annotations
 
 import datetime
-import importlib
 import os
 import sys
 import time
@@ -39,43 +32,17 @@ os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 import torch  # noqa: E402
 
+from teraio import systems
 from teraio.config import RunConfig, load_run_config
 from teraio.measure import environment_facts, peak_host_rss_bytes
 from teraio.result import check_finite, empty_result, summarize_iterations, write_result
-
-RUNNER_MODULES: dict[str, str] = {
-    "ideal": "baselines.ideal",
-    "teraio_ssd": "teraio.train",
-    "teraio_mixed": "teraio.train",
-    "zero_offload": "baselines.zero",
-    "zero_infinity": "baselines.zero",
-}
 
 Runner = Callable[[RunConfig, Path, dict, torch.device], None]
 
 
 def load_runner(system: str) -> Runner:
-    """The ``run`` function of ``system``'s runner module.
-
-    Raises:
-        ValueError: unknown system.
-        RuntimeError: the runner module (or its ``run``) does not exist yet in this checkout.
-    """
-    if system not in RUNNER_MODULES:
-        raise ValueError(f"system.name={system!r}; valid: {sorted(RUNNER_MODULES)}")
-    name = RUNNER_MODULES[system]
-    try:
-        module = importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        if e.name != name:  # the runner exists but one of its imports is missing
-            raise
-        label = "TeraIO engine" if name == "teraio.train" else f"runner {name}"
-        raise RuntimeError(f"{label} not available: {e} (system {system!r} cannot run "
-                           "in this checkout)") from e
-    run = getattr(module, "run", None)
-    if not callable(run):
-        raise RuntimeError(f"runner {name} not available: it defines no run() function")
-    return run
+    """The ``run`` function of ``system``'s runner (``teraio.systems``)."""
+    return systems.load_runner(system)
 
 
 def run_device(cfg: RunConfig) -> torch.device:

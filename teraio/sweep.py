@@ -15,7 +15,7 @@ named after the point keys, so a rerun finds it:
   subprocess (``torchrun`` for ``hardware.n_gpus`` > 1), its output streamed to the
   terminal and appended to ``worker.log``; past ``timeout_s`` its process group is killed
   and a ``timeout`` row written; a worker that dies without a row gets an ``error`` row;
-* a worker of a system that moves data through a drive (``SSD_SYSTEMS``) starts only when
+* a worker of a system that moves data through a drive (``SystemSpec.uses_drives``) starts only when
   no other run on this host uses that drive (``sweep.exclusive_drives``,
   :mod:`teraio.drive_lock`); its ``timeout_s`` counts from its start.
 
@@ -55,13 +55,13 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.markup import escape
 
+from teraio import systems
 from teraio.config import ModelConfig, RunConfig, WorkloadConfig, run_config_from_dict
 from teraio.drive_lock import hold_drives, hold_point
 from teraio.result import empty_result, read_status, write_result
 from teraio.run import iso_time
 
 RUN_KEYS = ("model", "workload", "system", "hardware", "trial", "seed", "timeout_s")
-SSD_SYSTEMS = ("teraio_ssd", "teraio_mixed", "zero_infinity")
 KILL_GRACE_S = 10.0
 LOG_TAIL_LINES = 40
 
@@ -156,7 +156,8 @@ def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool =
     * ``hardware.ssd_dirs`` of systems that offload to SSDs: each exists (created first
       when ``make_ssd_dirs``), is a directory, and takes a new file — checked only with
       ``check_device``, since otherwise the workers run elsewhere; the list must not be empty;
-    * TeraIO-Mixed needs a host tier: ``hardware.host_mem_cap_bytes`` > 0;
+    * ``system.options``: every key and value, by the system's own check (``teraio.systems``);
+    * a system with a host tier (TeraIO-Mixed) needs ``hardware.host_mem_cap_bytes`` > 0;
     * ``timeout_s`` > 0, ``workload.measure_steps`` >= 1, ``hardware.n_gpus`` >= 1.
 
     Raises:
@@ -191,16 +192,17 @@ def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool =
             raise ValueError(f"hardware.gpu_capacity_bytes={cap} is larger than the GPU "
                              f"({torch.cuda.get_device_name(device.index or 0)}: {total} bytes); "
                              f"valid: 1..{total}")
-    if run.system.name in SSD_SYSTEMS:
+    spec = systems.get(run.system.name)
+    systems.check_options(spec.name, run.system.options)
+    if spec.uses_drives:
         if check_device:
             check_ssd_dirs(hw.ssd_dirs, run.system.name, make=make_ssd_dirs)
         elif not hw.ssd_dirs:  # the drives are the worker's machine's (e.g. Slurm nodes)
             raise ValueError(f"hardware.ssd_dirs is empty; {run.system.name} offloads to SSDs: "
                              "give one directory per drive")
-    if run.system.name == "teraio_mixed" and not hw.host_mem_cap_bytes > 0:
-        raise ValueError(f"hardware.host_mem_cap_bytes={hw.host_mem_cap_bytes}: teraio_mixed "
-                         "offloads to host memory too and needs a cap > 0 (bytes); "
-                         "teraio_ssd uses SSDs only")
+    if spec.host_tier and not hw.host_mem_cap_bytes > 0:
+        raise ValueError(f"hardware.host_mem_cap_bytes={hw.host_mem_cap_bytes}: {spec.name} "
+                         "offloads to host memory too and needs a cap > 0 (bytes)")
 
 
 def check_ssd_dirs(dirs: list[str], system: str, make: bool = False) -> None:
@@ -348,9 +350,9 @@ def failure_row(run: RunConfig, status: str, error: str, started: float) -> dict
 
 def drive_dirs(run: RunConfig) -> list[str]:
     """The directories whose drives a run of ``run.system`` moves data through: none for a
-    system outside ``SSD_SYSTEMS``; else ``hardware.ssd_dirs`` and ZeRO-Infinity's
-    ``system.options.nvme_path`` where set."""
-    if run.system.name not in SSD_SYSTEMS:
+    system that uses no drive (``SystemSpec.uses_drives``); else ``hardware.ssd_dirs`` and
+    ZeRO-Infinity's ``system.options.nvme_path`` where set."""
+    if not systems.get(run.system.name).uses_drives:
         return []
     extra = run.system.options.get("nvme_path")
     return [*run.hardware.ssd_dirs, *([extra] if extra else [])]

@@ -52,19 +52,19 @@ from pathlib import Path
 
 import torch
 
+from teraio import systems
 from teraio.config import RunConfig, dataclass_from_dict
 from teraio.engine import MigrationEngine
 from teraio.measure import (apply_memory_cap, lift_memory_cap, param_digest, peak_memory, reset_peak_memory,
                             synchronize, timed)
 from teraio.models import build_model, model_state_bytes
-from teraio.planner import TierBandwidth, plan_migrations
+from teraio.planner import BENEFITS, TierBandwidth, plan_migrations
 from teraio.pager import Pager, PagedStep, PagerStats
 from teraio.profiler import persistent_tensors, profile_step
 from teraio.result import iteration_row, progress_line
 from teraio.step import make_batch, make_optimizer, train_step
 from teraio.storage import HostTier, SSDTier
 
-TERAIO_SYSTEMS = ("teraio_ssd", "teraio_mixed")
 
 
 @dataclasses.dataclass
@@ -77,6 +77,28 @@ class TeraIOOptions:
     device_waits: bool = True
     release_grads: bool = True
     replan_on_drift: bool = True
+
+    def __post_init__(self) -> None:
+        bad = []
+        if self.benefit not in BENEFITS:
+            bad.append(f"benefit={self.benefit!r}; valid: {BENEFITS}")
+        if not (isinstance(self.min_tensor_bytes, int) and self.min_tensor_bytes >= 0):
+            bad.append(f"min_tensor_bytes={self.min_tensor_bytes!r}; valid: an int >= 0 (bytes)")
+        if self.headroom_fraction is not None and not 0 <= self.headroom_fraction < 1:
+            bad.append(f"headroom_fraction={self.headroom_fraction!r}; valid: null or 0 <= x < 1")
+        if not (isinstance(self.io_threads, int) and self.io_threads >= 1):
+            bad.append(f"io_threads={self.io_threads!r}; valid: an int >= 1")
+        for flag in ("allow_stalls", "device_waits", "release_grads", "replan_on_drift"):
+            if not isinstance(getattr(self, flag), bool):
+                bad.append(f"{flag}={getattr(self, flag)!r}; valid: true or false")
+        if bad:
+            raise ValueError("system.options." + "; system.options.".join(bad))
+
+
+def check_options(system: str, options: dict) -> None:
+    """``system.options`` of a TeraIO system (``teraio.systems``). Raises ValueError naming
+    an unknown key or a bad value."""
+    dataclass_from_dict(TeraIOOptions, options, f"system.options ({system})")
 
 
 def tier_bandwidth(cfg: RunConfig) -> TierBandwidth:
@@ -157,9 +179,8 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
         teraio.pager.CapacityError: an op's own inputs and outputs exceed the capacity.
         torch.OutOfMemoryError: the capacity was exceeded.
     """
-    if cfg.system.name not in TERAIO_SYSTEMS:
-        raise ValueError(f"system.name={cfg.system.name!r} is not a TeraIO system {TERAIO_SYSTEMS}")
     opts = dataclass_from_dict(TeraIOOptions, cfg.system.options, "system.options (TeraIO)")
+    spec = systems.get(cfg.system.name)
     w = cfg.workload
     if w.warmup_steps < 2:
         raise ValueError(f"workload.warmup_steps={w.warmup_steps}: TeraIO needs >= 2 "
@@ -230,7 +251,7 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
             if opts.release_grads:
                 trace = trace.with_released_grads()
             plan_capacity = limit if limit is not None else int(unoffloaded_peak * (1 - headroom))
-            host_cap = cfg.hardware.host_mem_cap_bytes if cfg.system.name == "teraio_mixed" else 0
+            host_cap = cfg.hardware.host_mem_cap_bytes if spec.host_tier else 0
             t0 = time.perf_counter()
             plan = plan_migrations(trace, plan_capacity, tier_bandwidth(cfg), host_cap_bytes=host_cap,
                                    benefit=opts.benefit, min_tensor_bytes=opts.min_tensor_bytes,

@@ -14,7 +14,8 @@ from hydra import compose, initialize_config_dir
 from torchtitan.models.llama3 import llama3_args
 
 from teraio import sweep
-from teraio.config import SYSTEMS, ModelConfig, run_config_from_dict
+from teraio import systems
+from teraio.config import ModelConfig, run_config_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
@@ -44,7 +45,7 @@ def test_smoke_is_five_systems_times_two_trials_on_a_small_llama3(hydra_conf):
     pts = points("smoke")
     runs = [sweep.run_config(p) for p in pts]
     assert sorted((r.system.name, r.trial) for r in runs) == sorted(
-        (s, t) for s in SYSTEMS for t in (0, 1))
+        (s, t) for s in systems.names() for t in (0, 1))
     assert {r.model.name for r in runs} == {"llama3_tiny"} and {r.hardware.device for r in runs} == {"cpu"}
     assert len({subdir(p) for p in pts}) == len(pts) == 10
     tiny = runs[0].model
@@ -114,7 +115,7 @@ def test_system_configs_match_their_runners():
     from baselines.zero import DEFAULTS, resolve_options
     from teraio.config import dataclass_from_dict
     from teraio.train import TeraIOOptions
-    for name in SYSTEMS:
+    for name in systems.names():
         assert yaml.safe_load((CONF / "system" / f"{name}.yaml").read_text()).get("name") in (name, None)
     for name in ("zero_offload", "zero_infinity"):
         opts = yaml.safe_load((CONF / "system" / f"{name}.yaml").read_text())["options"]
@@ -227,6 +228,14 @@ def sweep_cli(tmp_path, *overrides) -> subprocess.CompletedProcess:
      ["hardware.ssd_dirs[0]=/nonexistent/ssd0 does not exist"]),
     (["hardware.gpu_capacity_bytes=-1"], ["hardware.gpu_capacity_bytes=-1 must be > 0"]),
     (["system=ideal", "hardware.host_mem_cap_bytes=1,2"], ["share the job dir"]),
+    # A bad system option stops the whole sweep, not each of its points at run time.
+    (["system=ideal,teraio_ssd", "+system.options.overlap=true"],
+     ["system.options ['overlap']: ideal takes only modeled_traces", "Nothing was run"]),
+    (["system=teraio_ssd", "+system.options.overlap=true"],
+     ["system.options (teraio_ssd): unknown key(s) ['overlap']; valid: ['allow_stalls'"]),
+    (["system=zero_offload", "system.options.stage=1"], ["system.options.stage=1; zero_offload runs ZeRO stage 2 or 3"]),
+    (["system=teraio_mixed", "system.options.benefit=speed"],
+     ["system.options.benefit='speed'; valid: ('pressure', 'formula')"]),
 ])
 def test_bad_input_stops_the_sweep_before_any_run(tmp_path, overrides, expected):
     p = sweep_cli(tmp_path, *overrides)

@@ -59,16 +59,26 @@ def test_totals_are_summarised_from_iterations(tmp_path):
 
 
 def test_unknown_runner_module_names_what_is_missing(monkeypatch):
-    monkeypatch.setitem(worker.RUNNER_MODULES, "teraio_ssd", "teraio.no_such_engine")
-    with pytest.raises(RuntimeError, match="TeraIO engine not available|runner teraio.no_such_engine not available"):
+    import dataclasses
+
+    from teraio import systems
+    spec = dataclasses.replace(systems.get("teraio_ssd"), runner="teraio.no_such_engine")
+    monkeypatch.setitem(systems.REGISTRY._specs, "teraio_ssd", spec)
+    with pytest.raises(RuntimeError, match="runner teraio.no_such_engine not available"):
         worker.load_runner("teraio_ssd")
     with pytest.raises(ValueError, match="valid"):
         worker.load_runner("nope")
 
 
-def test_every_system_has_a_runner_module():
-    from teraio.config import SYSTEMS
-    assert set(worker.RUNNER_MODULES) == set(SYSTEMS)
+def test_every_system_has_a_runner_and_an_options_check():
+    import importlib
+
+    from teraio import systems
+    for name in systems.names():
+        spec = systems.get(name)
+        assert callable(worker.load_runner(name))
+        module, _, fn = spec.check_options.partition(":")
+        assert callable(getattr(importlib.import_module(module), fn))
 
 
 def test_worker_cli_writes_result_json(tmp_path):

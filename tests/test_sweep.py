@@ -238,3 +238,47 @@ def test_two_sweeps_into_one_runs_dir_run_each_point_once(tmp_path, fake_worker)
     assert "sweep done: 1 busy" in other[0] or "sweep done: 1 skip" in other[0]
     assert "worker.log" not in os.listdir(job_dir(runs, 0)) or \
         (job_dir(runs, 0) / "worker.log").read_text().count("fake worker trial 0") == 1
+
+
+PLUGIN = '''
+from teraio import systems
+from teraio.systems import SystemSpec
+
+systems.register(SystemSpec("fake_offload", "Fake-Offload", "fake_plugin", "fake_plugin:check_options"))
+
+
+def check_options(system, options):
+    if set(options) - {"speed"}:
+        raise ValueError(f"system.options {sorted(set(options) - {'speed'})}: {system} takes only speed")
+
+
+def run(cfg, job_dir, result, device):  # trains as Ideal does
+    import dataclasses
+    from baselines import ideal
+    ideal.run(dataclasses.replace(cfg, system=dataclasses.replace(cfg.system, name="ideal", options={})),
+              job_dir, result, device)
+'''
+
+
+def test_a_system_added_through_the_registry_alone_runs_end_to_end(tmp_path):
+    (tmp_path / "plugin").mkdir()
+    (tmp_path / "plugin" / "fake_plugin.py").write_text(PLUGIN)
+    (tmp_path / "conf" / "system").mkdir(parents=True)
+    (tmp_path / "conf" / "system" / "fake_offload.yaml").write_text("name: fake_offload\noptions:\n  speed: 1\n")
+    env = {**sweep_env({}, None), "TERAIO_SYSTEM_MODULES": "fake_plugin"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "plugin"), env["PYTHONPATH"]])
+    runs = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "teraio.sweep", "+experiment=smoke", "system=fake_offload", "trial=0",
+           f"sweep.runs_dir={runs}", f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+           "workload.warmup_steps=1", "workload.measure_steps=2"]
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (job,) = (runs / "smoke").glob("llama3_tiny-fake_offload-*")
+    r = json.loads((job / "result.json").read_text())
+    assert r["status"] == "ok" and r["point"]["system"] == "fake_offload" and r["tokens_per_s"] > 0
+    # The analysis labels it by the registry's display name.
+    assert "Fake-Offload" in (runs / "smoke" / "analysis" / "tables" / "throughput.md").read_text()
+    # Its own options check guards the sweep like any other system's.
+    bad = subprocess.run(cmd + ["+system.options.turbo=1"], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode != 0 and "fake_offload takes only speed" in bad.stderr

@@ -1,0 +1,149 @@
+"""The registry of training systems: the one place that lists them (paper §4.1: Ideal,
+TeraIO-SSD, TeraIO-Mixed, ZeRO-Offload, ZeRO-Infinity). Everything else — config
+validation, the worker, the sweep's checks, the analysis' labels, order and cost model —
+asks it.
+
+A system is a :class:`SystemSpec`: its runner (a module with ``run(cfg, job_dir, result,
+device)``), its options check (``"module:function"`` taking the ``system.options`` dict,
+raising ``ValueError`` on a bad key or value; it gets the name too), and what it needs
+from the machine.
+Runner and check are named, not imported, so that a system whose module is broken fails
+its own points only.
+
+More systems come from the modules named in the environment variable
+``TERAIO_SYSTEM_MODULES`` (comma-separated), imported on the first lookup; each calls
+:func:`register`. Workers inherit the variable, so a system registered that way runs
+end to end (its Hydra group file, ``conf/system/<name>.yaml``, can live in a directory
+added with ``hydra.searchpath``).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    """One training system.
+
+    Attributes:
+        name: ``system.name``.
+        display: its label in tables and figures.
+        runner: module defining ``run(cfg, job_dir, result, device)``.
+        check_options: ``"module:function"``; the function takes the system's name and
+            its ``system.options`` dict and raises ``ValueError`` naming a bad key or value.
+        uses_drives: it moves data through ``hardware.ssd_dirs`` (directories checked
+            before the sweep; one such run per drive at a time).
+        host_tier: it offloads to host memory under ``hardware.host_mem_cap_bytes`` (which
+            must then be > 0).
+        cost_server: the server of the cost model it is priced on
+            (``analysis.cost``; None: not priced).
+        role: ``"teraio"`` (the paper's system), ``"baseline"`` (an offloading system
+            TeraIO is compared with: the speedup tables) or ``"ideal"`` (the reference
+            without offloading).
+    """
+
+    name: str
+    display: str
+    runner: str
+    check_options: str
+    uses_drives: bool = False
+    host_tier: bool = False
+    cost_server: str | None = None
+    role: str = "baseline"
+
+
+# In the order of the paper's Fig. 7 legend (tables and figures keep it).
+_BUILT_IN = (
+    SystemSpec("zero_infinity", "ZeRO-Infinity", "baselines.zero", "baselines.zero:check_options",
+               uses_drives=True, cost_server="server_1tb"),
+    SystemSpec("zero_offload", "ZeRO-Offload", "baselines.zero", "baselines.zero:check_options",
+               cost_server="server_1tb"),
+    SystemSpec("teraio_ssd", "TeraIO-SSD", "teraio.train", "teraio.train:check_options",
+               uses_drives=True, cost_server="server_base", role="teraio"),
+    SystemSpec("teraio_mixed", "TeraIO-Mixed", "teraio.train", "teraio.train:check_options",
+               uses_drives=True, host_tier=True, cost_server="server_1tb", role="teraio"),
+    SystemSpec("ideal", "Ideal", "baselines.ideal", "baselines.ideal:check_options", role="ideal"),
+)
+
+
+class Registry:
+    """Systems by name, in registration order; plugins loaded on first use."""
+
+    def __init__(self, specs=_BUILT_IN, env: str = "TERAIO_SYSTEM_MODULES"):
+        self._specs: dict[str, SystemSpec] = {s.name: s for s in specs}
+        self._env = env
+        self._plugins_loaded = False
+
+    def register(self, spec: SystemSpec) -> SystemSpec:
+        """Add ``spec``. Raises ValueError if its name is taken."""
+        if spec.name in self._specs:
+            raise ValueError(f"system {spec.name!r} is already registered")
+        self._specs[spec.name] = spec
+        return spec
+
+    def _load_plugins(self) -> None:
+        if self._plugins_loaded:
+            return
+        self._plugins_loaded = True
+        for module in filter(None, (m.strip() for m in os.environ.get(self._env, "").split(","))):
+            importlib.import_module(module)
+
+    def names(self) -> tuple[str, ...]:
+        self._load_plugins()
+        return tuple(self._specs)
+
+    def with_role(self, role: str) -> tuple[str, ...]:
+        """Names of the systems of ``role``, in registration order."""
+        return tuple(n for n in self.names() if self._specs[n].role == role)
+
+    def get(self, name: str) -> SystemSpec:
+        """The spec of ``name``. Raises ValueError naming the valid names."""
+        self._load_plugins()
+        if name not in self._specs:
+            raise ValueError(f"system.name={name!r}; valid: {self.names()}")
+        return self._specs[name]
+
+
+REGISTRY = Registry()
+register = REGISTRY.register
+get = REGISTRY.get
+names = REGISTRY.names
+with_role = REGISTRY.with_role
+
+
+def _named(ref: str) -> Callable:
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def check_options(name: str, options: dict) -> None:
+    """Check ``system.options`` of system ``name`` (before anything runs).
+
+    Raises:
+        ValueError: unknown system, or the system's check refuses a key or value.
+    """
+    _named(get(name).check_options)(name, options or {})
+
+
+def load_runner(name: str) -> Callable:
+    """The ``run`` function of ``name``'s runner.
+
+    Raises:
+        ValueError: unknown system.
+        RuntimeError: the runner module (or its ``run``) does not exist in this checkout.
+    """
+    module_name = get(name).runner
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name != module_name:  # the runner exists but one of its imports is missing
+            raise
+        raise RuntimeError(f"runner {module_name} not available: {e} (system {name!r} cannot run "
+                           "in this checkout)") from e
+    run = getattr(module, "run", None)
+    if not callable(run):
+        raise RuntimeError(f"runner {module_name} not available: it defines no run() function")
+    return run
