@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
+from teraio.files import write_atomic  # noqa: E402
 from teraio.planner import TierBandwidth, plan_migrations  # noqa: E402
 from teraio.synth import synthesize_layers  # noqa: E402
 from teraio.trace import Trace  # noqa: E402
@@ -95,9 +96,7 @@ def write_entry(out: Path, label: str, entry: dict) -> None:
     doc = json.loads(out.read_text()) if out.exists() else {}
     doc.setdefault("what", "teraio.planner.plan_migrations wall time on a saved trace (issue 5, acceptance 3)")
     doc.setdefault("entries", {})[label] = entry
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    tmp.replace(out)
+    write_atomic(out, (json.dumps(doc, indent=1) + "\n").encode())
 
 
 def main(argv: list[str] | None = None) -> dict:

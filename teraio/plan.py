@@ -28,6 +28,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+from teraio.files import write_atomic
+
 TIERS: tuple[str, ...] = ("ssd", "host")
 
 
@@ -121,10 +123,8 @@ class MigrationPlan:
         return cls(**d)
 
     def save(self, path: str | Path) -> None:
-        path = Path(path)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict()))
-        tmp.replace(path)
+        """Write JSON atomically (a crash never leaves a half-written plan)."""
+        write_atomic(path, json.dumps(self.to_dict()).encode())
 
     @classmethod
     def load(cls, path: str | Path) -> "MigrationPlan":

@@ -48,9 +48,10 @@ import fcntl
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from teraio.files import write_atomic
 
 FORMAT = "teraio.result/1"
 STATUSES: tuple[str, ...] = ("ok", "oom", "error", "timeout")
@@ -155,11 +156,7 @@ def write_result(path: str | Path, result: dict) -> None:
     """
     if result.get("status") not in STATUSES:
         raise ValueError(f"result status {result.get('status')!r} not in {STATUSES}")
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(_json_safe(result), indent=1))
+    def commit(tmp: str, path: Path) -> None:
         # The check and the rename under one lock: of two writers at the same instant,
         # the second sees the first's ok row.
         with open(path.parent / f".{path.name}.lock", "a") as lock:
@@ -167,9 +164,8 @@ def write_result(path: str | Path, result: dict) -> None:
             if read_status(path) == "ok":
                 raise FileExistsError(f"{path} already holds an ok result; refusing to overwrite it")
             os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+
+    write_atomic(path, json.dumps(_json_safe(result), indent=1).encode(), commit)
 
 
 def read_status(path: str | Path) -> str | None:

@@ -31,6 +31,8 @@ from typing import Literal
 
 import numpy as np
 
+from teraio.files import write_atomic
+
 TensorKind = Literal["param", "grad", "optim", "activation", "temp", "input"]
 TENSOR_KINDS: tuple[str, ...] = ("param", "grad", "optim", "activation", "temp", "input")
 
@@ -218,10 +220,8 @@ class Trace:
         """Write JSON atomically, gzip-compressed if ``path`` ends in ``.gz`` (e.g.
         ``trace.json.gz``): a crash never leaves a half-written trace."""
         path = Path(path)
-        tmp = path.with_suffix(path.suffix + ".tmp")
         data = json.dumps(self.to_dict()).encode()
-        tmp.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
-        tmp.replace(path)
+        write_atomic(path, gzip.compress(data) if path.suffix == ".gz" else data)
 
     @classmethod
     def load(cls, path: str | Path) -> "Trace":
