@@ -27,9 +27,17 @@ GIB = 2**30
 GB = 1e9
 
 
+def _gib(v) -> str:
+    """Bytes as GiB; below 0.1 GiB as MiB with the unit written (a 4 MiB CI cap is not
+    "0.00391")."""
+    if v is None or pd.isna(v):
+        return NA
+    return fmt(v / GIB) if v >= 0.1 * GIB else f"{fmt(v / 2**20)} MiB"
+
+
 def _key_columns(df: pd.DataFrame, micro_batch: bool = True, system: bool = True) -> dict:
     cols = {"Model": df["model"], "Hardware": df["hardware"], "Config": df["config"],
-            "Host cap (GiB)": df["host_mem_cap_bytes"].map(lambda v: fmt(v / GIB if pd.notna(v) else None)),
+            "Host cap (GiB)": df["host_mem_cap_bytes"].map(_gib),
             "SSDs": df["n_ssd"].map(lambda v: NA if pd.isna(v) else str(int(v)))}
     if micro_batch:
         cols["µbatch"] = df["micro_batch_size"].map(lambda v: NA if pd.isna(v) else str(int(v)))

@@ -32,6 +32,10 @@ from baselines.zero import use_extensions_dir  # noqa: E402
 BUILDERS = {"cpu_adam": "CPUAdamBuilder", "async_io": "AsyncIOBuilder",
             "deepspeed_shm_comm": "ShareMemCommBuilder", "pin_memory": "PinMemoryBuilder"}
 CPU_ONLY = ("deepspeed_shm_comm", "pin_memory")
+# A first build's wall time on the CI machine (2 cores; a clean clone's .ci/run): what a
+# newcomer waits through, said before the build starts.
+FIRST_BUILD = {"cpu_adam": "about 2 min", "async_io": "about 9 min", "deepspeed_shm_comm": "about 2 min",
+               "pin_memory": "about 1 min"}
 
 
 def remove_stale_locks(root: Path) -> list[Path]:
@@ -80,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"TORCH_EXTENSIONS_DIR={root} (DeepSpeed accelerator: {accelerator})", flush=True)
     failed = []
     for op in args.ops or default_ops(accelerator):
+        if any((root / op).glob("*.so")):
+            print(f"{op}: built before, loading", flush=True)
+        else:
+            print(f"{op}: building (once per machine; {FIRST_BUILD[op]} on 2 cores, less on more)...",
+                  flush=True)
         try:
             print(f"{op}: loaded in {build(op):.1f} s", flush=True)
         except Exception as e:  # report every op, then fail

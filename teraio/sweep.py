@@ -33,6 +33,7 @@ import importlib.util
 import itertools
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -287,8 +288,15 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+# Library chatter a worker prints (DeepSpeed's and torch's log lines, Python warnings and the
+# source line under each): worker.log keeps it, the terminal shows the worker's own lines.
+_LIBRARY_NOISE = re.compile(r"^\[\d{4}-\d\d-\d\d [^]]*\] \[(INFO|WARNING|DEBUG)\]|Warning: |^\s+warnings\.warn\(|"
+                            r"^\s*$|^Using .* as PyTorch extensions root|^(Emitting|Building|Loading|Time to load) ")
+
+
 def launch_worker(run: RunConfig, job_dir: Path, resolved: Path) -> tuple[int | None, list[str]]:
-    """Run the worker, streaming its lines to the terminal and to ``worker.log``.
+    """Run the worker, streaming its lines to ``worker.log`` and, but for library chatter
+    (:data:`_LIBRARY_NOISE`), to the terminal.
 
     Returns:
         (exit code, or None when killed after ``timeout_s``; its last output lines).
@@ -305,10 +313,16 @@ def launch_worker(run: RunConfig, job_dir: Path, resolved: Path) -> tuple[int | 
                                 env=env, start_new_session=True, preexec_fn=_die_with_parent)
 
         def pump() -> None:
+            hidden = 0
             for line in proc.stdout:
                 log.write(line)
                 log.flush()
                 tail.append(line.rstrip("\n"))
+                if _LIBRARY_NOISE.search(line):
+                    hidden += 1
+                    if hidden == 1:
+                        console.print(f"  │ (library messages go to {job_dir / 'worker.log'})", markup=False)
+                    continue
                 console.print(f"  │ {line.rstrip()}", markup=False)
 
         reader = threading.Thread(target=pump, daemon=True)

@@ -251,7 +251,8 @@ def test_iteration_summary_exact(sweep_dir):
 def test_written_tables_show_values_failures_and_missing_keys(sweep_dir, tmp_path):
     paths = analyze(sweep_dir, tmp_path / "out")
     md = paths["tables/throughput.md"].read_text()
-    assert "sweep sweepA: 20 runs (17 ok, 3 failed), 2–3 trial(s) per point; hardware cpu_test" in md
+    assert ("sweep sweepA: 20 runs (17 ok, 3 failed), 2–3 trial(s) per point; hardware cpu_test "
+            "(no GPU: a machinery check, not comparable with the paper)") in md
     lines = {tuple(c.strip() for c in ln.strip("|").split("|")) for ln in md.splitlines()
              if ln.startswith("| tiny")}
     assert ("tiny", "cpu_test", "bs4_seq64", "8.00", "2", "1", "TeraIO-Mixed", "measured", "3",
@@ -541,3 +542,8 @@ def test_ok_rows_that_are_not_finite_count_as_failed_and_stay_out_of_n(tmp_path)
     assert (g["n"], g["n_failed"], g["failures"]) == (2, 2, "non-finite×2")
     assert g["tokens_per_s_mean"] == 93.0
     assert "(2 ok, 2 failed)" in describe(sweep)
+
+
+def test_a_small_host_cap_is_shown_in_mib():
+    from analysis.tables import _gib
+    assert _gib(4 * 2**20) == "4.00 MiB" and _gib(8 * GIB) == "8.00" and _gib(None) == "n/a"

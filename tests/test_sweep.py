@@ -36,6 +36,7 @@ with open(resolved.parent / "calls", "a") as f:
     f.write("call\\n")
 action = json.loads(os.environ["FAKE_PLAN"]).get(str(cfg.trial), "ok")
 print(f"fake worker trial {cfg.trial}: {action}", flush=True)
+print("[2026-12-01 00:00:00,000] [WARNING] [lib.py:1:f] noise from a library", flush=True)
 if action == "crash":
     sys.exit(3)
 if action == "sleep":
@@ -163,6 +164,15 @@ def test_killed_sweep_runs_only_missing_points_on_restart(tmp_path, fake_worker)
     assert [row(runs, t)["status"] for t in range(3)] == ["ok"] * 3
     rows = sorted(str(p.relative_to(runs)) for p in runs.rglob("result*.json"))
     assert rows == [f"smoke/{job_dir(runs, t).name}/result.json" for t in range(3)]
+
+
+def test_library_chatter_goes_to_the_worker_log_not_the_terminal(tmp_path, fake_worker):
+    runs = tmp_path / "runs"
+    p = run_sweep(runs, {}, fake_worker, "trial=0")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "fake worker trial 0: ok" in p.stdout and "noise from a library" not in p.stdout
+    assert "library messages go to" in p.stdout
+    assert "noise from a library" in (job_dir(runs, 0) / "worker.log").read_text()
 
 
 def test_worker_that_writes_nothing_and_exits_zero_is_an_error_row(tmp_path):
