@@ -34,8 +34,8 @@ BUILDERS = {"cpu_adam": "CPUAdamBuilder", "async_io": "AsyncIOBuilder",
 CPU_ONLY = ("deepspeed_shm_comm", "pin_memory")
 # A first build's wall time on the CI machine (2 cores; a clean clone's .ci/run): what a
 # newcomer waits through, said before the build starts.
-FIRST_BUILD = {"cpu_adam": "about 2 min", "async_io": "about 9 min", "deepspeed_shm_comm": "about 2 min",
-               "pin_memory": "about 1 min"}
+FIRST_BUILD = {"cpu_adam": "about 2 min", "async_io": "about 9 min", "deepspeed_shm_comm": "about 1 min",
+               "pin_memory": "seconds"}
 
 
 def remove_stale_locks(root: Path) -> list[Path]:
