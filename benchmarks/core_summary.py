@@ -1,9 +1,9 @@
 """Condense the raw output of ``benchmarks/teraio_core.py`` calls into
-``benchmarks/results/teraio_core_h200.json`` (issue 2, item 7), and replay every measured
+``benchmarks/results/teraio_core_h200.json``, and replay every measured
 TeraIO run through the performance model (``teraio.simulator``) for
-``benchmarks/results/simulator_validation_h200.json`` (issue 5, item 2).
+``benchmarks/results/simulator_validation_h200.json``.
 
-    python benchmarks/core_summary.py benchmarks/results/h200x2_session2 \\
+    python benchmarks/core_summary.py benchmarks/results/raw_gpu_calls/h200x2_a \\
         --overhead benchmarks/results/h200x2_llama3_8b_70gib/call6_teraio_core.json \\
         --sweep runs/reference/h200/fig7_h200_slice
 

@@ -2,7 +2,7 @@
 
 The GPU bit-identity test (``tests/test_teraio_train.py``, ``GPU_MODEL``, then 50 % of
 the un-offloaded peak, ``GPU_OPTIONS`` headroom) got a plan that did not fit on the H200
-(``benchmarks/results/h200_session5/COMMANDS.md``, call 4). This probe profiles the same
+(``benchmarks/results/raw_gpu_calls/h200_b/COMMANDS.md``, call 4). This probe profiles the same
 model on the CPU. It sets every op to ``--op-us`` microseconds, as short as a GPU's ops,
 so that bandwidth hides almost nothing. Then it plans both test systems at ``--fraction``
 of the un-offloaded peak, as the test does (``allow_stalls``, the test's headroom and

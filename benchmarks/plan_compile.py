@@ -1,4 +1,4 @@
-"""Plan compile time (issue 5, acceptance 3; paper camera-ready Table 1:
+"""Plan compile time (paper camera-ready Table 1:
 31.2 s for Llama3-8B, 396.6 s for Llama3-70B): wall time of
 :func:`teraio.planner.plan_migrations` on a saved trace, on this machine's CPU.
 
@@ -94,7 +94,7 @@ def machine() -> dict:
 def write_entry(out: Path, label: str, entry: dict) -> None:
     """Put ``entry`` under ``label`` in the JSON file ``out``, keeping the others."""
     doc = json.loads(out.read_text()) if out.exists() else {}
-    doc.setdefault("what", "teraio.planner.plan_migrations wall time on a saved trace (issue 5, acceptance 3)")
+    doc.setdefault("what", "teraio.planner.plan_migrations wall time on a saved trace")
     doc.setdefault("entries", {})[label] = entry
     write_atomic(out, (json.dumps(doc, indent=1) + "\n").encode())
 

@@ -1,5 +1,5 @@
 """Profile a reduced-depth model, synthesize the full-depth trace, time the planner on it
-(issue 5: Llama3-70B cannot run on one GPU, its 2-layer cut can; camera-ready Table 1).
+(Llama3-70B cannot run on one GPU, its 2-layer cut can; camera-ready Table 1).
 
 On a GPU machine (Llama3-70B widths, 2 of its 80 layers, bs1 seq2048: ~61 GB of weights,
 gradients and AdamW state in FP32, fits one H200):
@@ -101,7 +101,7 @@ def profile(cfg: ModelConfig, workload: WorkloadConfig, device: torch.device, se
 
 def compare(syn: Trace, real: Trace) -> dict:
     """The synthesized trace against a real one of the same depth: op count and names
-    (should be exact), peak bytes and total kernel time (issue 5's target: within 5 %).
+    (should be exact), peak bytes and total kernel time (target: within 5 %).
     A synthesized trace has no allocator peaks (``op_allocated_bytes``), so its peak is
     the tensor-lifetime one; ``live_peak_*`` compares like with like."""
     def ratio(a: float, b: float) -> float | None:

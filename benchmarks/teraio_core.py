@@ -1,4 +1,4 @@
-"""Issue 2 measurement 6/7: Llama3-8B on one GPU, Ideal (uncapped) vs TeraIO-Mixed and
+"""Llama3-8B on one GPU, Ideal (uncapped) vs TeraIO-Mixed and
 TeraIO-SSD under an emulated capacity, plus the engine's per-op dispatch overhead.
 
 Each system runs as its own worker process (``python -m teraio.run``), as in the sweep, so

@@ -8,7 +8,7 @@ skips it instead of running it again beside the first.
 Two runs that move data through the same drive slow each other down: on the lent
 nvidia-h200-x2 machine two ZeRO-Infinity runs, one per GPU, on its one drive each took
 about twice as long per step as alone, and both ended as ``timeout`` rows
-(``benchmarks/results/h200x2_session3/COMMANDS.md``, call 3). So the sweep holds an
+(``benchmarks/results/raw_gpu_calls/h200x2_b/COMMANDS.md``, call 3). So the sweep holds an
 exclusive advisory lock (``fcntl.flock``, Linux ``flock(2)``) per drive while a worker of
 such a system runs (``teraio.sweep.run_point_job``); a second sweep on the same host waits
 for it before starting its own drive-bound worker, and its ``timeout_s`` starts only then.

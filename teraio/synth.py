@@ -1,4 +1,4 @@
-"""Full-depth traces from reduced-depth profiles, and a toy layered trace (issue 5).
+"""Full-depth traces from reduced-depth profiles, and a toy layered trace.
 
 Models too large for one GPU (Llama3-70B) cannot be profiled whole, but a model with the
 same width and fewer layers can. :func:`synthesize_layers` turns the trace of an

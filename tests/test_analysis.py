@@ -1,4 +1,4 @@
-"""Issue 4 acceptance 1, 2 and 4: tables from hand-made result rows hold exactly the expected
+"""Tables from hand-made result rows hold exactly the expected
 numbers; figures are written with the expected bars and lines; pandas 3 + seaborn 0.13
 split grouped data correctly."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The reviewer's door (issue 6): README.md, ae_README.md and the Dockerfile say only what
+"""The reviewer's door: README.md, ae_README.md and the Dockerfile say only what
 the checkout can do.
 
 - every ``python -m teraio.sweep|teraio.fig3 +experiment=X [overrides]`` in either README

@@ -1,4 +1,4 @@
-"""Plan compile-time benchmarks (issue 5, acceptance 3): benchmarks/plan_compile.py and
+"""Plan compile-time benchmarks: benchmarks/plan_compile.py and
 benchmarks/profile_reduced.py, run on the CPU with small traces and a tiny model."""
 import json
 import sys

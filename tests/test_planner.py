@@ -1,4 +1,4 @@
-"""Planner (Algorithm 1) on hand-made traces with known answers (issue 2, acceptance 5)."""
+"""Planner (Algorithm 1) on hand-made traces with known answers."""
 import numpy as np
 import pytest
 

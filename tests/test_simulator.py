@@ -1,4 +1,4 @@
-"""Performance model (paper §2.2) on hand-made traces with known answers (issue 5, acceptance 1)."""
+"""Performance model (paper §2.2) on hand-made traces with known answers."""
 import numpy as np
 import pytest
 

@@ -1,5 +1,5 @@
 """The offload tiers restore storages bit-exactly, clean up after themselves, and fail
-loudly (issue 2, acceptance 2-4 for teraio/storage.py)."""
+loudly."""
 import errno
 import gc
 import os

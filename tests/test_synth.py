@@ -1,4 +1,4 @@
-"""Full-depth trace synthesis from a reduced-depth profile (issue 5)."""
+"""Full-depth trace synthesis from a reduced-depth profile."""
 from collections import Counter
 
 import numpy as np
@@ -56,7 +56,7 @@ def profile_tiny(n_layers: int, family: str = "llama3", n_kv_heads=None, micro_b
 @pytest.mark.parametrize("family, n_kv_heads, micro_batches", [
     ("llama3", None, 1), ("llama3", 2, 2), ("granite", None, 1)])
 def test_profiled_2_layer_trace_synthesizes_the_real_5_layer_trace(family, n_kv_heads, micro_batches):
-    """Issue 5: synthesized N-layer trace from a 2-layer profile vs a real N-layer profile.
+    """synthesized N-layer trace from a 2-layer profile vs a real N-layer profile.
     Ops and tensors match exactly (so do live bytes and peak). Kernel times are CPU
     wall times here, too noisy to compare in a test; see the GPU benchmark."""
     src = profile_tiny(2, family, n_kv_heads, micro_batches)

@@ -238,7 +238,7 @@ def settle_gpu():
 GPU_MODEL = {"dim": 1024, "n_layers": 4, "vocab_size": 8192}
 # 50 % of the peak cannot be planned on the H200 for this model, nor for a dim-1024
 # 32768-token one: the CUDA trace's plan came out 43 MB over its capacity, where a CPU trace
-# fits (benchmarks/results/h200_session5/COMMANDS.md, call 4). Likely the CUDA trace's
+# fits (benchmarks/results/raw_gpu_calls/h200_b/COMMANDS.md, call 4). Likely the CUDA trace's
 # allocator-measured floor (``Trace.op_allocated_bytes``: bytes that are no tensor of the
 # trace), which migrations cannot lower; through AdamW's step it is mostly gradients that
 # param.grad holds past their last use (``Trace.held_grad_bytes``; the release_grads case).
