@@ -102,8 +102,25 @@ def suptitle(fig: Figure, text: str, fontsize: float = 9) -> None:
     """The figure's title, each line wrapped to the figure's width (a narrow figure, e.g.
     one configuration, would otherwise cut a long title off at both edges)."""
     chars = max(20, int(fig.get_figwidth() * 72 / (0.6 * fontsize)))  # ~0.6 em per character
-    lines = [textwrap.fill(line, chars) for line in text.split("\n")]
+    lines = [_wrap_phrases(line, chars) for line in text.split("\n")]
     fig.suptitle("\n".join(lines), fontsize=fontsize)
+
+
+def _wrap_phrases(line: str, chars: int) -> str:
+    """``line`` broken into lines of at most ``chars`` where possible, between phrases (after
+    ``;`` or before ``(``) rather than inside one; a phrase longer than a line is wrapped
+    by words."""
+    import re
+
+    phrases = [p for p in re.split(r"(?<=;)\s+|\s+(?=\()", line) if p]
+    out, cur = [], ""
+    for p in phrases:
+        if cur and len(cur) + 1 + len(p) > chars:
+            out.append(cur)
+            cur = ""
+        cur = f"{cur} {p}" if cur else p
+    out.append(cur)
+    return "\n".join(textwrap.fill(x, chars) for x in out)
 
 
 def new_figure(n_panels: int, width: float, height: float = 3.4) -> tuple[Figure, list]:
@@ -159,12 +176,14 @@ def fig7_throughput(sweep: Sweep) -> Figure:
             ax.set_ylabel("tokens/s")
             ax.set_title(title)
         handles = [Patch(facecolor=palette[s], label=agg.system_label(s)) for s in systems]
-        handles.append(Line2D([], [], marker="x", color="k", ls="none", label="failed (OOM/error/timeout)"))
+        if (best["n"] == 0).any():
+            handles.append(Line2D([], [], marker="x", color="k", ls="none", label="failed (OOM/error/timeout)"))
         if (best["measure"] == "modeled").any():
             handles.append(Patch(facecolor="white", edgecolor="k", hatch="//", label="modeled"))
         fig.legend(handles=handles, fontsize=7, ncols=min(len(handles), 4), loc="outside lower center")
+    cut = (best["tokens_per_s_mean"] - best["tokens_per_s_ci95"] < 0).any()
     suptitle(fig, "Fig. 7 — average training throughput (bars: mean of ok trials; error bars: "
-              f"95% t-CI; M: memory pressure)\n{describe(sweep)}")
+              f"95% t-CI{', cut at 0' if cut else ''}; M: memory pressure)\n{describe(sweep)}")
     return fig
 
 
@@ -221,7 +240,8 @@ def fig8_breakdown(sweep: Sweep) -> Figure:
             ax.set_title(title)
         handles = [Patch(facecolor=SEGMENT_COLORS[s], label=lab) for s, lab in SEGMENTS]
         handles.append(Patch(facecolor="0.8", hatch="..", label="total only (not instrumented)"))
-        handles.append(Line2D([], [], marker="x", color="k", ls="none", label="failed"))
+        if len(failed):
+            handles.append(Line2D([], [], marker="x", color="k", ls="none", label="failed"))
         fig.legend(handles=handles, fontsize=7, ncols=3, loc="outside lower center")
     suptitle(fig, "Fig. 8 — latency breakdown of a training iteration (mean over ok trials)\n"
               f"{describe(sweep)}")
@@ -282,8 +302,9 @@ def fig9_host_memory(sweep: Sweep) -> Figure:
             ax.set_title(f"{keys['model']} · {keys['hardware']} · "
                          f"{config_label(keys['batch_size'], keys['seq_len'])}")
             ax.legend(fontsize=7)
-    suptitle(fig, "Fig. 9 — throughput vs host-memory capacity and SSDs (error bars: 95% t-CI; "
-              f"× failed)\n{describe(sweep)}")
+    any_failed = (others["n"] == 0).any()
+    suptitle(fig, "Fig. 9 — throughput vs host-memory capacity and SSDs (error bars: 95% t-CI"
+              + ("; × failed" if any_failed else "") + f")\n{describe(sweep)}")
     return fig
 
 
@@ -327,7 +348,7 @@ def fig10_bandwidth(sweep: Sweep) -> tuple[Figure, pd.DataFrame]:
                          f"{agg.system_label(r['system'])}\n{r['job_dir']}, step {step}: "
                          f"> 16 GB/s for {100 * share:.1f}% of the step", fontsize=8)
             ax.legend(fontsize=7, loc="upper right")
-    suptitle(fig, f"Fig. 10 — migration bandwidth over one iteration\n{describe(sweep)}")
+    suptitle(fig, f"Fig. 10 — migration bandwidth, op by op, over one iteration\n{describe(sweep)}")
     return fig, pd.DataFrame(rows)
 
 

@@ -547,3 +547,12 @@ def test_ok_rows_that_are_not_finite_count_as_failed_and_stay_out_of_n(tmp_path)
 def test_a_small_host_cap_is_shown_in_mib():
     from analysis.tables import _gib
     assert _gib(4 * 2**20) == "4.00 MiB" and _gib(8 * GIB) == "8.00" and _gib(None) == "n/a"
+
+
+def test_figure_titles_break_between_phrases_not_inside_one():
+    from analysis.figures import _wrap_phrases
+    text = "Fig. 7 — average training throughput (bars: mean of ok trials; error bars: 95% t-CI; M: memory pressure)"
+    assert _wrap_phrases(text, 60).splitlines() == [
+        "Fig. 7 — average training throughput", "(bars: mean of ok trials; error bars: 95% t-CI;",
+        "M: memory pressure)"]
+    assert _wrap_phrases("short", 60) == "short"
