@@ -116,8 +116,9 @@ class HardwareConfig:
     """The machine to emulate.
 
     ``gpu_capacity_bytes``: cap on device memory (null: uncapped). ``ssd_dirs``: one
-    directory per drive. Bandwidths are per drive / per direction, GB/s. ``prices``: USD,
-    for the cost table.
+    directory per drive. Bandwidths are GB/s per direction, the SSD ones per drive; null:
+    measured on the machine that runs (``teraio.probe``; the SSD ones then over all the
+    drives together). ``prices``: USD, for the cost table.
     """
 
     name: str = "cpu"
@@ -125,11 +126,11 @@ class HardwareConfig:
     n_gpus: int = 1
     gpu_capacity_bytes: int | None = None
     ssd_dirs: list[str] = dataclasses.field(default_factory=lambda: ["/tmp/teraio_ssd"])
-    ssd_write_gbps: float = 2.0
-    ssd_read_gbps: float = 1.6
+    ssd_write_gbps: float | None = 2.0
+    ssd_read_gbps: float | None = 1.6
     host_mem_cap_bytes: int = 0
-    host_d2h_gbps: float = 37.0
-    host_h2d_gbps: float = 55.0
+    host_d2h_gbps: float | None = 37.0
+    host_h2d_gbps: float | None = 55.0
     prices: dict[str, float] = dataclasses.field(default_factory=dict)
 
 

@@ -28,6 +28,9 @@ Schema (keys always present; unknown values are ``null``):
                       1: profiled), each ``{step, seconds, loss, peak_allocated_bytes,
                       max_accounted_bytes, evictions, restores, bytes_evicted, bytes_restored,
                       oom_retries}`` (``teraio.pager``); empty for other systems
+``tier_gbps``         TeraIO: the planner's bandwidths (GB/s, ``ssd_write_gbps`` ...) and
+                      ``source`` of each (the hardware config, or measured on this machine,
+                      ``teraio.probe``); null otherwise
 ``replans``           TeraIO: one entry per step where the workload shape changed and the
                       run profiled and planned again (``{step, shape, profile_seconds,
                       plan_compile_seconds, plan, artifacts}``; that step is not measured);
@@ -70,7 +73,7 @@ def empty_result(point: dict, config: dict) -> dict[str, Any]:
         "tokens_per_s": None, "stall_count": None, "stall_seconds": None,
         "bytes_per_tier": {"ssd": None, "host": None},
         "peak_allocated_bytes": None, "peak_reserved_bytes": None, "peak_host_rss_bytes": None,
-        "capacity_bytes": None, "capacity_emulated": None, "paged_steps": [], "replans": [],
+        "capacity_bytes": None, "capacity_emulated": None, "paged_steps": [], "replans": [], "tier_gbps": None,
         "step_peak_allocated_bytes": [], "unoffloaded_peak_bytes": None, "memory_pressure": None,
         "plan_compile_seconds": None, "profile_seconds": None, "ssd_io_mode": None,
         "gpu_name": None, "versions": {}, "host": None, "started_at": None,

@@ -52,7 +52,7 @@ from pathlib import Path
 
 import torch
 
-from teraio import systems
+from teraio import probe, systems
 from teraio.config import RunConfig, dataclass_from_dict
 from teraio.engine import MigrationEngine
 from teraio.measure import (apply_memory_cap, lift_memory_cap, param_digest, peak_memory, reset_peak_memory,
@@ -101,12 +101,33 @@ def check_options(system: str, options: dict) -> None:
     dataclass_from_dict(TeraIOOptions, options, f"system.options ({system})")
 
 
-def tier_bandwidth(cfg: RunConfig) -> TierBandwidth:
-    """Planner bandwidths (GB/s): the SSD tier aggregates its drives (one dir per drive)."""
+def tier_bandwidth(cfg: RunConfig, device: torch.device | None = None, io_threads: int = 4,
+                   result: dict | None = None) -> TierBandwidth:
+    """Planner bandwidths (GB/s). Given ones from ``cfg.hardware`` (the SSD tier aggregates
+    its drives, one directory per drive); null ones measured on ``device`` over the tiers
+    (``teraio.probe``, cached per machine). ``result`` gets ``tier_gbps``: the values and
+    where each came from.
+
+    Raises:
+        ValueError: a bandwidth is null and no device is given to measure it on.
+    """
     hw = cfg.hardware
     n = len(hw.ssd_dirs)
-    return TierBandwidth(ssd_write_gbps=hw.ssd_write_gbps * n, ssd_read_gbps=hw.ssd_read_gbps * n,
-                         host_d2h_gbps=hw.host_d2h_gbps, host_h2d_gbps=hw.host_h2d_gbps)
+    given = {"ssd_write_gbps": None if hw.ssd_write_gbps is None else hw.ssd_write_gbps * n,
+             "ssd_read_gbps": None if hw.ssd_read_gbps is None else hw.ssd_read_gbps * n,
+             "host_d2h_gbps": hw.host_d2h_gbps, "host_h2d_gbps": hw.host_h2d_gbps}
+    missing = [k for k, v in given.items() if v is None]
+    gbps, source = dict(given), dict.fromkeys(given, "hardware config")
+    if missing:
+        if device is None:
+            raise ValueError(f"hardware.{missing[0]} is null (measure it) but no device was given to measure on")
+        m = probe.measured_bandwidths(device, list(hw.ssd_dirs), io_threads)
+        for k in missing:
+            gbps[k] = m["gbps"][k]
+            source[k] = f"measured {m['measured_at']}" + (" (cached)" if m["cached"] else "")
+    if result is not None:
+        result["tier_gbps"] = {**gbps, "source": source}
+    return TierBandwidth(**gbps)
 
 
 def open_tiers(plan, cfg: RunConfig, device: torch.device, io_threads: int = 4) -> dict:
@@ -191,6 +212,9 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
     capacity, emulated = device_capacity(cfg, device)
     limit = int(capacity * (1 - headroom)) if capacity is not None else None
     check_model_fits(cfg, limit)
+    bandwidths = tier_bandwidth(cfg, device, opts.io_threads, result)  # a probe, if any, before the cap
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     apply_memory_cap(cfg.hardware.gpu_capacity_bytes, device)  # from the first allocation on
     result.update(capacity_bytes=capacity, capacity_emulated=emulated if capacity is not None else None)
     engine = None
@@ -253,7 +277,7 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
             plan_capacity = limit if limit is not None else int(unoffloaded_peak * (1 - headroom))
             host_cap = cfg.hardware.host_mem_cap_bytes if spec.host_tier else 0
             t0 = time.perf_counter()
-            plan = plan_migrations(trace, plan_capacity, tier_bandwidth(cfg), host_cap_bytes=host_cap,
+            plan = plan_migrations(trace, plan_capacity, bandwidths, host_cap_bytes=host_cap,
                                    benefit=opts.benefit, min_tensor_bytes=opts.min_tensor_bytes,
                                    allow_stalls=opts.allow_stalls)
             compile_seconds = time.perf_counter() - t0

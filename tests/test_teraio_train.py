@@ -320,3 +320,31 @@ def test_a_capacity_the_plan_cannot_meet_stops_before_the_engine_runs(tmp_path):
                                          r"capacity it reaches is hardware.gpu_capacity_bytes=\d+ \(or allow"):
         run(cfg, tmp_path / "job", result, CPU)
     assert result["iterations"] == [] and result["plan"]["shortfall_bytes"] > 0
+
+
+def test_null_bandwidths_are_measured_once_per_machine_and_recorded(tmp_path, ref, monkeypatch):
+    import teraio.probe
+
+    monkeypatch.setenv("TERAIO_CACHE_DIR", str(tmp_path / "cache"))
+    calls = []
+    measure = teraio.probe.measure
+    monkeypatch.setattr(teraio.probe, "measure",
+                        lambda *a, **k: calls.append(a) or measure(*a, **{**k, "total_bytes": 8 << 20}))
+    (tmp_path / "ssd").mkdir()
+    hw = {"ssd_write_gbps": None, "ssd_read_gbps": None, "host_d2h_gbps": None, "host_h2d_gbps": 50.0}
+    first = run_teraio(config("teraio_mixed", tmp_path / "ssd", None, **hw), tmp_path / "a")
+    second = run_teraio(config("teraio_mixed", tmp_path / "ssd", None, **hw), tmp_path / "b")
+
+    assert len(calls) == 1  # the second run found the first one's measurement
+    for r in (first, second):
+        g = r["tier_gbps"]
+        assert all(g[k] > 0 for k in ("ssd_write_gbps", "ssd_read_gbps", "host_d2h_gbps"))
+        assert g["host_h2d_gbps"] == 50.0 and g["source"]["host_h2d_gbps"] == "hardware config"
+        assert r["losses"] == ref[0][:len(r["losses"])]
+    assert first["tier_gbps"]["source"]["ssd_write_gbps"].startswith("measured ")
+    assert second["tier_gbps"]["source"]["ssd_write_gbps"].endswith("(cached)")
+    assert {k: second["tier_gbps"][k] for k in teraio.probe.KEYS} == \
+        {k: first["tier_gbps"][k] for k in teraio.probe.KEYS}
+    cache = json.loads((tmp_path / "cache" / "bandwidth.json").read_text())
+    assert list(cache) == [teraio.probe.machine_key(CPU, [str(tmp_path / "ssd")])]
+    assert not list((tmp_path / "ssd").iterdir())
