@@ -33,7 +33,7 @@ def system_label(system) -> str:
 
 def system_rank(system) -> int:
     """Position in the registry (the paper's Fig. 7 order); unknown systems last."""
-    order = systems.names()
+    order = systems.legend_order()
     return order.index(system) if system in order else len(order)
 
 

@@ -56,7 +56,7 @@ class NoData(Exception):
 
 def system_palette(systems) -> dict[str, tuple]:
     """A fixed colour per system (by the paper's series order), so figures agree."""
-    order = registry.names()
+    order = registry.legend_order()
     base = sns.color_palette("colorblind", len(order) + len(systems))
     extra = iter(base[len(order):])
     return {s: base[order.index(s)] if s in order else next(extra)

@@ -556,3 +556,13 @@ def test_figure_titles_break_between_phrases_not_inside_one():
         "Fig. 7 — average training throughput", "(bars: mean of ok trials; error bars: 95% t-CI;",
         "M: memory pressure)"]
     assert _wrap_phrases("short", 60) == "short"
+
+
+def test_the_committed_h200_slice_regenerates_its_tables_exactly(tmp_path):
+    from pathlib import Path
+    slice_dir = Path(__file__).resolve().parents[1] / "runs" / "reference" / "h200" / "fig7_h200_slice"
+    paths = analyze(slice_dir, tmp_path / "out")
+    committed = sorted((slice_dir / "analysis" / "tables").iterdir())
+    assert committed and {p.name for p in committed} <= {Path(k).name for k in paths if k.startswith("tables/")}
+    for table in committed:
+        assert (tmp_path / "out" / "tables" / table.name).read_text() == table.read_text(), table.name
