@@ -148,14 +148,17 @@ def launch_dir() -> Path:
     return Path.cwd()
 
 
-def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool = False) -> None:
+def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool = False,
+             runs_dir: str | Path | None = None) -> None:
     """Check what the workers would only find out mid-run, on this machine.
 
     * ``hardware.gpu_capacity_bytes``: positive; on a CUDA device, at most the GPU's
       memory (checked only when ``check_device`` and a GPU is visible; a ``cuda`` device
       with no GPU here is itself an error unless ``check_device`` is false);
     * ``hardware.ssd_dirs`` of systems that offload to SSDs: each exists (created first
-      when ``make_ssd_dirs``), is a directory, and takes a new file — checked only with
+      when it lies under ``runs_dir``, the sweep's own scratch, or with ``make_ssd_dirs``;
+      elsewhere a missing one is a mistyped path or an unmounted drive), is a directory,
+      and takes a new file — checked only with
       ``check_device``, since otherwise the workers run elsewhere; the list must not be empty;
     * ``system.options``: every key and value, by the system's own check (``teraio.systems``);
     * a system with a host tier (TeraIO-Mixed) needs ``hardware.host_mem_cap_bytes`` > 0;
@@ -197,7 +200,7 @@ def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool =
     systems.check_options(spec.name, run.system.options)
     if spec.uses_drives:
         if check_device:
-            check_ssd_dirs(hw.ssd_dirs, run.system.name, make=make_ssd_dirs)
+            check_ssd_dirs(hw.ssd_dirs, run.system.name, make=make_ssd_dirs, scratch=runs_dir)
         elif not hw.ssd_dirs:  # the drives are the worker's machine's (e.g. Slurm nodes)
             raise ValueError(f"hardware.ssd_dirs is empty; {run.system.name} offloads to SSDs: "
                              "give one directory per drive")
@@ -206,22 +209,25 @@ def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool =
                          "offloads to host memory too and needs a cap > 0 (bytes)")
 
 
-def check_ssd_dirs(dirs: list[str], system: str, make: bool = False) -> None:
-    """Each SSD directory exists (made first when ``make``), is a directory, and takes a
-    new file. Raises ValueError naming ``hardware.ssd_dirs[i]``."""
+def check_ssd_dirs(dirs: list[str], system: str, make: bool = False, scratch: str | Path | None = None) -> None:
+    """Each SSD directory exists (made first when ``make``, or when it lies under
+    ``scratch``), is a directory, and takes a new file. Raises ValueError naming
+    ``hardware.ssd_dirs[i]``."""
     if not dirs:
         raise ValueError(f"hardware.ssd_dirs is empty; {system} offloads to SSDs: "
                          "give one directory per drive")
     for i, d in enumerate(dirs):
         key, p = f"hardware.ssd_dirs[{i}]={d}", Path(d)
-        if make:
+        if make or (scratch is not None and Path(os.path.abspath(p)).is_relative_to(os.path.abspath(scratch))):
             try:
                 p.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise ValueError(f"{key} cannot be created: {e}") from e
         if not p.exists():
             raise ValueError(f"{key} does not exist ({system} writes tensors there); create it "
-                             "or mount the drive, or set hardware.ssd_dirs=[dir,...]")
+                             "or mount the drive, set hardware.ssd_dirs=[dir,...], or let the sweep "
+                             "create it (sweep.make_ssd_dirs=true; directories under sweep.runs_dir "
+                             "are created anyway)")
         if not p.is_dir():
             raise ValueError(f"{key} is not a directory")
         try:
@@ -403,7 +409,8 @@ def _run_owned_point(cfg: DictConfig, job_dir: Path) -> str:
     if result_path.exists():
         result_path.rename(history_path(result_path))
     try:
-        validate(run, check_device=cfg.sweep.check_device, make_ssd_dirs=cfg.sweep.make_ssd_dirs)
+        validate(run, check_device=cfg.sweep.check_device, make_ssd_dirs=cfg.sweep.make_ssd_dirs,
+                 runs_dir=cfg.sweep.runs_dir)
         resolved = job_dir / "resolved.yaml"
         resolved.write_text(yaml.safe_dump(run.to_dict(), sort_keys=False))
         drives = drive_dirs(run) if cfg.sweep.exclusive_drives else []
@@ -463,7 +470,7 @@ class SweepCallback(Callback):
             try:
                 point = loader.load_sweep_config(config, list(overrides))
                 validate(run_config(point), check_device=point.sweep.check_device,
-                         make_ssd_dirs=point.sweep.make_ssd_dirs)
+                         make_ssd_dirs=point.sweep.make_ssd_dirs, runs_dir=point.sweep.runs_dir)
             except Exception as e:
                 raise SystemExit(f"teraio.sweep: invalid point [{where}]: {e}\nNothing was run.") from e
             job_dir = Path(point.hydra.sweep.dir) / str(point.hydra.sweep.subdir)

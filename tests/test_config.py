@@ -172,6 +172,15 @@ def test_ssd_dirs_missing_not_a_dir_or_unwritable_are_refused(tmp_path):
         sweep.validate(run_cfg("zero_infinity", ssd_dirs=[]), check_device=False)
     sweep.validate(run_cfg("teraio_ssd", ssd_dirs=[str(missing)]), make_ssd_dirs=True)
     assert missing.is_dir()
+    # Under the sweep's runs_dir (its own scratch) a missing directory is made; elsewhere
+    # it stops the sweep unless make_ssd_dirs asks for it.
+    scratch = tmp_path / "runs" / "_ssd" / "0"
+    sweep.validate(run_cfg("teraio_ssd", ssd_dirs=[str(scratch)]), runs_dir=tmp_path / "runs")
+    assert scratch.is_dir()
+    typo = tmp_path / "mnt" / "nvme9"
+    with pytest.raises(ValueError, match=r"hardware.ssd_dirs\[0\]=.*nvme9 does not exist.*sweep.make_ssd_dirs=true"):
+        sweep.validate(run_cfg("teraio_ssd", ssd_dirs=[str(typo)]), runs_dir=tmp_path / "runs")
+    assert not typo.exists()
 
 
 def test_unwritable_ssd_dir_is_refused():

@@ -221,7 +221,7 @@ def test_fig7_teraio_points_run_below_their_unoffloaded_peak(tmp_path):
 @pytest.mark.parametrize("chdir", ["true", "false"])
 def test_a_relative_ssd_dir_is_resolved_against_the_launch_dir(tmp_path, fake_worker, chdir):
     runs = tmp_path / "runs"
-    cmd = sweep_cmd(runs, "system=teraio_ssd", "trial=0", "hardware.ssd_dirs=[rel/ssd]",
+    cmd = sweep_cmd(runs, "system=teraio_ssd", "trial=0", "hardware.ssd_dirs=[rel/ssd]", "sweep.make_ssd_dirs=true",
                     f"hydra.job.chdir={chdir}")
     p = subprocess.run(cmd, cwd=tmp_path, env=sweep_env({}, fake_worker), capture_output=True,
                        text=True, timeout=120)
