@@ -227,10 +227,11 @@ def fig8_breakdown(sweep: Sweep) -> Figure:
                                edgecolor=palette[r["system"]], linewidth=1.5, gid=seg)
                         bottom += h
                 else:
-                    ax.bar(x, r["seconds_mean"], w, color="0.8", edgecolor=palette[r["system"]],
-                           linewidth=1.5, hatch="..", gid="total")
-                    ax.text(x, r["seconds_mean"] / 2, "not instrumented", rotation=90,
-                            ha="center", va="center", fontsize=6)
+                    ax.bar(x, r["seconds_mean"], w, color="0.88", edgecolor=palette[r["system"]],
+                           linewidth=1.5, gid="total")
+                    ax.text(x, r["seconds_mean"] / 2, "total only:\nnot instrumented", rotation=90,
+                            ha="center", va="center", fontsize=7,
+                            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1.5})
             order = np.argsort(ticks)
             ax.set_xticks(np.asarray(ticks)[order])
             ax.set_xticklabels(np.asarray(labels, dtype=object)[order], rotation=90, fontsize=6)
@@ -239,7 +240,7 @@ def fig8_breakdown(sweep: Sweep) -> Figure:
             ax.set_ylabel("seconds per iteration")
             ax.set_title(title)
         handles = [Patch(facecolor=SEGMENT_COLORS[s], label=lab) for s, lab in SEGMENTS]
-        handles.append(Patch(facecolor="0.8", hatch="..", label="total only (not instrumented)"))
+        handles.append(Patch(facecolor="0.88", label="total only (not instrumented)"))
         if len(failed):
             handles.append(Line2D([], [], marker="x", color="k", ls="none", label="failed"))
         fig.legend(handles=handles, fontsize=7, ncols=3, loc="outside lower center")

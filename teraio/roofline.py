@@ -129,7 +129,8 @@ def plot_roofline(df: pd.DataFrame, policy: str = "fifo", ax=None):
     ax.set_ylabel("Normalized Throughput (modeled)")
     ax.set_title(f"Roofline, modeled ({policy.upper()} channels)", fontsize="medium")
     ax.set_xticks(list(BANDWIDTHS_GBPS))
-    ax.set_xlim(0, max(64.0, float(rows["bandwidth_gbps"].max())))
+    right = max(64.0, float(rows["bandwidth_gbps"].max()))
+    ax.set_xlim(-0.03 * right, 1.04 * right)  # markers at 0 and at the last bandwidth whole
     ax.set_ylim(0.0, 1.05)
     ax.grid(alpha=0.3)
     return ax

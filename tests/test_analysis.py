@@ -378,7 +378,7 @@ def test_fig8_segments_and_not_instrumented(sweep_dir):
         assert len(gids(ax, seg)) == 6                 # ideal, TeraIO-SSD, TeraIO-Mixed × A, B
     assert len(gids(ax, "total")) == 2                 # ZeRO-Offload and ZeRO-Infinity in A
     assert len(gids(ax, "failed", "lines")) == 1       # ZeRO-Offload OOM in B
-    assert sum(t.get_text() == "not instrumented" for t in ax.texts) == 2
+    assert sum(t.get_text() == "total only:\nnot instrumented" for t in ax.texts) == 2
     x = slot(0, 3, 5)                                  # TeraIO-Mixed, config A
     seg = {g: [p for p in gids(ax, g) if abs(p.get_x() + p.get_width() / 2 - x) < 1e-9][0]
            for g in ("stall", "overlapped", "compute")}
