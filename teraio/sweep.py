@@ -22,6 +22,10 @@ named after the point keys, so a rerun finds it:
 A failed point is a row, and the sweep goes on. After the last point,
 ``python -m analysis <sweep dir>`` makes the tables and figures.
 
+Its parts: :mod:`teraio.compose` (point config → ``RunConfig``, resolvers, the multirun's
+points), :mod:`teraio.checks` (what is checked before any run), :mod:`teraio.launch` (one
+worker process) and :mod:`teraio.drive_lock`.
+
 Test hook: the environment variable ``TERAIO_WORKER_CMD`` (a shell-quoted command)
 replaces ``python -m teraio.run``; the tests use it to run small scripted workers. It is
 not meant for real runs.
@@ -30,231 +34,31 @@ from __future__ import annotations
 
 import collections
 import importlib.util
-import itertools
 import json
-import os
-import re
-import shlex
-import signal
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import hydra
-import torch
 import yaml
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
-from rich.console import Console
+from omegaconf import DictConfig
 from rich.markup import escape
 
 from teraio import systems
-from teraio.config import ModelConfig, RunConfig, WorkloadConfig, run_config_from_dict
+from teraio.checks import validate
+from teraio.compose import job_overrides, register_resolvers, run_config
+from teraio.config import RunConfig
 from teraio.drive_lock import hold_drives, hold_point
+from teraio.launch import console, launch_worker
 from teraio.result import empty_result, read_status, write_result
 from teraio.run import iso_time
 
-RUN_KEYS = ("model", "workload", "system", "hardware", "trial", "seed", "timeout_s")
-KILL_GRACE_S = 10.0
-LOG_TAIL_LINES = 40
-
-console = Console(highlight=False, emoji=False, soft_wrap=True)
-
-
-# ---------------------------------------------------------------- config → RunConfig
-
-def estimate_unoffloaded_peak_bytes(model: ModelConfig, workload: WorkloadConfig) -> int:
-    """Estimated peak device memory (bytes) of one training step with nothing offloaded:
-    FP32 weights, gradients and AdamW's two states (16 bytes per parameter, counted on
-    the meta-device model) plus one micro-batch's saved activations, about
-    (12·dim + 4·ffn_hidden) floats per token per layer, and three logits-sized buffers
-    (logits, log-softmax, their gradient). Attention is taken to save no seq² matrix
-    (SDPA's flash/efficient kernels on CUDA). An estimate: the measured peak of a run is
-    in its row (Ideal's ``peak_allocated_bytes``, TeraIO's ``unoffloaded_peak_bytes``).
-    """
-    from teraio.models import (STATE_BYTES_PER_PARAMETER, activation_bytes, build_meta_model,
-                               count_parameters, ffn_hidden, logits_bytes)
-
-    net = build_meta_model(model, workload.seq_len)
-    tokens = workload.micro_batch_size * workload.seq_len
-    return (STATE_BYTES_PER_PARAMETER * count_parameters(net)
-            + activation_bytes(model, ffn_hidden(net), tokens, model.n_layers) + logits_bytes(model, tokens))
-
-
-def capacity_for_pressure(model: DictConfig, workload: DictConfig, m_percent: float) -> int:
-    """The GPU capacity (bytes) under which ``model`` at ``workload`` has memory pressure
-    M = ``m_percent`` % (paper Fig. 7: M = peak memory / capacity), from
-    :func:`estimate_unoffloaded_peak_bytes`."""
-    run = run_config_from_dict({"model": OmegaConf.to_container(model, resolve=True),
-                                "workload": OmegaConf.to_container(workload, resolve=True),
-                                "system": {"name": "ideal"}})
-    return int(estimate_unoffloaded_peak_bytes(run.model, run.workload) / (float(m_percent) / 100))
-
-
-def register_resolvers() -> None:
-    """OmegaConf resolvers the experiment configs use:
-
-    ``${gb:X}``        X GB (1e9 bytes) as an int of bytes
-    ``${take:L,N}``    the first N items of list L (e.g. N of the SSD directories)
-    ``${capacity_for_pressure:MODEL,WORKLOAD,M}``  see :func:`capacity_for_pressure`
-    """
-    def take(items, n: int):
-        items = list(items)
-        if not 0 < n <= len(items):
-            raise ValueError(f"${{take:...,{n}}}: only {len(items)} item(s): {items}")
-        return items[:n]
-
-    OmegaConf.register_new_resolver("gb", lambda x: int(round(float(x) * 1e9)), replace=True)
-    OmegaConf.register_new_resolver("take", take, replace=True)
-    OmegaConf.register_new_resolver("capacity_for_pressure", capacity_for_pressure, replace=True)
-
-
-def run_config(cfg: DictConfig) -> RunConfig:
-    """The worker's :class:`RunConfig` from a composed point config.
-
-    ``sweep.system_options[<system name>]`` is merged over ``system.options`` (an
-    experiment that sweeps several systems sets per-system options there), and
-    ``hardware.ssd_dirs`` are made absolute against the directory the sweep was launched
-    from (:func:`launch_dir`), whether or not Hydra changes into the job dir.
-
-    Raises:
-        ValueError: an unknown key or a bad value, naming it (``teraio.config``).
-    """
-    d = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
-         for k in RUN_KEYS if k in cfg}
-    extra = OmegaConf.select(cfg, f"sweep.system_options.{d['system']['name']}", default=None)
-    if extra is not None:
-        d["system"]["options"] = {**(d["system"].get("options") or {}),
-                                  **OmegaConf.to_container(extra, resolve=True)}
-    hw = d.get("hardware") or {}
-    if "ssd_dirs" in hw:
-        hw["ssd_dirs"] = [str(launch_dir() / Path(p).expanduser()) for p in hw["ssd_dirs"]]
-    return run_config_from_dict(d)
-
-
-def launch_dir() -> Path:
-    """The directory ``python -m teraio.sweep`` was started in (Hydra's original working
-    directory; ``hydra.job.chdir=true`` moves each job into its job dir)."""
-    if HydraConfig.initialized():
-        return Path(HydraConfig.get().runtime.cwd)
-    return Path.cwd()
-
-
-def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool = False,
-             runs_dir: str | Path | None = None) -> None:
-    """Check what the workers would only find out mid-run, on this machine.
-
-    * ``hardware.gpu_capacity_bytes``: positive; on a CUDA device, at most the GPU's
-      memory (checked only when ``check_device`` and a GPU is visible; a ``cuda`` device
-      with no GPU here is itself an error unless ``check_device`` is false);
-    * ``hardware.ssd_dirs`` of systems that offload to SSDs: each exists (created first
-      when it lies under ``runs_dir``, the sweep's own scratch, or with ``make_ssd_dirs``;
-      elsewhere a missing one is a mistyped path or an unmounted drive), is a directory,
-      and takes a new file — checked only with
-      ``check_device``, since otherwise the workers run elsewhere; the list must not be empty;
-    * ``system.options``: every key and value, by the system's own check (``teraio.systems``);
-    * a system with a host tier (TeraIO-Mixed) needs ``hardware.host_mem_cap_bytes`` > 0;
-    * ``timeout_s`` > 0, ``workload.measure_steps`` >= 1, ``hardware.n_gpus`` >= 1.
-
-    Raises:
-        ValueError: naming the bad key, its value and what would be valid.
-    """
-    hw, w = run.hardware, run.workload
-    if not run.timeout_s > 0:
-        raise ValueError(f"timeout_s={run.timeout_s} must be > 0 (seconds)")
-    if w.measure_steps < 1 or w.warmup_steps < 0:
-        raise ValueError(f"workload.measure_steps={w.measure_steps} must be >= 1 and "
-                         f"workload.warmup_steps={w.warmup_steps} >= 0")
-    if hw.n_gpus < 1:
-        raise ValueError(f"hardware.n_gpus={hw.n_gpus} must be >= 1")
-    try:
-        device = torch.device(hw.device)
-    except RuntimeError as e:
-        raise ValueError(f"hardware.device={hw.device!r} is not a device: {e}; valid: cpu, cuda, cuda:N") from e
-    cap = hw.gpu_capacity_bytes
-    if cap is not None and not cap > 0:
-        raise ValueError(f"hardware.gpu_capacity_bytes={cap} must be > 0 (bytes), or null for no cap")
-    if device.type != "cuda" and hw.n_gpus > 1:
-        raise ValueError(f"hardware.n_gpus={hw.n_gpus} needs hardware.device=cuda, not {hw.device!r}")
-    if check_device and device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"hardware.device={hw.device!r} but this machine has no CUDA GPU; "
-                             "use hardware=cpu_ci here, or sweep.check_device=false when the "
-                             "workers run on other machines")
-        if hw.n_gpus > torch.cuda.device_count():
-            raise ValueError(f"hardware.n_gpus={hw.n_gpus} but {torch.cuda.device_count()} GPU(s) here")
-        total = torch.cuda.get_device_properties(device.index or 0).total_memory
-        if cap is not None and cap > total:
-            raise ValueError(f"hardware.gpu_capacity_bytes={cap} is larger than the GPU "
-                             f"({torch.cuda.get_device_name(device.index or 0)}: {total} bytes); "
-                             f"valid: 1..{total}")
-    spec = systems.get(run.system.name)
-    systems.check_options(spec.name, run.system.options)
-    if spec.uses_drives:
-        if check_device:
-            check_ssd_dirs(hw.ssd_dirs, run.system.name, make=make_ssd_dirs, scratch=runs_dir)
-        elif not hw.ssd_dirs:  # the drives are the worker's machine's (e.g. Slurm nodes)
-            raise ValueError(f"hardware.ssd_dirs is empty; {run.system.name} offloads to SSDs: "
-                             "give one directory per drive")
-    if spec.host_tier and not hw.host_mem_cap_bytes > 0:
-        raise ValueError(f"hardware.host_mem_cap_bytes={hw.host_mem_cap_bytes}: {spec.name} "
-                         "offloads to host memory too and needs a cap > 0 (bytes)")
-
-
-def check_ssd_dirs(dirs: list[str], system: str, make: bool = False, scratch: str | Path | None = None) -> None:
-    """Each SSD directory exists (made first when ``make``, or when it lies under
-    ``scratch``), is a directory, and takes a new file. Raises ValueError naming
-    ``hardware.ssd_dirs[i]``."""
-    if not dirs:
-        raise ValueError(f"hardware.ssd_dirs is empty; {system} offloads to SSDs: "
-                         "give one directory per drive")
-    for i, d in enumerate(dirs):
-        key, p = f"hardware.ssd_dirs[{i}]={d}", Path(d)
-        if make or (scratch is not None and Path(os.path.abspath(p)).is_relative_to(os.path.abspath(scratch))):
-            try:
-                p.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise ValueError(f"{key} cannot be created: {e}") from e
-        if not p.exists():
-            raise ValueError(f"{key} does not exist ({system} writes tensors there); create it "
-                             "or mount the drive, set hardware.ssd_dirs=[dir,...], or let the sweep "
-                             "create it (sweep.make_ssd_dirs=true; directories under sweep.runs_dir "
-                             "are created anyway)")
-        if not p.is_dir():
-            raise ValueError(f"{key} is not a directory")
-        try:
-            with tempfile.TemporaryFile(dir=p):
-                pass
-        except OSError as e:
-            raise ValueError(f"{key} is not writable: {e}") from e
-
-
-def job_overrides(config: DictConfig) -> list[list[str]]:
-    """The override list of every job of this multirun, in launch order: the sweeper's
-    ``hydra.sweeper.params`` then the command line, expanded as Hydra's BasicSweeper
-    expands them (a later value for a key replaces an earlier one; discrete sweeps form
-    a cartesian product)."""
-    params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
-    args = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
-    parsed = OverridesParser.create().parse_overrides(args)
-    axes: dict[str, list[str]] = {}
-    for o in parsed:
-        key = o.get_key_element()
-        if o.is_sweep_override():
-            if not o.is_discrete_sweep():
-                raise ValueError(f"{key}: only discrete sweeps (a,b,c) are supported")
-            axes[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
-        else:
-            axes[key] = [f"{key}={o.get_value_element_as_str()}"]
-    return [list(job) for job in itertools.product(*axes.values())]
 
 
 # ---------------------------------------------------------------- one point
@@ -273,91 +77,6 @@ def config_diff(a: Any, b: Any, prefix: str = "") -> list[str]:
         return [k for key in sorted(set(a) | set(b), key=str)
                 for k in config_diff(a.get(key), b.get(key), f"{prefix}{key}.")]
     return [] if a == b else [prefix.rstrip(".")]
-
-
-def worker_command(run: RunConfig, resolved: Path) -> list[str]:
-    """``python -m teraio.run <resolved>``; under ``torchrun`` (one process per GPU,
-    which also serves DeepSpeed: it reads the same environment) for ``hardware.n_gpus``
-    > 1; or the test hook ``$TERAIO_WORKER_CMD``."""
-    if os.environ.get("TERAIO_WORKER_CMD"):
-        return shlex.split(os.environ["TERAIO_WORKER_CMD"]) + [str(resolved)]
-    if run.hardware.n_gpus > 1:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc-per-node={run.hardware.n_gpus}", "-m", "teraio.run", str(resolved)]
-    return [sys.executable, "-m", "teraio.run", str(resolved)]
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the sweep dies, so that no orphan worker
-    writes into a rerun's job dir (Linux prctl PR_SET_PDEATHSIG)."""
-    import ctypes
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-# Library chatter a worker prints (DeepSpeed's and torch's log lines, Python warnings and the
-# source line under each): worker.log keeps it, the terminal shows the worker's own lines.
-_LIBRARY_NOISE = re.compile(r"^\[\d{4}-\d\d-\d\d [^]]*\] \[(INFO|WARNING|DEBUG)\]|Warning: |^\s+warnings\.warn\(|"
-                            r"^\s*$|^Using .* as PyTorch extensions root|^(Emitting|Building|Loading|Time to load) ")
-
-
-def launch_worker(run: RunConfig, job_dir: Path, resolved: Path) -> tuple[int | None, list[str]]:
-    """Run the worker, streaming its lines to ``worker.log`` and, but for library chatter
-    (:data:`_LIBRARY_NOISE`), to the terminal.
-
-    Returns:
-        (exit code, or None when killed after ``timeout_s``; its last output lines).
-    """
-    tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = worker_command(run, resolved)
-    with open(job_dir / "worker.log", "a") as log:
-        log.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n")
-        log.flush()
-        # Its own session: the whole process group (torchrun's ranks too) is killed on timeout.
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                                env=env, start_new_session=True, preexec_fn=_die_with_parent)
-
-        def pump() -> None:
-            hidden = 0
-            for line in proc.stdout:
-                log.write(line)
-                log.flush()
-                tail.append(line.rstrip("\n"))
-                if _LIBRARY_NOISE.search(line):
-                    hidden += 1
-                    if hidden == 1:
-                        console.print(f"  │ (library messages go to {job_dir / 'worker.log'})", markup=False)
-                    continue
-                console.print(f"  │ {line.rstrip()}", markup=False)
-
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-        try:
-            rc = proc.wait(timeout=run.timeout_s)
-        except subprocess.TimeoutExpired:
-            rc = None
-        finally:
-            # A timeout, the sweep interrupted, or children left behind by a finished
-            # worker (they would hold its output pipe open).
-            _kill_group(proc)
-        reader.join()
-    return rc, list(tail)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to the worker's process group, SIGKILL after ``KILL_GRACE_S`` if the
-    worker is still there."""
-    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def failure_row(run: RunConfig, status: str, error: str, started: float) -> dict:

@@ -13,6 +13,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 from torchtitan.models.llama3 import llama3_args
 
+import teraio.compose as composition
 from teraio import sweep
 from teraio import systems
 from teraio.config import ModelConfig, run_config_from_dict
@@ -80,7 +81,7 @@ def test_fig7_h200_caps_each_point_at_the_papers_pressure(hydra_conf):
     for p in pts:
         r = sweep.run_config(p)
         m = p.fig7.points[r.model.name][p.fig7.point].paper_m
-        peak = sweep.estimate_unoffloaded_peak_bytes(r.model, r.workload)
+        peak = composition.estimate_unoffloaded_peak_bytes(r.model, r.workload)
         assert r.hardware.gpu_capacity_bytes == int(peak / (m / 100))
         assert r.hardware.gpu_capacity_bytes < 139 * 2**30 and peak < 139 * 2**30  # Ideal fits the H200
         assert r.model.n_layers == 4 and r.model.dim == 4096
@@ -217,7 +218,7 @@ def test_peak_estimate_is_close_to_the_profiled_peak():
         return lambda: train_step(model, opt, inputs, labels, 2)
     step(0)()
     _, trace = profile_step(step(1), model, opt, torch.device("cpu"), meta={})
-    assert sweep.estimate_unoffloaded_peak_bytes(r.model, r.workload) == pytest.approx(trace.peak_bytes(), rel=0.05)
+    assert composition.estimate_unoffloaded_peak_bytes(r.model, r.workload) == pytest.approx(trace.peak_bytes(), rel=0.05)
 
 
 # ---------------------------------------------------------------- the CLI refuses before running

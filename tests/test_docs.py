@@ -23,6 +23,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from packaging.requirements import Requirement
 
+import teraio.compose as composition
 from teraio import sweep
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,7 +135,7 @@ def hydra_conf():
     ``${capacity_for_pressure:...}`` builds a meta-device model per call; it is memoized
     here (same inputs, same bytes), which keeps the many fig7_h200 points fast."""
     memo: dict[str, int] = {}
-    estimate = sweep.estimate_unoffloaded_peak_bytes
+    estimate = composition.estimate_unoffloaded_peak_bytes
 
     def cached(model, workload):
         key = repr((model, workload))
@@ -142,10 +143,10 @@ def hydra_conf():
             memo[key] = estimate(model, workload)
         return memo[key]
 
-    sweep.register_resolvers()
+    composition.register_resolvers()
     with pytest.MonkeyPatch.context() as mp, \
             initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        mp.setattr(sweep, "estimate_unoffloaded_peak_bytes", cached)
+        mp.setattr(composition, "estimate_unoffloaded_peak_bytes", cached)
         yield
 
 

@@ -1,0 +1,112 @@
+"""A composed Hydra point → the worker's :class:`~teraio.config.RunConfig`: the resolvers
+the experiment configs use, the memory estimate behind ``${capacity_for_pressure:...}``,
+and the expansion of a multirun into its points' overrides."""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
+
+from teraio.config import ModelConfig, RunConfig, WorkloadConfig, run_config_from_dict
+
+RUN_KEYS = ("model", "workload", "system", "hardware", "trial", "seed", "timeout_s")
+
+
+def estimate_unoffloaded_peak_bytes(model: ModelConfig, workload: WorkloadConfig) -> int:
+    """Estimated peak device memory (bytes) of one training step with nothing offloaded:
+    FP32 weights, gradients and AdamW's two states (16 bytes per parameter, counted on
+    the meta-device model) plus one micro-batch's saved activations, about
+    (12·dim + 4·ffn_hidden) floats per token per layer, and three logits-sized buffers
+    (logits, log-softmax, their gradient). Attention is taken to save no seq² matrix
+    (SDPA's flash/efficient kernels on CUDA). An estimate: the measured peak of a run is
+    in its row (Ideal's ``peak_allocated_bytes``, TeraIO's ``unoffloaded_peak_bytes``).
+    """
+    from teraio.models import (STATE_BYTES_PER_PARAMETER, activation_bytes, build_meta_model,
+                               count_parameters, ffn_hidden, logits_bytes)
+
+    net = build_meta_model(model, workload.seq_len)
+    tokens = workload.micro_batch_size * workload.seq_len
+    return (STATE_BYTES_PER_PARAMETER * count_parameters(net)
+            + activation_bytes(model, ffn_hidden(net), tokens, model.n_layers) + logits_bytes(model, tokens))
+
+
+def capacity_for_pressure(model: DictConfig, workload: DictConfig, m_percent: float) -> int:
+    """The GPU capacity (bytes) under which ``model`` at ``workload`` has memory pressure
+    M = ``m_percent`` % (paper Fig. 7: M = peak memory / capacity), from
+    :func:`estimate_unoffloaded_peak_bytes`."""
+    run = run_config_from_dict({"model": OmegaConf.to_container(model, resolve=True),
+                                "workload": OmegaConf.to_container(workload, resolve=True),
+                                "system": {"name": "ideal"}})
+    return int(estimate_unoffloaded_peak_bytes(run.model, run.workload) / (float(m_percent) / 100))
+
+
+def register_resolvers() -> None:
+    """OmegaConf resolvers the experiment configs use:
+
+    ``${gb:X}``        X GB (1e9 bytes) as an int of bytes
+    ``${take:L,N}``    the first N items of list L (e.g. N of the SSD directories)
+    ``${capacity_for_pressure:MODEL,WORKLOAD,M}``  see :func:`capacity_for_pressure`
+    """
+    def take(items, n: int):
+        items = list(items)
+        if not 0 < n <= len(items):
+            raise ValueError(f"${{take:...,{n}}}: only {len(items)} item(s): {items}")
+        return items[:n]
+
+    OmegaConf.register_new_resolver("gb", lambda x: int(round(float(x) * 1e9)), replace=True)
+    OmegaConf.register_new_resolver("take", take, replace=True)
+    OmegaConf.register_new_resolver("capacity_for_pressure", capacity_for_pressure, replace=True)
+
+
+def run_config(cfg: DictConfig) -> RunConfig:
+    """The worker's :class:`RunConfig` from a composed point config.
+
+    ``sweep.system_options[<system name>]`` is merged over ``system.options`` (an
+    experiment that sweeps several systems sets per-system options there), and
+    ``hardware.ssd_dirs`` are made absolute against the directory the sweep was launched
+    from (:func:`launch_dir`), whether or not Hydra changes into the job dir.
+
+    Raises:
+        ValueError: an unknown key or a bad value, naming it (``teraio.config``).
+    """
+    d = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
+         for k in RUN_KEYS if k in cfg}
+    extra = OmegaConf.select(cfg, f"sweep.system_options.{d['system']['name']}", default=None)
+    if extra is not None:
+        d["system"]["options"] = {**(d["system"].get("options") or {}),
+                                  **OmegaConf.to_container(extra, resolve=True)}
+    hw = d.get("hardware") or {}
+    if "ssd_dirs" in hw:
+        hw["ssd_dirs"] = [str(launch_dir() / Path(p).expanduser()) for p in hw["ssd_dirs"]]
+    return run_config_from_dict(d)
+
+
+def launch_dir() -> Path:
+    """The directory ``python -m teraio.sweep`` was started in (Hydra's original working
+    directory; ``hydra.job.chdir=true`` moves each job into its job dir)."""
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.cwd)
+    return Path.cwd()
+
+
+def job_overrides(config: DictConfig) -> list[list[str]]:
+    """The override list of every job of this multirun, in launch order: the sweeper's
+    ``hydra.sweeper.params`` then the command line, expanded as Hydra's BasicSweeper
+    expands them (a later value for a key replaces an earlier one; discrete sweeps form
+    a cartesian product)."""
+    params = OmegaConf.select(config, "hydra.sweeper.params", default=None) or {}
+    args = [f"{k}={v}" for k, v in params.items()] + list(config.hydra.overrides.task)
+    parsed = OverridesParser.create().parse_overrides(args)
+    axes: dict[str, list[str]] = {}
+    for o in parsed:
+        key = o.get_key_element()
+        if o.is_sweep_override():
+            if not o.is_discrete_sweep():
+                raise ValueError(f"{key}: only discrete sweeps (a,b,c) are supported")
+            axes[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
+        else:
+            axes[key] = [f"{key}={o.get_value_element_as_str()}"]
+    return [list(job) for job in itertools.product(*axes.values())]

@@ -1,0 +1,110 @@
+"""Running one worker process: its command (``python -m teraio.run``, ``torchrun`` for
+several GPUs, or the test hook ``$TERAIO_WORKER_CMD``), its output streamed to the terminal
+and to ``worker.log`` (library chatter to the log only), and its process group killed past
+``timeout_s``."""
+from __future__ import annotations
+
+import collections
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from teraio.config import RunConfig
+
+KILL_GRACE_S = 10.0
+LOG_TAIL_LINES = 40
+
+console = Console(highlight=False, emoji=False, soft_wrap=True)
+
+
+def worker_command(run: RunConfig, resolved: Path) -> list[str]:
+    """``python -m teraio.run <resolved>``; under ``torchrun`` (one process per GPU,
+    which also serves DeepSpeed: it reads the same environment) for ``hardware.n_gpus``
+    > 1; or the test hook ``$TERAIO_WORKER_CMD``."""
+    if os.environ.get("TERAIO_WORKER_CMD"):
+        return shlex.split(os.environ["TERAIO_WORKER_CMD"]) + [str(resolved)]
+    if run.hardware.n_gpus > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc-per-node={run.hardware.n_gpus}", "-m", "teraio.run", str(resolved)]
+    return [sys.executable, "-m", "teraio.run", str(resolved)]
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the sweep dies, so that no orphan worker
+    writes into a rerun's job dir (Linux prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+# Library chatter a worker prints (DeepSpeed's and torch's log lines, Python warnings and the
+# source line under each): worker.log keeps it, the terminal shows the worker's own lines.
+_LIBRARY_NOISE = re.compile(r"^\[\d{4}-\d\d-\d\d [^]]*\] \[(INFO|WARNING|DEBUG)\]|Warning: |^\s+warnings\.warn\(|"
+                            r"^\s*$|^Using .* as PyTorch extensions root|^(Emitting|Building|Loading|Time to load) ")
+
+
+def launch_worker(run: RunConfig, job_dir: Path, resolved: Path) -> tuple[int | None, list[str]]:
+    """Run the worker, streaming its lines to ``worker.log`` and, but for library chatter
+    (:data:`_LIBRARY_NOISE`), to the terminal.
+
+    Returns:
+        (exit code, or None when killed after ``timeout_s``; its last output lines).
+    """
+    tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = worker_command(run, resolved)
+    with open(job_dir / "worker.log", "a") as log:
+        log.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n")
+        log.flush()
+        # Its own session: the whole process group (torchrun's ranks too) is killed on timeout.
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                                env=env, start_new_session=True, preexec_fn=_die_with_parent)
+
+        def pump() -> None:
+            hidden = 0
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                tail.append(line.rstrip("\n"))
+                if _LIBRARY_NOISE.search(line):
+                    hidden += 1
+                    if hidden == 1:
+                        console.print(f"  │ (library messages go to {job_dir / 'worker.log'})", markup=False)
+                    continue
+                console.print(f"  │ {line.rstrip()}", markup=False)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            rc = proc.wait(timeout=run.timeout_s)
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:
+            # A timeout, the sweep interrupted, or children left behind by a finished
+            # worker (they would hold its output pipe open).
+            _kill_group(proc)
+        reader.join()
+    return rc, list(tail)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the worker's process group, SIGKILL after ``KILL_GRACE_S`` if the
+    worker is still there."""
+    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
