@@ -66,7 +66,7 @@ def analyze(sweep_dir: str | Path, out_dir: str | Path | None = None) -> dict[st
                                     "(Llama3-70B) of training time, TeraIO-Mixed."])
     index = out / "index.md"
     lines = [f"# Analysis of {describe(sweep)}", ""]
-    makeup = out / "tables" / "memory_makeup_vs_paper.md"
+    makeup = out / "tables" / "memory_makeup_per_point.md"
     if makeup.exists():  # per point: the measured M and memory make-up beside the paper's
         lines += ["## Memory pressure and make-up per point, beside the paper's", "",
                   makeup.read_text().strip(), ""]

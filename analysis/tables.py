@@ -236,7 +236,7 @@ def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
     paper = bd.paper_frame()
     if len(measured):
         paths += write_table(point_comparison_table(bd.point_comparison(sweep.runs, measured, paper)),
-                             out_dir / "memory_makeup_vs_paper",
+                             out_dir / "memory_makeup_per_point",
                              f"Memory pressure M and the persistent share, measured per point beside the "
                              f"paper's — {who}",
                              ["M: un-offloaded peak ÷ capacity (median over ok runs); persistent: "
