@@ -315,6 +315,10 @@ class MigrationEngine(TorchDispatchMode):
                 self.tiers[t.tier].read(t.name, host.untyped_storage()).wait()
                 pager.adopt_evicted(t.storage, host)
                 t.status = RESIDENT  # the engine no longer holds it
+        self._stop_io()
+
+    def _stop_io(self) -> None:
+        """Stop the I/O threads and close the tiers (offload files deleted, buffers freed)."""
         self._pool.shutdown(wait=True)
         self._pool = None
         for tier in self.tiers.values():
@@ -349,10 +353,7 @@ class MigrationEngine(TorchDispatchMode):
                 self._make_resident(tid, t, urgent=False)
             except Exception as e:  # keep restoring the others, then report
                 errors.append(e)
-        self._pool.shutdown(wait=True)
-        self._pool = None
-        for tier in self.tiers.values():
-            tier.close()
+        self._stop_io()
         if errors:
             raise errors[0]
 

@@ -4,7 +4,7 @@ bandwidth of each tier and direction; a figure typed into a config for other dri
 another host makes a plan that stalls).
 
 A probe writes and then reads back ``n`` tensors of ``nbytes / n`` bytes each, all in
-flight at once as the engine issues them: through a ``HostTier`` (device <-> page-locked
+flight at once as the engine issues them (:func:`tier_rates`): through a ``HostTier`` (device <-> page-locked
 host memory) and through an ``SSDTier`` over ``hardware.ssd_dirs`` (all drives together,
 ``O_DIRECT`` where the filesystem allows). Each figure is the best of two rounds, GB/s
 (1e9 B/s). Results are cached per machine in ``<cache dir>/bandwidth.json`` (``cache dir``:
@@ -37,12 +37,22 @@ def machine_key(device: torch.device, ssd_dirs: list[str]) -> str:
     return "|".join([socket.gethostname(), name, *sorted(os.path.abspath(d) for d in ssd_dirs)])
 
 
-def _rates(tier, n: int, nbytes: int, device: torch.device) -> tuple[float, float]:
-    tensors = [torch.full((nbytes,), i, dtype=torch.uint8, device=device) for i in range(n)]
-    best = {"write": 0.0, "read": 0.0}
-    for _ in range(2):
-        for kind in ("write", "read"):
-            io = tier.write if kind == "write" else tier.read
+def tier_rates(tier, tensors: list[torch.Tensor], repeats: int = 2) -> tuple[float, float]:
+    """(write, read) GB/s of ``tier`` moving ``tensors`` (``uint8``, one slot ``t<i>`` each),
+    all issued at once and then waited for, as the engine issues a step's transfers; each
+    the best of ``repeats`` rounds. The tensors are zeroed before the reads, and must come
+    back as they were written.
+
+    Raises:
+        RuntimeError: a tier returned other bytes than it was given.
+    """
+    device = tensors[0].device
+    nbytes = sum(t.numel() for t in tensors)
+    expected = [t.clone() for t in tensors]
+
+    def best(io) -> float:
+        rate = 0.0
+        for _ in range(repeats):
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t0 = time.perf_counter()
@@ -50,10 +60,16 @@ def _rates(tier, n: int, nbytes: int, device: torch.device) -> tuple[float, floa
                 tr.wait()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            best[kind] = max(best[kind], n * nbytes / (time.perf_counter() - t0) / 1e9)
-    if any(not bool((t == i).all()) for i, t in enumerate(tensors)):
+            rate = max(rate, nbytes / (time.perf_counter() - t0) / 1e9)
+        return rate
+
+    write = best(tier.write)
+    for t in tensors:
+        t.zero_()
+    read = best(tier.read)
+    if not all(torch.equal(t, e) for t, e in zip(tensors, expected)):
         raise RuntimeError("bandwidth probe: a tier returned other bytes than it was given")
-    return best["write"], best["read"]
+    return write, read
 
 
 def measure(device: torch.device, ssd_dirs: list[str], total_bytes: int = 1 << 30, n: int = 8,
@@ -61,10 +77,11 @@ def measure(device: torch.device, ssd_dirs: list[str], total_bytes: int = 1 << 3
     """Each of :data:`KEYS`, GB/s, measured now (the SSD figures over all of ``ssd_dirs``)."""
     each = total_bytes // n
     slots = {f"t{i}": each for i in range(n)}
+    tensors = [torch.randint(0, 256, (each,), dtype=torch.uint8, device=device) for _ in range(n)]
     with HostTier(n * (each + 64), slots, device) as host:
-        d2h, h2d = _rates(host, n, each, device)
+        d2h, h2d = tier_rates(host, tensors)
     with SSDTier(list(ssd_dirs), slots, threads=io_threads) as ssd:
-        write, read = _rates(ssd, n, each, device)
+        write, read = tier_rates(ssd, tensors)
     return {"ssd_write_gbps": write, "ssd_read_gbps": read, "host_d2h_gbps": d2h, "host_h2d_gbps": h2d}
 
 

@@ -350,3 +350,20 @@ def test_null_bandwidths_are_measured_once_per_machine_and_recorded(tmp_path, re
     cache = json.loads((tmp_path / "cache" / "bandwidth.json").read_text())
     assert list(cache) == [teraio.probe.machine_key(CPU, [str(tmp_path / "ssd")])]
     assert not list((tmp_path / "ssd").iterdir())
+
+
+def test_the_bandwidth_probe_refuses_a_tier_that_returns_other_bytes():
+    import teraio.probe
+    from teraio.storage import HostTier, Transfer
+
+    class Forgetful(HostTier):  # acknowledges reads without moving a byte
+        def read(self, name, storage):
+            return Transfer(name, "host pool", f"read of {name!r}", storage.nbytes())
+
+    tensors = [torch.randint(0, 256, (4096,), dtype=torch.uint8) for _ in range(2)]
+    with HostTier(1 << 20, {"t0": 4096, "t1": 4096}, CPU) as tier:
+        write, read = teraio.probe.tier_rates(tier, tensors)
+    assert write > 0 and read > 0
+    with Forgetful(1 << 20, {"t0": 4096, "t1": 4096}, CPU) as tier:
+        with pytest.raises(RuntimeError, match="a tier returned other bytes than it was given"):
+            teraio.probe.tier_rates(tier, tensors)
