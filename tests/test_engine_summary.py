@@ -1,0 +1,59 @@
+"""The committed fig7_h200 engine comparison is what its summary script computes from the
+committed rows (``benchmarks/engine_fig7_summary.py``), and that script refuses rows it
+cannot compare."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from teraio.planner import TierBandwidth
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = ROOT / "benchmarks/results/engine_h200/fig7_trials"
+BENCH = ROOT / "benchmarks/results/engine_h200.json"
+
+
+def _summary_module():
+    spec = importlib.util.spec_from_file_location("engine_fig7_summary", ROOT / "benchmarks/engine_fig7_summary.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_committed_section_is_recomputed_from_the_committed_rows():
+    mod = _summary_module()
+    committed = json.loads(BENCH.read_text())["fig7_h200"]
+    tiers = TierBandwidth(**committed["simulator_tiers_gbps"])
+    section = mod.summarize(ROWS, tiers, mod.point_names(ROOT / "conf/experiment/fig7_h200.yaml"))
+    assert section == committed["points"]
+    assert set(section) == {"bs_small", "bs_mid"}
+    for point in section.values():
+        assert point["trials"] == 3 and all(len(v) == 3 for v in point["tokens_per_s"].values())
+        assert point["mixed_of_ideal"] == pytest.approx(
+            sum(point["tokens_per_s"]["teraio_mixed"]) / sum(point["tokens_per_s"]["ideal"]))
+
+
+def test_a_row_that_is_not_ok_is_refused_by_name(tmp_path):
+    mod = _summary_module()
+    job = next(p for p in sorted(ROWS.iterdir()) if "-zero_offload-" in p.name)
+    shutil.copytree(job, tmp_path / job.name)
+    row = json.loads((job / "result.json").read_text())
+    row["status"] = "oom"
+    (tmp_path / job.name / "result.json").write_text(json.dumps(row))
+    names = mod.point_names(ROOT / "conf/experiment/fig7_h200.yaml")
+    with pytest.raises(ValueError, match=f"{job.name}.*'oom'"):
+        mod.summarize(tmp_path, TierBandwidth.uniform(1.0), names)
+
+
+def test_a_point_without_one_of_the_systems_is_refused(tmp_path):
+    mod = _summary_module()
+    for job in ROWS.iterdir():
+        if "-bs8-" in job.name and "-zero_offload-" not in job.name and job.is_dir():
+            shutil.copytree(job, tmp_path / job.name)
+    names = mod.point_names(ROOT / "conf/experiment/fig7_h200.yaml")
+    with pytest.raises(ValueError, match="bs_small: no rows of \\['zero_offload'\\]"):
+        mod.summarize(tmp_path, TierBandwidth.uniform(1.0), names)
