@@ -55,7 +55,7 @@ class Step:
     stats: Callable[[], StepStats] = StepStats
 
 
-StepFn = Callable[[int], "Step | None"]
+StepFn = Callable[[int], Step | None]  # step index -> the step to time, or None (run outside the loop)
 
 
 @dataclass
