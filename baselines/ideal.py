@@ -12,19 +12,22 @@ add up to the iteration) or one micro-batch of it (:func:`modeled_iteration_seco
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
 
 from teraio.config import RunConfig
-from teraio.measure import peak_memory, reset_peak_memory, timed
+from teraio.loop import Step, StepStats, Steps, measure_steps
+from teraio.measure import peak_memory, reset_peak_memory
 from teraio.models import build_model
-from teraio.result import iteration_row, progress_line
+from teraio.result import Measurements, iteration_row, kept_on_failure
 from teraio.step import make_batch, make_optimizer, train_step
 from teraio.trace import Trace
 
 NO_BYTES = {"ssd": 0, "host": 0}
+# Nothing moves, nothing stalls.
+NO_MIGRATION = StepStats(stall_count=0, stall_seconds=0.0, migration_seconds=0.0, bytes_offloaded=NO_BYTES,
+                         bytes_prefetched=NO_BYTES)
 
 
 def check_options(system: str, options: dict) -> None:
@@ -39,11 +42,13 @@ def check_options(system: str, options: dict) -> None:
         raise ValueError(f"system.options.modeled_traces={traces!r}; must map model names to trace files")
 
 
-def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> None:
+def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
     """Train ``workload.warmup_steps`` untimed then ``workload.measure_steps`` timed
-    iterations of the shared step, uncapped, and fill ``result`` (``teraio.result``).
+    iterations of the shared step, uncapped (``teraio.loop.measure_steps``), and return
+    the measurements (``teraio.result``; on failure, the iterations measured so far travel
+    with the exception, ``teraio.result.kept_on_failure``).
 
-    Each measured iteration is timed with the device synchronised at both ends
+    Each iteration is timed with the device synchronised at both ends
     (``teraio.measure.timed``); the synthetic batch is made before the timer starts.
     ``peak_allocated_bytes``/``peak_reserved_bytes`` cover the whole run (bytes; null on
     CPU). With nothing offloaded, the peak allocated is also the unoffloaded peak, and
@@ -62,30 +67,26 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
     check_options(cfg.system.name, cfg.system.options)
     traces = cfg.system.options.get("modeled_traces") or {}
     if cfg.model.name in traces:
-        return run_modeled(cfg, Path(traces[cfg.model.name]), result)
+        return run_modeled(cfg, Path(traces[cfg.model.name]))
     w = cfg.workload
     model = build_model(cfg.model, w.seq_len, device, cfg.seed)
     optimizer = make_optimizer(model, w.lr)
     reset_peak_memory(device)
-    losses = []
-    for step in range(w.warmup_steps + w.measure_steps):
+
+    def step_fn(step: int) -> Step:
         inputs, labels = make_batch(step, w, cfg.model.vocab_size, cfg.seed, device)
-        with timed(device) as t:
-            loss = train_step(model, optimizer, inputs, labels, w.micro_batch_size)
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"step {step}: loss {loss}")
-        losses.append(loss)
-        print(progress_line(step, t["seconds"], w.tokens_at(step), loss, step < w.warmup_steps), flush=True)
-        if step >= w.warmup_steps:
-            result["iterations"].append(iteration_row(
-                step, t["seconds"], w.tokens_at(step), loss, stall_count=0, stall_seconds=0.0,
-                migration_seconds=0.0, bytes_offloaded=NO_BYTES, bytes_prefetched=NO_BYTES))
+        return Step(lambda: train_step(model, optimizer, inputs, labels, w.micro_batch_size),
+                    lambda: NO_MIGRATION)
+
+    with kept_on_failure(Measurements()) as measured:
+        steps = measure_steps(step_fn, w, device, out=Steps(iterations=measured.iterations))
     peak, reserved = peak_memory(device)
     capacity = cfg.hardware.gpu_capacity_bytes
-    result.update(peak_allocated_bytes=peak, peak_reserved_bytes=reserved, capacity_bytes=None,
-                  unoffloaded_peak_bytes=peak,
-                  memory_pressure=peak / capacity if peak is not None and capacity else None,
-                  losses=losses)
+    measured.losses = list(steps.losses.values())
+    measured.peak_allocated_bytes, measured.peak_reserved_bytes = peak, reserved
+    measured.unoffloaded_peak_bytes = peak
+    measured.memory_pressure = peak / capacity if peak is not None and capacity else None
+    return measured
 
 
 def optimizer_phase_start(trace: Trace) -> int:
@@ -115,8 +116,8 @@ def modeled_iteration_seconds(trace: Trace, micro_batches: int) -> float:
     return micro_batches * float(trace.op_seconds[:k].sum()) + float(trace.op_seconds[k:].sum())
 
 
-def run_modeled(cfg: RunConfig, trace_file: Path, result: dict) -> None:
-    """Fill ``result`` with a modeled Ideal row, ``measure: "modeled"``, no loss, no
+def run_modeled(cfg: RunConfig, trace_file: Path) -> Measurements:
+    """The measurements of a modeled Ideal row, ``measure: "modeled"``, no loss, no
     memory: one iteration of the summed kernel times of ``trace_file`` when it is a whole
     step of the point (``meta["batch_size"]`` is the point's, e.g. a TeraIO run's
     ``trace.json``), else of :func:`modeled_iteration_seconds` from a one-micro-batch step
@@ -141,10 +142,8 @@ def run_modeled(cfg: RunConfig, trace_file: Path, result: dict) -> None:
                          f"point's batch")
     seconds = (float(trace.op_seconds.sum()) if whole_step
                else modeled_iteration_seconds(trace, w.batch_size // w.micro_batch_size))
-    result["measure"] = "modeled"
-    result["modeled_from"] = str(trace_file)
-    result["iterations"].append(iteration_row(
-        w.warmup_steps, seconds, w.tokens_per_step, None, stall_count=0, stall_seconds=0.0,
-        migration_seconds=0.0, bytes_offloaded=NO_BYTES, bytes_prefetched=NO_BYTES))
     print(f"modeled from {trace_file}: {seconds:.3f} s per iteration, "
           f"{w.tokens_per_step / seconds:.1f} tokens/s", flush=True)
+    return Measurements(measure="modeled", extras={"modeled_from": str(trace_file)}, iterations=[iteration_row(
+        w.warmup_steps, seconds, w.tokens_per_step, None, stall_count=0, stall_seconds=0.0,
+        migration_seconds=0.0, bytes_offloaded=NO_BYTES, bytes_prefetched=NO_BYTES)])

@@ -66,7 +66,6 @@ from __future__ import annotations
 import copy
 import gc
 import json
-import math
 import os
 import shutil
 import socket
@@ -80,9 +79,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from teraio.config import RunConfig
-from teraio.measure import apply_memory_cap, peak_memory, reset_peak_memory, timed
+from teraio.loop import Step, Steps, measure_steps
+from teraio.measure import apply_memory_cap, peak_memory, reset_peak_memory
 from teraio.models import build_meta_model, build_model
-from teraio.result import iteration_row, progress_line
+from teraio.result import Measurements, kept_on_failure
 from teraio.step import make_batch, make_optimizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -288,10 +288,12 @@ def _release_device(device: torch.device, capped: bool) -> None:
         torch.cuda.set_per_process_memory_fraction(1.0, device)
 
 
-def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> None:
-    """Train ``cfg`` with DeepSpeed ZeRO and fill ``result`` (schema: ``teraio.result``).
+def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
+    """Train ``cfg`` with DeepSpeed ZeRO and return the measurements (``teraio.result``;
+    on failure, those made so far travel with the exception, ``teraio.result.kept_on_failure``).
 
-    ``workload.warmup_steps`` untimed then ``workload.measure_steps`` timed iterations;
+    ``workload.warmup_steps`` untimed then ``workload.measure_steps`` timed iterations
+    (``teraio.loop.measure_steps``; the batch is made and sliced before the timer starts);
     iteration ``s`` trains on ``make_batch(s, ...)``, each rank on its contiguous share of
     the global batch. The loss is the mean over micro-batches (and ranks) of the
     cross-entropy, as in :func:`teraio.step.train_step`. Peaks (bytes) cover all
@@ -303,16 +305,21 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
     offloads one parameter at a time, so the whole model never sits on the device (on a
     GPU its initial weights are then a different draw from Ideal's, same distribution).
 
-    Side files: ``deepspeed_config.json`` (``result["artifacts"]["deepspeed_config"]``).
+    Side files: ``deepspeed_config.json`` (``artifacts["deepspeed_config"]``).
 
     Raises:
         ValueError: bad ``system.options`` or swap directory.
         FloatingPointError: a non-finite loss.
         torch.OutOfMemoryError: the (emulated) device ran out of memory.
     """
+    with kept_on_failure(Measurements()) as measured:
+        _run(cfg, Path(job_dir), device, measured)
+    return measured
+
+
+def _run(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measurements) -> None:
     opts = resolve_options(cfg.system.name, cfg.system.options)
     w = cfg.workload
-    job_dir = Path(job_dir)
     largest = max(p.numel() for p in build_meta_model(cfg.model, w.seq_len).parameters())
     swap_dir = None
     if cfg.system.name == "zero_infinity":
@@ -323,7 +330,7 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
     ds_config = deepspeed_config(cfg, opts, largest, world, str(swap_dir) if swap_dir else None)
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / CONFIG_FILE).write_text(json.dumps(ds_config, indent=1))
-    result["artifacts"]["deepspeed_config"] = CONFIG_FILE
+    measured.artifacts["deepspeed_config"] = CONFIG_FILE
 
     use_extensions_dir()
     import deepspeed  # after TORCH_EXTENSIONS_DIR is set: its ops JIT-load from there
@@ -342,7 +349,7 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
             model = build_model(cfg.model, w.seq_len, device, cfg.seed)
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                           config=ds_config)
-        _train(engine, cfg, result, device, world)
+        _train(engine, cfg, measured, device, world)
     finally:
         if engine is not None:
             engine.destroy()
@@ -351,13 +358,13 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
         if swap_dir is not None:
             shutil.rmtree(swap_dir, ignore_errors=True)
         _release_device(device, capped=cfg.hardware.gpu_capacity_bytes is not None)
-    result.update(capacity_bytes=cfg.hardware.gpu_capacity_bytes,
-                  capacity_emulated=True if cfg.hardware.gpu_capacity_bytes is not None else None,
-                  ssd_io_mode=None,
-                  unoffloaded_peak_bytes=None, memory_pressure=None)
+    measured.capacity_bytes = cfg.hardware.gpu_capacity_bytes
+    measured.capacity_emulated = True if cfg.hardware.gpu_capacity_bytes is not None else None
 
 
-def _train(engine, cfg: RunConfig, result: dict, device: torch.device, world: int) -> None:
+def _train(engine, cfg: RunConfig, measured: Measurements, device: torch.device, world: int) -> None:
+    """The training loop: iterations, losses and peaks (bytes) into ``measured``. DeepSpeed
+    exposes no stall, migration time or bytes moved: those stay null."""
     w = cfg.workload
     rank = dist.get_rank()
     per_rank = w.batch_size // world
@@ -365,11 +372,12 @@ def _train(engine, cfg: RunConfig, result: dict, device: torch.device, world: in
     n_micro = per_rank // w.micro_batch_size
     engine.train()
     reset_peak_memory(device)
-    losses = []
-    for step in range(w.warmup_steps + w.measure_steps):
+
+    def step_fn(step: int) -> Step:
         inputs, labels = make_batch(step, w, cfg.model.vocab_size, cfg.seed, device)
         inputs, labels = inputs[rows], labels[rows]
-        with timed(device) as t:
+
+        def run() -> float:
             total = torch.zeros((), device=device)
             for i in range(n_micro):
                 sl = slice(i * w.micro_batch_size, (i + 1) * w.micro_batch_size)
@@ -381,14 +389,10 @@ def _train(engine, cfg: RunConfig, result: dict, device: torch.device, world: in
             if world > 1:
                 dist.all_reduce(total)
                 total /= world
-            loss = float(total)
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"step {step}: loss {loss}")
-        losses.append(loss)
-        if rank == 0:
-            print(progress_line(step, t["seconds"], w.tokens_at(step), loss, step < w.warmup_steps), flush=True)
-        if step >= w.warmup_steps:
-            # DeepSpeed exposes no stall, migration time or bytes moved: those stay null.
-            result["iterations"].append(iteration_row(step, t["seconds"], w.tokens_at(step), loss))
-    result["peak_allocated_bytes"], result["peak_reserved_bytes"] = peak_memory(device)
-    result["losses"] = losses
+            return float(total)
+
+        return Step(run)
+
+    steps = measure_steps(step_fn, w, device, progress=rank == 0, out=Steps(iterations=measured.iterations))
+    measured.losses = list(steps.losses.values())
+    measured.peak_allocated_bytes, measured.peak_reserved_bytes = peak_memory(device)

@@ -21,7 +21,7 @@ from baselines.ideal import run_modeled
 from teraio.config import load_run_config
 from teraio.models import build_meta_model, count_parameters
 from teraio.pager import physical_memory_bytes
-from teraio.result import empty_result, summarize_iterations
+from teraio.result import result_row
 
 
 def rows(sweep: Path) -> dict[str, tuple[Path, dict]]:
@@ -63,10 +63,7 @@ def modeled_ideal(job_dir: Path) -> dict:
     """A modeled Ideal row of ``job_dir``'s point from its ``trace.json``."""
     cfg = load_run_config(job_dir / "resolved.yaml")
     cfg = dataclasses.replace(cfg, system=dataclasses.replace(cfg.system, name="ideal", options={}))
-    result = empty_result(cfg.point(), cfg.to_dict())
-    run_modeled(cfg, job_dir / "trace.json", result)
-    summarize_iterations(result)
-    return result
+    return result_row(cfg.point(), cfg.to_dict(), run_modeled(cfg, job_dir / "trace.json"), status="ok")
 
 
 def zero_offload_host_bytes(zero_rows: Path, n_params: int) -> dict:

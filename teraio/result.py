@@ -15,6 +15,8 @@ Schema (keys always present; unknown values are ``null``):
 ``tokens_per_s``      mean over measured iterations (tokens/s)
 ``stall_count``, ``stall_seconds``   totals over measured iterations
 ``bytes_per_tier``    ``{ssd, host}``: bytes offloaded + prefetched over measured iterations
+                      (these totals: of an ok row; a failed row's stay null, its iterations
+                      may be partial)
 ``peak_allocated_bytes``, ``peak_reserved_bytes``   device memory peaks over the whole run (bytes)
 ``peak_host_rss_bytes``  peak resident host memory of the worker process (bytes; rank 0's
                       under torchrun; ``teraio.measure.peak_host_rss_bytes``), null for a
@@ -44,15 +46,34 @@ Schema (keys always present; unknown values are ``null``):
 ``gpu_name``, ``versions``, ``host``, ``started_at``, ``finished_at``, ``wall_seconds``
 ``artifacts``         relative paths of side files in the job dir (trace, plan, oplog, transfers,
                       deepspeed config), by name
+
+Written after those, where the runner gave them:
+
+``losses``            every step's loss in step order, the warm-up and paged steps included
+                      (:attr:`Measurements.losses`; absent from a modeled row and from a row
+                      whose runner raised)
+
+and the runner-specific keys (:attr:`Measurements.extras`):
+
+``plan``              TeraIO: the first plan's ``{capacity_bytes, predicted_peak_bytes,
+                      shortfall_bytes, migrations, bytes_per_tier}`` (also on a failed row
+                      once the plan was made)
+``final_params_sha256``  TeraIO: digest of the trained parameters (``teraio.measure.param_digest``)
+``modeled_from``      Ideal, modeled row: the trace file its iteration time comes from
+
+Every row, failed or ok, is made by :func:`result_row`: a runner returns
+:class:`Measurements` and the worker (``teraio.run``) merges them with the run's facts.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import math
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from teraio.files import write_atomic
 
@@ -60,28 +81,110 @@ FORMAT = "teraio.result/1"
 STATUSES: tuple[str, ...] = ("ok", "oom", "error", "timeout")
 POINT_KEYS: tuple[str, ...] = ("model", "system", "hardware", "batch_size", "micro_batch_size",
                                "seq_len", "trial")
+# Facts of the run itself, set by the worker or the sweep (not by a runner).
+RUN_KEYS: tuple[str, ...] = ("gpu_name", "versions", "host", "started_at", "finished_at", "wall_seconds",
+                             "peak_host_rss_bytes")
 
 
-def empty_result(point: dict, config: dict) -> dict[str, Any]:
-    """A result with every schema key present and unknown values null."""
+@dataclass
+class Measurements:
+    """What a runner measured (``teraio.systems``: a runner returns one). Each field is the
+    row key of the same name (schema above); :func:`result_row` derives the totals
+    (``tokens_per_s``, ``stall_count``, ``stall_seconds``, ``bytes_per_tier``) from
+    ``iterations``.
+
+    Attributes:
+        losses: every step's loss in step order (the row's ``losses``); None: no such key
+            (a modeled row).
+        extras: runner-specific row keys beyond the schema (the documented ones above);
+            a key of the schema here is refused by :func:`result_row`.
+    """
+
+    measure: str = "measured"
+    iterations: list[dict] = field(default_factory=list)
+    losses: list[float] | None = None
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    capacity_bytes: int | None = None
+    capacity_emulated: bool | None = None
+    paged_steps: list[dict] = field(default_factory=list)
+    replans: list[dict] = field(default_factory=list)
+    tier_gbps: dict | None = None
+    step_peak_allocated_bytes: list[int] = field(default_factory=list)
+    unoffloaded_peak_bytes: int | None = None
+    memory_pressure: float | None = None
+    plan_compile_seconds: float | None = None
+    profile_seconds: float | None = None
+    ssd_io_mode: str | None = None
+    artifacts: dict[str, str] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def kept_on_failure(measured: Measurements) -> Iterator[Measurements]:
+    """Attach ``measured`` to an exception leaving the block (its ``measurements``
+    attribute, read by :func:`measured_before`), so that a failure row keeps what the runner
+    measured before it failed (the plan that fell short, the capacity, the bandwidths)."""
+    try:
+        yield measured
+    except BaseException as e:
+        e.measurements = measured
+        raise
+
+
+def measured_before(e: BaseException) -> Measurements:
+    """The measurements a runner had made when it raised ``e`` (:func:`kept_on_failure`);
+    empty ones if it attached none."""
+    return getattr(e, "measurements", None) or Measurements()
+
+
+def result_row(point: dict, config: dict, measured: Measurements | None = None, *, status: str = "error",
+               error: str | None = None, **run_facts: Any) -> dict[str, Any]:
+    """The one builder of a result row: every schema key present, unknown values null; then
+    ``measured`` (none: a row that measured nothing, e.g. a failed worker's), the status,
+    the totals over the iterations of an ``ok`` row (a failed row's iterations may be
+    partial: its totals stay null) and the run's facts (``run_facts``, keys of :data:`RUN_KEYS`); then
+    ``losses`` (when given) and the runner's ``extras``.
+
+    Raises:
+        ValueError: ``point`` lacks a key of :data:`POINT_KEYS`, a ``run_facts`` key is not
+            in :data:`RUN_KEYS`, or an ``extras`` key is a schema key.
+    """
     missing = [k for k in POINT_KEYS if k not in point]
     if missing:
         raise ValueError(f"point lacks {missing}; a point needs {POINT_KEYS}")
-    return {
-        "format": FORMAT, "status": "error", "error": None, "measure": "measured",
-        "point": dict(point), "config": config, "iterations": [],
+    unknown = sorted(set(run_facts) - set(RUN_KEYS))
+    if unknown:
+        raise ValueError(f"run facts {unknown}; valid: {RUN_KEYS}")
+    m = measured or Measurements()
+    row = {
+        "format": FORMAT, "status": status, "error": error, "measure": m.measure,
+        "point": dict(point), "config": config, "iterations": list(m.iterations),
         "tokens_per_s": None, "stall_count": None, "stall_seconds": None,
         "bytes_per_tier": {"ssd": None, "host": None},
-        "peak_allocated_bytes": None, "peak_reserved_bytes": None, "peak_host_rss_bytes": None,
-        "capacity_bytes": None, "capacity_emulated": None, "paged_steps": [], "replans": [], "tier_gbps": None,
-        "step_peak_allocated_bytes": [], "unoffloaded_peak_bytes": None, "memory_pressure": None,
-        "plan_compile_seconds": None, "profile_seconds": None, "ssd_io_mode": None,
-        "gpu_name": None, "versions": {}, "host": None, "started_at": None,
-        "finished_at": None, "wall_seconds": None, "artifacts": {},
+        "peak_allocated_bytes": m.peak_allocated_bytes, "peak_reserved_bytes": m.peak_reserved_bytes,
+        "peak_host_rss_bytes": None, "capacity_bytes": m.capacity_bytes,
+        "capacity_emulated": m.capacity_emulated, "paged_steps": list(m.paged_steps),
+        "replans": list(m.replans), "tier_gbps": m.tier_gbps,
+        "step_peak_allocated_bytes": list(m.step_peak_allocated_bytes),
+        "unoffloaded_peak_bytes": m.unoffloaded_peak_bytes, "memory_pressure": m.memory_pressure,
+        "plan_compile_seconds": m.plan_compile_seconds, "profile_seconds": m.profile_seconds,
+        "ssd_io_mode": m.ssd_io_mode, "gpu_name": None, "versions": {}, "host": None, "started_at": None,
+        "finished_at": None, "wall_seconds": None, "artifacts": dict(m.artifacts),
     }
+    if status == "ok":
+        row.update(_totals(row["iterations"]))
+    row.update(run_facts)
+    clash = sorted(set(m.extras) & (set(row) | {"losses"}))
+    if clash:
+        raise ValueError(f"extras {clash} are schema keys; set them as Measurements fields")
+    if m.losses is not None:
+        row["losses"] = list(m.losses)
+    row.update(m.extras)
+    return row
 
 
-def iteration_row(step: int, seconds: float, tokens: int, loss: float, *, stall_count: int | None = None,
+def iteration_row(step: int, seconds: float, tokens: int, loss: float | None, *, stall_count: int | None = None,
                   stall_seconds: float | None = None, migration_seconds: float | None = None,
                   bytes_offloaded: dict | None = None, bytes_prefetched: dict | None = None,
                   **extra) -> dict:
@@ -101,41 +204,47 @@ def progress_line(step: int, seconds: float, tokens: int, loss: float, warmup: b
             + (" (warm-up)" if warmup else ""))
 
 
-def summarize_iterations(result: dict) -> None:
-    """Fill the totals (tokens/s, stalls, bytes per tier) from ``result["iterations"]``."""
-    its = result["iterations"]
+def _totals(its: list[dict]) -> dict[str, Any]:
+    """The row's totals over measured ``its``: mean tokens/s, summed stalls and bytes per
+    tier (null where an iteration has null, or when there is no iteration)."""
     if not its:
-        return
-    result["tokens_per_s"] = sum(i["tokens"] for i in its) / sum(i["seconds"] for i in its)
+        return {}
 
-    def total(key: str):
-        vals = [i.get(key) for i in its]
+    def total(vals):
         return None if any(v is None for v in vals) else sum(vals)
 
-    result["stall_count"] = total("stall_count")
-    result["stall_seconds"] = total("stall_seconds")
-    for tier in ("ssd", "host"):
-        vals = [(i.get("bytes_offloaded") or {}).get(tier) for i in its] + \
-               [(i.get("bytes_prefetched") or {}).get(tier) for i in its]
-        result["bytes_per_tier"][tier] = None if any(v is None for v in vals) else sum(vals)
+    return {
+        "tokens_per_s": sum(i["tokens"] for i in its) / sum(i["seconds"] for i in its),
+        "stall_count": total([i.get("stall_count") for i in its]),
+        "stall_seconds": total([i.get("stall_seconds") for i in its]),
+        "bytes_per_tier": {tier: total([(i.get("bytes_offloaded") or {}).get(tier) for i in its]
+                                       + [(i.get("bytes_prefetched") or {}).get(tier) for i in its])
+                           for tier in ("ssd", "host")},
+    }
 
 
-def check_finite(result: dict) -> None:
-    """Refuse a row whose training diverged or whose timing is broken: every loss (the
+def check_loss(step: int, loss: float | None) -> None:
+    """Raise FloatingPointError (naming ``step`` and the value) for a loss that is not finite;
+    None (no loss: a modeled step) passes."""
+    if loss is not None and not (isinstance(loss, (int, float)) and math.isfinite(loss)):
+        raise FloatingPointError(f"step {step}: loss {loss} is not finite")
+
+
+def check_finite(measured: Measurements) -> None:
+    """Refuse measurements whose training diverged or whose timing is broken: every loss (the
     warm-up steps' in ``losses`` too) and every iteration's tokens/s must be finite; a
     modeled row has no loss.
 
     Raises:
         FloatingPointError: naming the first step and value that is not finite.
     """
-    for i in result["iterations"]:
-        for key in ("loss", "tokens_per_s"):
-            v = i.get(key)
-            if (v is not None or key == "tokens_per_s") and not (isinstance(v, (int, float)) and math.isfinite(v)):
-                raise FloatingPointError(f"step {i.get('step')}: {key} {v} is not finite")
-    for step, loss in enumerate(result.get("losses") or ()):
-        if loss is not None and not math.isfinite(loss):
-            raise FloatingPointError(f"step {step}: loss {loss} is not finite")
+    for i in measured.iterations:
+        check_loss(i.get("step"), i.get("loss"))
+        v = i.get("tokens_per_s")
+        if not (isinstance(v, (int, float)) and math.isfinite(v)):
+            raise FloatingPointError(f"step {i.get('step')}: tokens_per_s {v} is not finite")
+    for step, loss in enumerate(measured.losses or ()):
+        check_loss(step, loss)
 
 
 def _json_safe(x):

@@ -8,9 +8,11 @@ or the emulated capacity, ran out of memory), or ``error`` with the traceback (a
 a throughput that is not finite is an error too, naming the step). Exits 0
 once the row is written; a non-zero exit means no row (the sweep then writes one).
 
-Runners (``run(cfg, job_dir, result, device)``, filling ``result`` and raising on
-failure) come from the registry (``teraio.systems``) and are imported only when needed,
-so a broken or missing one fails its own points and nothing else.
+Runners (``run(cfg, job_dir, device) -> teraio.result.Measurements``, raising on failure)
+come from the registry (``teraio.systems``) and are imported only when needed, so a broken
+or missing one fails its own points and nothing else. The row is made here, by
+``teraio.result.result_row``, from what the runner returned (or, when it raised, from what it
+had measured by then: ``teraio.result.kept_on_failure``).
 
 Under torchrun (``hardware.n_gpus`` > 1) every rank trains on ``cuda:<LOCAL_RANK>`` and
 rank 0 alone writes the row.
@@ -35,9 +37,9 @@ import torch  # noqa: E402
 from teraio import systems
 from teraio.config import RunConfig, load_run_config
 from teraio.measure import environment_facts, peak_host_rss_bytes
-from teraio.result import check_finite, empty_result, summarize_iterations, write_result
+from teraio.result import Measurements, check_finite, measured_before, result_row, write_result
 
-Runner = Callable[[RunConfig, Path, dict, torch.device], None]
+Runner = Callable[[RunConfig, Path, torch.device], Measurements]
 
 
 def load_runner(system: str) -> Runner:
@@ -67,29 +69,33 @@ def iso_time(t: float | None = None) -> str:
 
 
 def run_point(cfg: RunConfig, job_dir: Path, runner: Runner | None = None) -> dict:
-    """Train ``cfg`` and return its filled result row (never raises for a failed run:
-    the failure is the row's status and message)."""
+    """Train ``cfg`` and return its result row (never raises for a failed run: the failure
+    is the row's status and message)."""
     device = run_device(cfg)
-    result = empty_result(cfg.point(), cfg.to_dict())
-    result["started_at"] = iso_time()
+    started_at = iso_time()
     t0 = time.perf_counter()
+    facts: dict = {}
+    measured = None
     try:
-        result.update(environment_facts(device))
-        (runner or load_runner(cfg.system.name))(cfg, job_dir, result, device)
-        summarize_iterations(result)
-        if not result["iterations"]:
+        facts = environment_facts(device)
+        measured = (runner or load_runner(cfg.system.name))(cfg, job_dir, device)
+        if not isinstance(measured, Measurements):
+            raise TypeError(f"the runner of {cfg.system.name} returned {type(measured).__name__}; a runner "
+                            "returns teraio.result.Measurements (teraio.systems)")
+        if not measured.iterations:
             raise RuntimeError(f"{cfg.system.name} measured no iteration "
                                f"(workload.measure_steps={cfg.workload.measure_steps})")
-        check_finite(result)
-        result["status"], result["error"] = "ok", None
+        check_finite(measured)
+        status, error = "ok", None
     except Exception as e:  # every failure becomes the row's status and message
-        result["status"] = "oom" if is_oom(e) else "error"
-        result["error"] = traceback.format_exc()
-    if result["measure"] == "measured":  # a modeled row ran nothing worth counting
-        result["peak_host_rss_bytes"] = peak_host_rss_bytes()
-    result["finished_at"] = iso_time()
-    result["wall_seconds"] = time.perf_counter() - t0
-    return result
+        if not isinstance(measured, Measurements):
+            measured = measured_before(e)
+        status, error = "oom" if is_oom(e) else "error", traceback.format_exc()
+    # A modeled row ran nothing worth counting.
+    host_rss = peak_host_rss_bytes() if measured.measure == "measured" else None
+    return result_row(cfg.point(), cfg.to_dict(), measured, status=status, error=error, **facts,
+                      peak_host_rss_bytes=host_rss, started_at=started_at, finished_at=iso_time(),
+                      wall_seconds=time.perf_counter() - t0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,7 +56,7 @@ from teraio.compose import job_overrides, register_resolvers, run_config
 from teraio.config import RunConfig
 from teraio.drive_lock import hold_drives, hold_point
 from teraio.launch import console, launch_worker
-from teraio.result import empty_result, read_status, write_result
+from teraio.result import read_status, result_row, write_result
 from teraio.run import iso_time
 
 
@@ -80,11 +80,10 @@ def config_diff(a: Any, b: Any, prefix: str = "") -> list[str]:
 
 
 def failure_row(run: RunConfig, status: str, error: str, started: float) -> dict:
-    """A row for a point whose worker wrote none (killed, crashed, or never started)."""
-    row = empty_result(run.point(), run.to_dict())
-    row.update(status=status, error=error, wall_seconds=time.time() - started,
-               started_at=iso_time(started), finished_at=iso_time())
-    return row
+    """A row for a point whose worker wrote none (killed, crashed, or never started): it
+    measured nothing (``teraio.result.result_row``)."""
+    return result_row(run.point(), run.to_dict(), status=status, error=error, wall_seconds=time.time() - started,
+                      started_at=iso_time(started), finished_at=iso_time())
 
 
 def drive_dirs(run: RunConfig) -> list[str]:

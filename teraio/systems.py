@@ -3,10 +3,10 @@ TeraIO-SSD, TeraIO-Mixed, ZeRO-Offload, ZeRO-Infinity). Everything else — conf
 validation, the worker, the sweep's checks, the analysis' labels, order and cost model —
 asks it.
 
-A system is a :class:`SystemSpec`: its runner (a module with ``run(cfg, job_dir, result,
-device)``), its options check (``"module:function"`` taking the ``system.options`` dict,
-raising ``ValueError`` on a bad key or value; it gets the name too), and what it needs
-from the machine.
+A system is a :class:`SystemSpec`: its runner (a module with ``run(cfg, job_dir, device)``,
+the contract below), its options check (``"module:function"`` taking the
+``system.options`` dict, raising ``ValueError`` on a bad key or value; it gets the name
+too), and what it needs from the machine.
 Runner and check are named, not imported, so that a system whose module is broken fails
 its own points only.
 
@@ -15,6 +15,18 @@ More systems come from the modules named in the environment variable
 :func:`register`. Workers inherit the variable, so a system registered that way runs
 end to end (its Hydra group file, ``conf/system/<name>.yaml``, can live in a directory
 added with ``hydra.searchpath``).
+
+The runner contract, ``run(cfg, job_dir, device) -> teraio.result.Measurements``:
+
+* ``cfg`` is the point's ``teraio.config.RunConfig``, ``job_dir`` its directory (side files
+  go there, named in ``Measurements.artifacts``), ``device`` the ``torch.device`` to train on;
+* it trains the point, its steps run by the shared loop (``teraio.loop.measure_steps``:
+  timing, progress lines, the non-finite loss check), and returns what it measured; it
+  never writes the row, which the worker makes from that (``teraio.result.result_row``);
+* it raises on failure (``torch.OutOfMemoryError`` makes an ``oom`` row, anything else an
+  ``error`` row); what it had measured by then is kept in the row when it raised inside
+  ``teraio.result.kept_on_failure``;
+* a return with no iteration, or a loss or tokens/s that is not finite, is an ``error`` row.
 """
 from __future__ import annotations
 
@@ -31,7 +43,8 @@ class SystemSpec:
     Attributes:
         name: ``system.name``.
         display: its label in tables and figures.
-        runner: module defining ``run(cfg, job_dir, result, device)``.
+        runner: module defining ``run(cfg, job_dir, device) -> teraio.result.Measurements``
+            (the contract above).
         check_options: ``"module:function"``; the function takes the system's name and
             its ``system.options`` dict and raises ``ValueError`` naming a bad key or value.
         uses_drives: it moves data through ``hardware.ssd_dirs`` (directories checked

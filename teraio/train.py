@@ -55,13 +55,14 @@ import torch
 from teraio import probe, systems
 from teraio.config import RunConfig, dataclass_from_dict
 from teraio.engine import MigrationEngine
+from teraio.loop import Step, Steps, StepStats, measure_steps
 from teraio.measure import (apply_memory_cap, lift_memory_cap, param_digest, peak_memory, reset_peak_memory,
                             synchronize, timed)
 from teraio.models import build_model, model_state_bytes
 from teraio.planner import BENEFITS, TierBandwidth, plan_migrations
 from teraio.pager import Pager, PagedStep, PagerStats
 from teraio.profiler import persistent_tensors, profile_step
-from teraio.result import iteration_row, progress_line
+from teraio.result import Measurements, kept_on_failure, progress_line
 from teraio.step import make_batch, make_optimizer, train_step
 from teraio.storage import HostTier, SSDTier
 
@@ -102,10 +103,10 @@ def check_options(system: str, options: dict) -> None:
 
 
 def tier_bandwidth(cfg: RunConfig, device: torch.device | None = None, io_threads: int = 4,
-                   result: dict | None = None) -> TierBandwidth:
+                   measured: Measurements | None = None) -> TierBandwidth:
     """Planner bandwidths (GB/s). Given ones from ``cfg.hardware`` (the SSD tier aggregates
     its drives, one directory per drive); null ones measured on ``device`` over the tiers
-    (``teraio.probe``, cached per machine). ``result`` gets ``tier_gbps``: the values and
+    (``teraio.probe``, cached per machine). ``measured`` gets ``tier_gbps``: the values and
     where each came from.
 
     Raises:
@@ -125,8 +126,8 @@ def tier_bandwidth(cfg: RunConfig, device: torch.device | None = None, io_thread
         for k in missing:
             gbps[k] = m["gbps"][k]
             source[k] = f"measured {m['measured_at']}" + (" (cached)" if m["cached"] else "")
-    if result is not None:
-        result["tier_gbps"] = {**gbps, "source": source}
+    if measured is not None:
+        measured.tier_gbps = {**gbps, "source": source}
     return TierBandwidth(**gbps)
 
 
@@ -186,8 +187,15 @@ def check_model_fits(cfg: RunConfig, limit: int | None) -> None:
             f"so its parameters alone must fit there")
 
 
-def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> None:
-    """Train ``cfg`` under TeraIO and fill ``result`` (schema: ``teraio.result``).
+def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
+    """Train ``cfg`` under TeraIO and return the measurements (``teraio.result``; on failure,
+    those made so far travel with the exception, ``teraio.result.kept_on_failure``: the
+    plan that fell short, the capacity, the paged and measured steps).
+
+    Steps 2 .. are run by the shared loop (``teraio.loop.measure_steps``); each one's timed
+    region covers making its batch and the engine's step. Extras of the row: ``plan`` (the
+    first plan's summary) and ``final_params_sha256``; each iteration adds ``urgent_count``
+    and ``max_accounted_bytes`` (``teraio.engine``).
 
     Side files in ``job_dir``: ``trace.json``, ``plan.json``, ``oplog.csv`` (per op of each
     measured step: start time and stall, seconds), ``transfers.csv`` (one row per transfer).
@@ -199,24 +207,31 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
             that is missing/unwritable/too small.
         teraio.pager.CapacityError: an op's own inputs and outputs exceed the capacity.
         torch.OutOfMemoryError: the capacity was exceeded.
+        FloatingPointError: a loss that is not finite.
     """
+    with kept_on_failure(Measurements()) as measured:
+        _train(cfg, Path(job_dir), device, measured)
+    return measured
+
+
+def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measurements) -> None:
     opts = dataclass_from_dict(TeraIOOptions, cfg.system.options, "system.options (TeraIO)")
     spec = systems.get(cfg.system.name)
     w = cfg.workload
     if w.warmup_steps < 2:
         raise ValueError(f"workload.warmup_steps={w.warmup_steps}: TeraIO needs >= 2 "
                          "(one step to create the optimizer state, one profiled step)")
-    job_dir = Path(job_dir)
     headroom = opts.headroom_fraction if opts.headroom_fraction is not None else (
         0.08 if device.type == "cuda" else 0.0)
     capacity, emulated = device_capacity(cfg, device)
     limit = int(capacity * (1 - headroom)) if capacity is not None else None
     check_model_fits(cfg, limit)
-    bandwidths = tier_bandwidth(cfg, device, opts.io_threads, result)  # a probe, if any, before the cap
+    bandwidths = tier_bandwidth(cfg, device, opts.io_threads, measured)  # a probe, if any, before the cap
     if device.type == "cuda":
         torch.cuda.empty_cache()
     apply_memory_cap(cfg.hardware.gpu_capacity_bytes, device)  # from the first allocation on
-    result.update(capacity_bytes=capacity, capacity_emulated=emulated if capacity is not None else None)
+    measured.capacity_bytes = capacity
+    measured.capacity_emulated = emulated if capacity is not None else None
     engine = None
     try:
         reset_peak_memory(device)
@@ -234,7 +249,8 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
                 min_evict_bytes=opts.min_tensor_bytes)
 
         pager = new_pager()
-        losses, paged = [], []
+        losses: dict[int, float] = {}  # every step's, by step: the paged ones and the loop's
+        paged = measured.paged_steps
 
         def paged_step(step: int, body, note: str = ""):
             if pager is not None:
@@ -242,7 +258,7 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
             reset_peak_memory(device)
             with timed(device) as t:
                 loss = body()
-            losses.append(loss)
+            losses[step] = loss
             allocated, reserved = peak_memory(device)
             if step in traced and allocated is not None:  # the profiler resets the peak per op
                 allocated = max(allocated, traced[step].meta["peak_allocated_bytes"] or 0)
@@ -286,9 +302,11 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
                        "shortfall_bytes": plan.shortfall_bytes, "migrations": len(plan.migrations),
                        "bytes_per_tier": plan.bytes_per_tier()}
             if not suffix:
-                result.update(unoffloaded_peak_bytes=unoffloaded_peak, plan_compile_seconds=compile_seconds,
-                              memory_pressure=unoffloaded_peak / capacity if capacity else None, plan=summary)
-                result["artifacts"].update(trace="trace.json", plan="plan.json")
+                measured.unoffloaded_peak_bytes = unoffloaded_peak
+                measured.plan_compile_seconds = compile_seconds
+                measured.memory_pressure = unoffloaded_peak / capacity if capacity else None
+                measured.extras["plan"] = summary
+                measured.artifacts.update(trace="trace.json", plan="plan.json")
             if plan.shortfall_bytes > 0:
                 raise ValueError(
                     f"the capacity cannot be met: the plan for {plan_capacity} B (capacity {capacity} B less "
@@ -297,7 +315,7 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
                     f"{math.ceil(plan.predicted_peak_bytes / (1 - headroom))}"
                     + ("" if opts.allow_stalls else " (or allow stalls: system.options.allow_stalls=true)"))
             tiers = open_tiers(plan, cfg, device, opts.io_threads)
-            result["ssd_io_mode"] = tiers["ssd"].mode if "ssd" in tiers else None
+            measured.ssd_io_mode = tiers["ssd"].mode if "ssd" in tiers else None
             eng = MigrationEngine(trace, plan, persistent_tensors(model, optimizer), tiers, device,
                                   device_waits=opts.device_waits, release_grads=opts.release_grads)
             if pager is not None:
@@ -317,59 +335,59 @@ def run(cfg: RunConfig, job_dir: Path, result: dict, device: torch.device) -> No
             return eng, trace, compile_seconds, summary
 
         paged_step(0, first_step)
-        result["profile_seconds"] = paged_step(1, profiled(1))
-        result["paged_steps"] = paged
+        measured.profile_seconds = paged_step(1, profiled(1))
         engine, trace, _, _ = plan_for(traced[1], "")
         runs = [(engine, trace)]  # every engine of the run with its trace, for the logs
+
+        def loop_step(step: int) -> Step | None:
+            nonlocal engine, pager
+            shape = w.shape_at(step)
+            if opts.replan_on_drift and shape != w.shape_at(step - 1):
+                # Plan drift (the shape the plan was made for changed): page, profile, plan anew.
+                pager = new_pager(track=False)
+                if pager is None:  # uncapped: the plan moves nothing
+                    engine.close()
+                else:
+                    engine.hand_back(pager)
+                    pager.track(persistent_tensors(model, optimizer).values())
+                seconds = paged_step(step, profiled(step), f" (profiled again: seq_len {shape['seq_len']},"
+                                                           " not measured)")
+                engine, new_trace, compile_seconds, summary = plan_for(traced[step], f".step{step}")
+                runs.append((engine, new_trace))
+                measured.replans.append({"step": step, "shape": shape, "profile_seconds": seconds,
+                                         "plan_compile_seconds": compile_seconds, "plan": summary,
+                                         "artifacts": {"trace": f"trace.step{step}.json",
+                                                       "plan": f"plan.step{step}.json"}})
+                return None
+            reset_peak_memory(device)
+            return Step(lambda: engine.run_step(step_fn(step), step, shape=shape), engine_stats)
+
+        def engine_stats() -> StepStats:
+            peaks.append(peak_memory(device))
+            s = engine.stats
+            return StepStats(stall_count=s.stall_count, stall_seconds=s.stall_seconds,
+                             migration_seconds=s.migration_seconds, bytes_offloaded=s.bytes_offloaded,
+                             bytes_prefetched=s.bytes_prefetched, note=f" stalls {s.stall_count}",
+                             extra={"urgent_count": s.urgent_count, "max_accounted_bytes": s.max_accounted_bytes})
+
         with compute_stream(device):
-            for step in range(2, w.warmup_steps + w.measure_steps):
-                shape = w.shape_at(step)
-                if opts.replan_on_drift and shape != w.shape_at(step - 1):
-                    # Plan drift (the shape the plan was made for changed): page, profile, plan anew.
-                    pager = new_pager(track=False)
-                    if pager is None:  # uncapped: the plan moves nothing
-                        engine.close()
-                    else:
-                        engine.hand_back(pager)
-                        pager.track(persistent_tensors(model, optimizer).values())
-                    seconds = paged_step(step, profiled(step), f" (profiled again: seq_len {shape['seq_len']},"
-                                                               " not measured)")
-                    engine, trace, compile_seconds, summary = plan_for(traced[step], f".step{step}")
-                    runs.append((engine, trace))
-                    result["replans"].append({"step": step, "shape": shape, "profile_seconds": seconds,
-                                              "plan_compile_seconds": compile_seconds, "plan": summary,
-                                              "artifacts": {"trace": f"trace.step{step}.json",
-                                                            "plan": f"plan.step{step}.json"}})
-                    continue
-                reset_peak_memory(device)
-                with timed(device) as t:
-                    loss = engine.run_step(step_fn(step), step, shape=shape)
-                losses.append(loss)
-                peaks.append(peak_memory(device))
-                s = engine.stats
-                print(progress_line(step, t["seconds"], w.tokens_at(step), loss, step < w.warmup_steps,
-                                    f" stalls {s.stall_count}"), flush=True)
-                if step >= w.warmup_steps:
-                    result["iterations"].append(iteration_row(
-                        step, t["seconds"], w.tokens_at(step), loss, stall_count=s.stall_count,
-                        stall_seconds=s.stall_seconds, migration_seconds=s.migration_seconds,
-                        bytes_offloaded=s.bytes_offloaded, bytes_prefetched=s.bytes_prefetched,
-                        urgent_count=s.urgent_count, max_accounted_bytes=s.max_accounted_bytes))
+            measure_steps(loop_step, w, device, first_step=2,
+                          out=Steps(iterations=measured.iterations, losses=losses))
         synchronize(device)
         if device.type == "cuda":
-            result["step_peak_allocated_bytes"] = [a for a, _ in peaks[1:]]
-            result["peak_allocated_bytes"] = max(a for a, _ in peaks)
-            result["peak_reserved_bytes"] = max(r for _, r in peaks)
+            measured.step_peak_allocated_bytes = [a for a, _ in peaks[1:]]
+            measured.peak_allocated_bytes = max(a for a, _ in peaks)
+            measured.peak_reserved_bytes = max(r for _, r in peaks)
     finally:
         lift_memory_cap(device)
         if engine is not None:
             # Only the parameters are read after training (their digest); reading back the
             # optimizer state too would add minutes from an SSD tier.
             engine.close(restore=lambda name: name.startswith("param:"))
-    result["losses"] = losses
-    result["final_params_sha256"] = param_digest(model)
+    measured.losses = [losses[step] for step in sorted(losses)]
+    measured.extras["final_params_sha256"] = param_digest(model)
     _write_logs(runs, job_dir, first_step=w.warmup_steps)
-    result["artifacts"].update(oplog="oplog.csv", transfers="transfers.csv")
+    measured.artifacts.update(oplog="oplog.csv", transfers="transfers.csv")
 
 
 def _write_logs(runs: list, job_dir: Path, first_step: int) -> None:

@@ -21,7 +21,7 @@ from analysis.cost import cost_efficiency, cost_frame, cost_saving, resolve_pric
 from analysis.figures import (NoData, fig7_throughput, fig8_breakdown, fig9_host_memory,
                               fig10_bandwidth, slot)
 from analysis.stats import mean_ci, t_interval, t_quantile
-from teraio.result import empty_result, write_result
+from teraio.result import result_row, write_result
 
 GIB = 2**30
 T1 = math.tan(math.pi * 0.475)                 # t_{0.975, df=1}, closed form
@@ -41,7 +41,7 @@ def write_run(root, name, *, system, batch, seq, micro, trial, tps=None, status=
     config = {"hardware": {"name": hardware, "host_mem_cap_bytes": host_cap,
                            "ssd_dirs": [f"/ssd{i}" for i in range(n_ssd)], "prices": PRICES,
                            "n_gpus": 1}}
-    r = empty_result(point, config)
+    r = result_row(point, config)
     r["status"] = status
     r["measure"] = measure
     r["memory_pressure"] = m

@@ -63,14 +63,14 @@ def test_every_analysis_shows_the_breakdown_of_runs_with_a_trace(tmp_path):
     from analysis import analyze
     from analysis.figures import fig10_memory_breakdown
     from analysis.load import load_sweep
-    from teraio.result import empty_result, write_result
+    from teraio.result import result_row, write_result
 
     job = tmp_path / "sweep" / "run"
     job.mkdir(parents=True)
     hand_trace().save(job / "trace.json")
     point = {"model": "tiny", "system": "teraio_mixed", "hardware": "cpu", "batch_size": 2,
              "micro_batch_size": 1, "seq_len": 8, "trial": 0}
-    row = empty_result(point, {"hardware": {"prices": {}, "host_mem_cap_bytes": 1 << 20, "ssd_dirs": ["/ssd"],
+    row = result_row(point, {"hardware": {"prices": {}, "host_mem_cap_bytes": 1 << 20, "ssd_dirs": ["/ssd"],
                                             "n_gpus": 1}})
     row.update(status="ok", tokens_per_s=10.0, artifacts={"trace": "trace.json"}, memory_pressure=1.25,
                iterations=[{"step": 2, "seconds": 1.0, "tokens": 16, "tokens_per_s": 16.0, "loss": 1.0}])

@@ -59,7 +59,7 @@ import fcntl, sys
 from pathlib import Path
 from teraio.config import load_run_config
 from teraio.drive_lock import lock_path
-from teraio.result import empty_result, summarize_iterations, write_result
+from teraio.result import Measurements, result_row, write_result
 resolved = Path(sys.argv[1])
 cfg = load_run_config(resolved)
 with open(lock_path(cfg.hardware.ssd_dirs[0]), "a") as f:
@@ -68,11 +68,9 @@ with open(lock_path(cfg.hardware.ssd_dirs[0]), "a") as f:
         held = False
     except BlockingIOError:
         held = True
-row = empty_result(cfg.point(), cfg.to_dict())
-row["iterations"] = [{"step": 0, "seconds": 0.5, "tokens": 100, "tokens_per_s": 200.0,
-                      "loss": 1.0, "stall_count": 0, "stall_seconds": 0.0}]
-summarize_iterations(row)
-row.update(status="ok", error="lock held" if held else "lock free")
+row = result_row(cfg.point(), cfg.to_dict(), Measurements(iterations=[
+    {"step": 0, "seconds": 0.5, "tokens": 100, "tokens_per_s": 200.0, "loss": 1.0, "stall_count": 0,
+     "stall_seconds": 0.0}]), status="ok", error="lock held" if held else "lock free")
 write_result(resolved.parent / "result.json", row)
 '''
 

@@ -13,7 +13,7 @@ from teraio.config import run_config_from_dict
 from teraio.run import run_point
 from teraio.trace import TensorRecord, Trace
 from teraio.models import build_model
-from teraio.result import empty_result
+from teraio.result import result_row
 from teraio.step import make_batch, make_optimizer, train_step
 
 TINY = {"name": "llama3_tiny", "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
@@ -26,8 +26,7 @@ def test_ideal_row_and_losses_equal_the_shared_step(tmp_path):
         "workload": {"batch_size": 4, "micro_batch_size": 2, "seq_len": 16, "warmup_steps": 2,
                      "measure_steps": 3},
         "hardware": {"gpu_capacity_bytes": 1 << 20}})
-    result = empty_result(cfg.point(), cfg.to_dict())
-    ideal.run(cfg, tmp_path, result, torch.device("cpu"))
+    result = result_row(cfg.point(), cfg.to_dict(), ideal.run(cfg, tmp_path, torch.device("cpu")))
 
     its = result["iterations"]
     assert [i["step"] for i in its] == [2, 3, 4]
@@ -49,9 +48,8 @@ def test_ideal_row_and_losses_equal_the_shared_step(tmp_path):
 
 def test_ideal_refuses_options(tmp_path):
     cfg = run_config_from_dict({"model": TINY, "system": {"name": "ideal", "options": {"x": 1}}})
-    result = empty_result(cfg.point(), cfg.to_dict())
     try:
-        ideal.run(cfg, tmp_path, result, torch.device("cpu"))
+        ideal.run(cfg, tmp_path, torch.device("cpu"))
     except ValueError as e:
         assert "ideal takes only modeled_traces" in str(e)
     else:

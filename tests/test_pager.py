@@ -9,7 +9,7 @@ import torch
 
 from teraio.config import run_config_from_dict
 from teraio.pager import CapacityError, Pager, PagedStep, fresh_output_bytes
-from teraio.result import empty_result
+from teraio.result import measured_before, result_row
 from teraio.train import run
 
 CPU = torch.device("cpu")
@@ -96,10 +96,10 @@ def test_a_model_whose_parameters_exceed_the_capacity_is_refused_before_it_is_bu
         "model": TINY, "workload": {"batch_size": 2, "micro_batch_size": 1, "seq_len": 32},
         "hardware": {"device": "cpu", "ssd_dirs": [str(tmp_path)], "gpu_capacity_bytes": 10_000},
         "system": {"name": "teraio_ssd"}})
-    result = empty_result(cfg.point(), cfg.to_dict())
     with pytest.raises(ValueError, match=r"model tiny: its parameters and buffers take \d+ B, above the "
-                                         r"10000 B TeraIO may use"):
-        run(cfg, tmp_path, result, CPU)
+                                         r"10000 B TeraIO may use") as err:
+        run(cfg, tmp_path, CPU)
+    result = result_row(cfg.point(), cfg.to_dict(), measured_before(err.value))
     assert result["iterations"] == [] and not list(tmp_path.iterdir())
 
 

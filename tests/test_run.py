@@ -12,6 +12,7 @@ import yaml
 
 from teraio import run as worker
 from teraio.config import run_config_from_dict
+from teraio.result import Measurements
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"name": "llama3_tiny", "dim": 64, "n_layers": 1, "n_heads": 4, "n_kv_heads": 2,
@@ -25,7 +26,7 @@ def cfg(system: str = "ideal"):
 
 
 def raising(exc: BaseException):
-    def runner(cfg, job_dir, result, device):
+    def runner(cfg, job_dir, device):
         raise exc
     return runner
 
@@ -44,15 +45,15 @@ def test_runner_failure_is_a_row_with_status_and_traceback(tmp_path, exc, status
 
 
 def test_runner_that_measures_nothing_is_an_error(tmp_path):
-    r = worker.run_point(cfg(), tmp_path, lambda *a: None)
+    r = worker.run_point(cfg(), tmp_path, lambda *a: Measurements())
     assert r["status"] == "error" and "measured no iteration" in r["error"]
 
 
 def test_totals_are_summarised_from_iterations(tmp_path):
-    def runner(cfg, job_dir, result, device):
-        result["iterations"] += [{"step": s, "seconds": 2.0, "tokens": 100, "tokens_per_s": 50.0,
-                                  "loss": 1.0, "stall_count": s, "stall_seconds": 0.5}
-                                 for s in (1, 2)]
+    def runner(cfg, job_dir, device):
+        return Measurements(iterations=[{"step": s, "seconds": 2.0, "tokens": 100, "tokens_per_s": 50.0,
+                                         "loss": 1.0, "stall_count": s, "stall_seconds": 0.5}
+                                        for s in (1, 2)])
     r = worker.run_point(cfg(), tmp_path, runner)
     assert r["status"] == "ok" and r["error"] is None
     assert r["tokens_per_s"] == 50.0 and r["stall_count"] == 3 and r["stall_seconds"] == 1.0
@@ -100,14 +101,15 @@ HOST_PEAK = """
 import json, os, resource, sys, torch
 from pathlib import Path
 from teraio.config import run_config_from_dict
-from teraio.result import iteration_row
+from teraio.result import Measurements
+from teraio.result import Measurements, iteration_row
 from teraio.run import run_point
 cfg = run_config_from_dict(json.loads(sys.argv[1]))
 resident = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 peak_so_far = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-def runner(cfg, job_dir, result, device):
+def runner(cfg, job_dir, device):
     x = torch.ones((1 << 30) // 4)  # written, so resident
-    result["iterations"].append(iteration_row(0, 1.0, 1, float(x[-1])))
+    return Measurements(iterations=[iteration_row(0, 1.0, 1, float(x[-1]))])
 row = run_point(cfg, Path(sys.argv[2]), runner=runner)
 print(json.dumps({"resident": resident, "peak_so_far": peak_so_far, "peak": row["peak_host_rss_bytes"]}))
 """
@@ -129,17 +131,18 @@ def test_row_records_the_workers_peak_host_memory(tmp_path):
     (1.0, 50.0, float("nan"), "step 0: loss nan is not finite"),
 ])
 def test_a_loss_or_throughput_that_is_not_finite_is_an_error_row(tmp_path, loss, tps, warmup_loss, named):
-    def runner(cfg, job_dir, result, device):
-        result["iterations"] += [{"step": 1, "seconds": 2.0, "tokens": 100, "tokens_per_s": tps, "loss": 1.0},
-                                 {"step": 2, "seconds": 2.0, "tokens": 100, "tokens_per_s": 50.0, "loss": loss}]
-        result["losses"] = [warmup_loss, 1.0, loss]
+    def runner(cfg, job_dir, device):
+        return Measurements(iterations=[
+            {"step": 1, "seconds": 2.0, "tokens": 100, "tokens_per_s": tps, "loss": 1.0},
+            {"step": 2, "seconds": 2.0, "tokens": 100, "tokens_per_s": 50.0, "loss": loss}],
+            losses=[warmup_loss, 1.0, loss])
     r = worker.run_point(cfg(), tmp_path, runner)
     assert r["status"] == "error" and named in r["error"]
 
 
 def _write_ok_at_once(path, barrier, out):
-    from teraio.result import empty_result, write_result
-    row = empty_result(cfg().point(), {})
+    from teraio.result import result_row, write_result
+    row = result_row(cfg().point(), {})
     row["status"] = "ok"
     barrier.wait()
     try:

@@ -28,7 +28,7 @@ FAKE_WORKER = '''
 import json, os, sys, time
 from pathlib import Path
 from teraio.config import load_run_config
-from teraio.result import empty_result, summarize_iterations, write_result
+from teraio.result import Measurements, result_row, write_result
 resolved = Path(sys.argv[1])
 cfg = load_run_config(resolved)
 (resolved.parent / "pid").write_text(str(os.getpid()))
@@ -43,14 +43,13 @@ if action == "sleep":
     time.sleep(120)
 if action == "slow":
     time.sleep(8)
-row = empty_result(cfg.point(), cfg.to_dict())
 if action == "oom":
-    row.update(status="oom", error="torch.OutOfMemoryError: CUDA out of memory (scripted)")
+    row = result_row(cfg.point(), cfg.to_dict(), status="oom",
+                     error="torch.OutOfMemoryError: CUDA out of memory (scripted)")
 else:
-    row["iterations"] = [{"step": 0, "seconds": 0.5, "tokens": 100, "tokens_per_s": 200.0,
-                          "loss": 1.0, "stall_count": 0, "stall_seconds": 0.0}]
-    summarize_iterations(row)
-    row["status"] = "ok"
+    row = result_row(cfg.point(), cfg.to_dict(), Measurements(iterations=[
+        {"step": 0, "seconds": 0.5, "tokens": 100, "tokens_per_s": 200.0, "loss": 1.0, "stall_count": 0,
+         "stall_seconds": 0.0}]), status="ok")
 write_result(resolved.parent / "result.json", row)
 '''
 
@@ -262,11 +261,11 @@ def check_options(system, options):
         raise ValueError(f"system.options {sorted(set(options) - {'speed'})}: {system} takes only speed")
 
 
-def run(cfg, job_dir, result, device):  # trains as Ideal does
+def run(cfg, job_dir, device):  # trains as Ideal does, returning its teraio.result.Measurements
     import dataclasses
     from baselines import ideal
-    ideal.run(dataclasses.replace(cfg, system=dataclasses.replace(cfg.system, name="ideal", options={})),
-              job_dir, result, device)
+    return ideal.run(dataclasses.replace(cfg, system=dataclasses.replace(cfg.system, name="ideal", options={})),
+                     job_dir, device)
 '''
 
 

@@ -19,7 +19,7 @@ from teraio.config import run_config_from_dict
 from teraio.measure import param_digest
 from teraio.models import build_model
 from teraio.profiler import iter_tensors
-from teraio.result import empty_result
+from teraio.result import measured_before, result_row
 from teraio.step import make_batch, make_optimizer, train_step
 from teraio.engine import PlanDriftError
 from teraio.train import run
@@ -58,9 +58,7 @@ def ref():
 
 def run_teraio(cfg, job_dir, device=CPU):
     job_dir.mkdir()
-    result = empty_result(cfg.point(), cfg.to_dict())
-    run(cfg, job_dir, result, device)
-    return result
+    return result_row(cfg.point(), cfg.to_dict(), run(cfg, job_dir, device))
 
 
 # Mixed: SSD made slow so that host memory wins windows the SSD cannot cover.
@@ -293,10 +291,10 @@ def test_too_small_offload_dir_is_refused_before_the_engine_runs(tmp_path, monke
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 20, 1 << 20, 4096))
     cfg = config("teraio_ssd", tmp_path / "ssd", probe["unoffloaded_peak_bytes"] // 2)
-    result = empty_result(cfg.point(), cfg.to_dict())
     (tmp_path / "job").mkdir()
     with pytest.raises(ValueError, match=str(tmp_path / "ssd")) as err:
-        run(cfg, tmp_path / "job", result, CPU)
+        run(cfg, tmp_path / "job", CPU)
+    result = result_row(cfg.point(), cfg.to_dict(), measured_before(err.value))
     assert "bytes" in str(err.value)
     assert result["iterations"] == []
 
@@ -305,7 +303,7 @@ def test_the_emulated_capacity_binds_before_the_model_is_built(tmp_path, monkeyp
     calls = cap_then_build(monkeypatch, teraio.train)
     cfg = config("teraio_mixed", tmp_path, 1 << 30)
     with pytest.raises(ModelBuilt):
-        run(cfg, tmp_path, empty_result(cfg.point(), cfg.to_dict()), CPU)
+        run(cfg, tmp_path, CPU)
     assert calls == [("cap", 1 << 30), "build"]
 
 
@@ -316,11 +314,11 @@ def test_a_capacity_the_plan_cannot_meet_stops_before_the_engine_runs(tmp_path):
     probe = run_teraio(config("teraio_ssd", tmp_path / "ssd", None, **hw), tmp_path / "probe")
     capacity = int(probe["unoffloaded_peak_bytes"] * 0.4)
     cfg = config("teraio_ssd", tmp_path / "ssd", capacity, options={"allow_stalls": False}, **hw)
-    result = empty_result(cfg.point(), cfg.to_dict())
     (tmp_path / "job").mkdir()
     with pytest.raises(ValueError, match=rf"plan for {capacity} B .* peaks at (\d+) B, \d+ B over; the smallest "
-                                         r"capacity it reaches is hardware.gpu_capacity_bytes=\d+ \(or allow"):
-        run(cfg, tmp_path / "job", result, CPU)
+                                         r"capacity it reaches is hardware.gpu_capacity_bytes=\d+ \(or allow") as err:
+        run(cfg, tmp_path / "job", CPU)
+    result = result_row(cfg.point(), cfg.to_dict(), measured_before(err.value))
     assert result["iterations"] == [] and result["plan"]["shortfall_bytes"] > 0
 
 

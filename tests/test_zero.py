@@ -295,5 +295,5 @@ def test_the_emulated_capacity_binds_before_the_model_is_built(tmp_path, monkeyp
     cfg = make_cfg("zero_offload", {"stage": stage})
     cfg.hardware.gpu_capacity_bytes = 1 << 30
     with pytest.raises(ModelBuilt):
-        zero.run(cfg, tmp_path / "job", {"artifacts": {}}, torch.device("cpu"))
+        zero.run(cfg, tmp_path / "job", torch.device("cpu"))
     assert calls == [("cap", 1 << 30), "build"]
