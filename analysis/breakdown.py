@@ -14,7 +14,7 @@ Estimated (:func:`pipeline_estimate`): one GPU of a pipeline of ``stages`` stage
 share of the blocks (the first also the embedding, the last also the final norm and the
 output layer), with 16 bytes per parameter (weight, gradient, two AdamW states), and at its
 peak the activations of ``min(stages - stage, micro-batches)`` micro-batches
-in flight (``teraio.models.activation_bytes``; the last stage also its logits). The
+in flight (``teraio.workload.models.activation_bytes``; the last stage also its logits). The
 paper gives no micro-batch size: the estimate takes the one the configuration names
 (``conf/experiment/fig7.yaml`` states its assumption).
 """
@@ -26,8 +26,8 @@ import numpy as np
 import pandas as pd
 
 from teraio.config import ModelConfig
-from teraio.models import activation_bytes, build_meta_model, ffn_hidden, logits_bytes
-from teraio.trace import Trace
+from teraio.workload.models import activation_bytes, build_meta_model, ffn_hidden, logits_bytes
+from teraio.core.trace import Trace
 
 GROUPS: dict[str, tuple[str, ...]] = {
     "parameters": ("param",), "gradients": ("grad",), "optimizer state": ("optim",),

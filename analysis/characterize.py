@@ -4,12 +4,12 @@ from saved traces, on the CPU:
     python -m analysis.characterize TRACE [TRACE ...] --out DIR [--capacity-gb 94]
 
 * Fig. 1: memory of all live tensors and of the *active* tensors (those the running op
-  itself uses, :meth:`teraio.trace.Trace.active_bytes`) per op, as % of a GPU capacity
+  itself uses, :meth:`teraio.core.trace.Trace.active_bytes`) per op, as % of a GPU capacity
   (default the paper's 94 GB H100 NVL), log scale.
 * Fig. 2: CDF of the tensors' inactive periods in µs, one line per size bucket (the
   paper's legend buckets). An inactive period runs from the end of a use to the start of
   the next (wrapping across the iteration for parameters and optimizer state,
-  :func:`teraio.planner.inactive_periods`), timed with the trace's kernel times.
+  :func:`teraio.core.planner.inactive_periods`), timed with the trace's kernel times.
 * A table per trace: peak and active memory (% of capacity: max and mean over ops), the
   share of tensors per size bucket, and for the 10 MB–1 GB tensors the share whose
   longest inactive period exceeds 10^4 µs and the share longer than their own migration
@@ -28,8 +28,8 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from teraio.planner import inactive_periods
-from teraio.trace import Trace
+from teraio.core.planner import inactive_periods
+from teraio.core.trace import Trace
 
 from .figures import new_figure, save_figure, suptitle
 from .render import write_table

@@ -362,7 +362,7 @@ def fig10_memory_breakdown(sweep: Sweep) -> Figure:
     Raises:
         NoData: no ok run lists a ``trace`` artifact.
     """
-    from teraio.trace import Trace
+    from teraio.core.trace import Trace
 
     from . import breakdown as bd
 

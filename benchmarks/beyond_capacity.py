@@ -1,6 +1,6 @@
 """Summarise a point whose un-offloaded step does not fit the GPU: Ideal's row, TeraIO-Mixed's
 rows (the real capacity and, optionally, an emulated one), and Ideal modeled from the
-trace TeraIO-Mixed profiled within the real capacity (``baselines.ideal.run_modeled``).
+trace TeraIO-Mixed profiled within the real capacity (``teraio.systems.ideal.run_modeled``).
 
     python benchmarks/beyond_capacity.py --sweep DIR [--emulated DIR] --out FILE.json
 
@@ -17,10 +17,10 @@ import dataclasses
 import json
 from pathlib import Path
 
-from baselines.ideal import run_modeled
+from teraio.systems.ideal import run_modeled
 from teraio.config import load_run_config
-from teraio.models import build_meta_model, count_parameters
-from teraio.pager import physical_memory_bytes
+from teraio.workload.models import build_meta_model, count_parameters
+from teraio.core.pager import physical_memory_bytes
 from teraio.result import result_row
 
 

@@ -26,8 +26,8 @@ import time
 
 import torch
 
-from teraio import probe
-from teraio.storage import HostTier, SSDTier, page_unlock, pinned_empty
+from teraio.core import probe
+from teraio.core.storage import HostTier, SSDTier, page_unlock, pinned_empty
 
 MIB = 1 << 20
 ALIGN = 4096
@@ -93,7 +93,7 @@ def raw_direct_io(dirs: list[str], nbytes: int, threads: int, repeats: int) -> d
 
 def tier_rates(make_tier, n: int, nbytes: int, repeats: int) -> dict:
     """Write then read ``n`` device tensors of ``nbytes``, all in flight at once
-    (``teraio.probe.tier_rates``, as TeraIO measures a tier itself)."""
+    (``teraio.core.probe.tier_rates``, as TeraIO measures a tier itself)."""
     tensors = [torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device="cuda") for _ in range(n)]
     with make_tier({f"t{i}": nbytes for i in range(n)}) as tier:
         write, read = probe.tier_rates(tier, tensors, repeats)

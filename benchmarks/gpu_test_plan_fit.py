@@ -29,11 +29,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import torch
 from test_teraio_train import GPU_MODEL, GPU_OPTIONS, config
 
-from teraio.models import build_model
-from teraio.planner import plan_migrations
-from teraio.profiler import profile_step
-from teraio.step import make_batch, make_optimizer, train_step
-from teraio.train import tier_bandwidth
+from teraio.workload.models import build_model
+from teraio.core.planner import plan_migrations
+from teraio.core.profiler import profile_step
+from teraio.workload.step import make_batch, make_optimizer, train_step
+from teraio.systems.teraio import tier_bandwidth
 
 SYSTEMS = {"teraio_ssd": {}, "teraio_mixed": {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}}
 
@@ -50,7 +50,7 @@ def main() -> None:
     model = build_model(cfg.model, w.seq_len, cpu, cfg.seed)
     optimizer = make_optimizer(model, w.lr)
 
-    def step_fn(step):  # as teraio.train.run: step 0 creates the optimizer state, step 1 is profiled
+    def step_fn(step):  # as teraio.systems.teraio.run: step 0 creates the optimizer state, step 1 is profiled
         inputs, labels = make_batch(step, w, cfg.model.vocab_size, cfg.seed, cpu)
         return lambda: train_step(model, optimizer, inputs, labels, w.micro_batch_size)
 

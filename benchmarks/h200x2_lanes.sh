@@ -13,7 +13,7 @@
 # OUT_DIR/lane<g>.log. A step that runs past the deadline is killed (the sweep resumes
 # such a point later: a killed point has no result.json). Exit status: 0.
 # The lanes share the host's one drive: sweep points of drive-bound systems in the two lanes
-# take turns on it (teraio/drive_lock.py); other steps (benchmarks, tests) do not.
+# take turns on it (teraio/harness/drive_lock.py); other steps (benchmarks, tests) do not.
 set -u
 budget=$1 out=$2; shift 2
 deadline=$((SECONDS + budget))

@@ -2,7 +2,7 @@
 
 The trace counts a gradient as live from its first to its last use (its parameter's
 AdamW update). ``param.grad`` keeps it allocated until ``zero_grad`` after the whole
-optimizer step (``teraio/step.py``). The allocator's per-op peak
+optimizer step (``teraio/workload/step.py``). The allocator's per-op peak
 (``Trace.op_allocated_bytes``, CUDA profiles only) sees those bytes; no migration of the
 plan can lower them. This prints, at ops through the optimizer step, the allocator's
 excess over the tensor-lifetime count and the bytes of gradients already past their last
@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from teraio.trace import Trace  # noqa: E402
+from teraio.core.trace import Trace  # noqa: E402
 
 
 def main() -> None:

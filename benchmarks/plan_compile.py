@@ -1,6 +1,6 @@
 """Plan compile time (paper camera-ready Table 1:
 31.2 s for Llama3-8B, 396.6 s for Llama3-70B): wall time of
-:func:`teraio.planner.plan_migrations` on a saved trace, on this machine's CPU.
+:func:`teraio.core.planner.plan_migrations` on a saved trace, on this machine's CPU.
 
     python benchmarks/plan_compile.py TRACE --label NAME --paper-m M_PERCENT \
         [--host-cap-gb 170] [--ssd-gbps 16] [--host-gbps 50] [--repeats 3] \
@@ -12,7 +12,7 @@ un-offloaded peak / M; SSD tier ``--ssd-gbps`` GB/s each way (4 x 990 PRO per GP
 ``conf/hardware/paper_h100nvl.yaml``'s assumption) capped at ``--host-cap-gb`` GB (170 GB
 for Llama3-8B, 770 GB for Llama3-70B: what ZeRO-Infinity uses); ``allow_stalls`` and the
 other options as ``conf/system/teraio_ssd.yaml``. ``--synthesize L:L2`` first turns an
-L-layer trace into an L2-layer one (:func:`teraio.synth.synthesize_layers`).
+L-layer trace into an L2-layer one (:func:`teraio.core.synth.synthesize_layers`).
 
 The result is one entry, keyed by ``--label``, of the JSON file ``--out`` (other entries
 are kept; the file is replaced atomically).
@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from teraio.files import write_atomic  # noqa: E402
-from teraio.planner import TierBandwidth, plan_migrations  # noqa: E402
-from teraio.synth import synthesize_layers  # noqa: E402
-from teraio.trace import Trace  # noqa: E402
+from teraio.core.planner import TierBandwidth, plan_migrations  # noqa: E402
+from teraio.core.synth import synthesize_layers  # noqa: E402
+from teraio.core.trace import Trace  # noqa: E402
 
 # Camera-ready Table 1, for comparison only; the paper's machine and what its
 # time includes are not stated.
@@ -94,7 +94,7 @@ def machine() -> dict:
 def write_entry(out: Path, label: str, entry: dict) -> None:
     """Put ``entry`` under ``label`` in the JSON file ``out``, keeping the others."""
     doc = json.loads(out.read_text()) if out.exists() else {}
-    doc.setdefault("what", "teraio.planner.plan_migrations wall time on a saved trace")
+    doc.setdefault("what", "teraio.core.planner.plan_migrations wall time on a saved trace")
     doc.setdefault("entries", {})[label] = entry
     write_atomic(out, (json.dumps(doc, indent=1) + "\n").encode())
 

@@ -23,7 +23,7 @@ Writes to ``--out-dir``: ``trace_<L>l.json.gz`` (the profile), ``trace_synth<L2>
 (synthesized), ``summary.json`` (command, device, traces, the comparison), and with
 ``--paper-m`` the plan compile time as an entry of ``plan_compile.json``
 (``benchmarks/plan_compile.py``'s format). The training step is the one every system
-shares (``teraio.step``), profiled after one ordinary step as ``teraio.train`` does.
+shares (``teraio.workload.step``), profiled after one ordinary step as ``teraio.systems.teraio`` does.
 """
 from __future__ import annotations
 
@@ -45,11 +45,11 @@ import torch  # noqa: E402
 
 from plan_compile import machine, time_plan, write_entry  # noqa: E402
 from teraio.config import ModelConfig, WorkloadConfig, dataclass_from_dict  # noqa: E402
-from teraio.models import build_model  # noqa: E402
-from teraio.profiler import profile_step  # noqa: E402
-from teraio.step import make_batch, make_optimizer, train_step  # noqa: E402
-from teraio.synth import synthesize_layers  # noqa: E402
-from teraio.trace import Trace  # noqa: E402
+from teraio.workload.models import build_model  # noqa: E402
+from teraio.core.profiler import profile_step  # noqa: E402
+from teraio.workload.step import make_batch, make_optimizer, train_step  # noqa: E402
+from teraio.core.synth import synthesize_layers  # noqa: E402
+from teraio.core.trace import Trace  # noqa: E402
 
 
 def model_config(name: str, n_layers: int, overrides: list[str]) -> ModelConfig:

@@ -1,7 +1,7 @@
 """Llama3-8B on one GPU, Ideal (uncapped) vs TeraIO-Mixed and
 TeraIO-SSD under an emulated capacity, plus the engine's per-op dispatch overhead.
 
-Each system runs as its own worker process (``python -m teraio.run``), as in the sweep, so
+Each system runs as its own worker process (``python -m teraio.harness.run``), as in the sweep, so
 one run's GPU memory never affects the next; all run in the same call on the same machine,
 so they can be compared as ratios.
 
@@ -51,7 +51,7 @@ def run_config(system: str, args) -> dict:
 def run_worker(job_dir: Path, cfg: dict, timeout: float) -> dict:
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / "resolved.yaml").write_text(yaml.safe_dump(cfg))
-    cmd = [sys.executable, "-m", "teraio.run", str(job_dir / "resolved.yaml")]
+    cmd = [sys.executable, "-m", "teraio.harness.run", str(job_dir / "resolved.yaml")]
     t0 = time.perf_counter()
     with open(job_dir / "worker.log", "w") as log:
         try:
@@ -70,12 +70,12 @@ def overhead(args) -> dict:
     import torch
 
     from teraio.config import ModelConfig, WorkloadConfig
-    from teraio.engine import MigrationEngine
-    from teraio.measure import timed
-    from teraio.models import build_model
-    from teraio.plan import MigrationPlan
-    from teraio.profiler import persistent_tensors, profile_step
-    from teraio.step import make_batch, make_optimizer, train_step
+    from teraio.core.engine import MigrationEngine
+    from teraio.systems.measure import timed
+    from teraio.workload.models import build_model
+    from teraio.core.plan import MigrationPlan
+    from teraio.core.profiler import persistent_tensors, profile_step
+    from teraio.workload.step import make_batch, make_optimizer, train_step
 
     dev = torch.device("cuda")
     mc = ModelConfig(**LLAMA3_8B) if args.layers == 32 else ModelConfig(**dict(LLAMA3_8B, n_layers=args.layers))

@@ -117,7 +117,7 @@ class HardwareConfig:
 
     ``gpu_capacity_bytes``: cap on device memory (null: uncapped). ``ssd_dirs``: one
     directory per drive. Bandwidths are GB/s per direction, the SSD ones per drive; null:
-    measured on the machine that runs (``teraio.probe``; the SSD ones then over all the
+    measured on the machine that runs (``teraio.core.probe``; the SSD ones then over all the
     drives together). ``prices``: USD, for the cost table.
     """
 

@@ -19,7 +19,7 @@ Schema (keys always present; unknown values are ``null``):
                       may be partial)
 ``peak_allocated_bytes``, ``peak_reserved_bytes``   device memory peaks over the whole run (bytes)
 ``peak_host_rss_bytes``  peak resident host memory of the worker process (bytes; rank 0's
-                      under torchrun; ``teraio.measure.peak_host_rss_bytes``), null for a
+                      under torchrun; ``teraio.systems.measure.peak_host_rss_bytes``), null for a
                       modeled row or where unknown
 ``capacity_bytes``    the GPU capacity the run was held to (bytes): the emulated one, or for
                       TeraIO without one on a GPU the device's free memory at start; null
@@ -29,10 +29,10 @@ Schema (keys always present; unknown values are ``null``):
 ``paged_steps``       TeraIO: the steps before its plan (0: creates the optimizer state,
                       1: profiled), each ``{step, seconds, loss, peak_allocated_bytes,
                       max_accounted_bytes, evictions, restores, bytes_evicted, bytes_restored,
-                      oom_retries}`` (``teraio.pager``); empty for other systems
+                      oom_retries}`` (``teraio.core.pager``); empty for other systems
 ``tier_gbps``         TeraIO: the planner's bandwidths (GB/s, ``ssd_write_gbps`` ...) and
                       ``source`` of each (the hardware config, or measured on this machine,
-                      ``teraio.probe``); null otherwise
+                      ``teraio.core.probe``); null otherwise
 ``replans``           TeraIO: one entry per step where the workload shape changed and the
                       run profiled and planned again (``{step, shape, profile_seconds,
                       plan_compile_seconds, plan, artifacts}``; that step is not measured);
@@ -42,7 +42,7 @@ Schema (keys always present; unknown values are ``null``):
 ``unoffloaded_peak_bytes``  peak live bytes with no offloading (from the trace), null if unknown
 ``memory_pressure``   M = unoffloaded peak ÷ capacity (paper Fig. 7), null if unknown
 ``plan_compile_seconds``, ``profile_seconds``   TeraIO one-time costs, null otherwise
-``ssd_io_mode``       ``"gds" | "compat" | "direct" | "buffered" | null`` (SSD tier I/O path, ``teraio.storage.SSDTier.mode``)
+``ssd_io_mode``       ``"gds" | "compat" | "direct" | "buffered" | null`` (SSD tier I/O path, ``teraio.core.storage.SSDTier.mode``)
 ``gpu_name``, ``versions``, ``host``, ``started_at``, ``finished_at``, ``wall_seconds``
 ``artifacts``         relative paths of side files in the job dir (trace, plan, oplog, transfers,
                       deepspeed config), by name
@@ -58,11 +58,11 @@ and the runner-specific keys (:attr:`Measurements.extras`):
 ``plan``              TeraIO: the first plan's ``{capacity_bytes, predicted_peak_bytes,
                       shortfall_bytes, migrations, bytes_per_tier}`` (also on a failed row
                       once the plan was made)
-``final_params_sha256``  TeraIO: digest of the trained parameters (``teraio.measure.param_digest``)
+``final_params_sha256``  TeraIO: digest of the trained parameters (``teraio.systems.measure.param_digest``)
 ``modeled_from``      Ideal, modeled row: the trace file its iteration time comes from
 
 Every row, failed or ok, is made by :func:`result_row`: a runner returns
-:class:`Measurements` and the worker (``teraio.run``) merges them with the run's facts.
+:class:`Measurements` and the worker (``teraio.harness.run``) merges them with the run's facts.
 """
 from __future__ import annotations
 

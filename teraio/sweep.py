@@ -11,23 +11,23 @@ named after the point keys, so a rerun finds it:
 * ``result.json`` already ``ok``: skipped (resume), never overwritten;
 * an earlier failed ``result.json`` (oom, error, timeout) is kept as ``result.<n>.json``
   and the point runs again;
-* ``resolved.yaml`` is written and ``python -m teraio.run resolved.yaml`` runs as a
+* ``resolved.yaml`` is written and ``python -m teraio.harness.run resolved.yaml`` runs as a
   subprocess (``torchrun`` for ``hardware.n_gpus`` > 1), its output streamed to the
   terminal and appended to ``worker.log``; past ``timeout_s`` its process group is killed
   and a ``timeout`` row written; a worker that dies without a row gets an ``error`` row;
 * a worker of a system that moves data through a drive (``SystemSpec.uses_drives``) starts only when
   no other run on this host uses that drive (``sweep.exclusive_drives``,
-  :mod:`teraio.drive_lock`); its ``timeout_s`` counts from its start.
+  :mod:`teraio.harness.drive_lock`); its ``timeout_s`` counts from its start.
 
 A failed point is a row, and the sweep goes on. After the last point,
 ``python -m analysis <sweep dir>`` makes the tables and figures.
 
-Its parts: :mod:`teraio.compose` (point config → ``RunConfig``, resolvers, the multirun's
-points), :mod:`teraio.checks` (what is checked before any run), :mod:`teraio.launch` (one
-worker process) and :mod:`teraio.drive_lock`.
+Its parts: :mod:`teraio.harness.compose` (point config → ``RunConfig``, resolvers, the multirun's
+points), :mod:`teraio.harness.checks` (what is checked before any run), :mod:`teraio.harness.launch` (one
+worker process) and :mod:`teraio.harness.drive_lock`.
 
 Test hook: the environment variable ``TERAIO_WORKER_CMD`` (a shell-quoted command)
-replaces ``python -m teraio.run``; the tests use it to run small scripted workers. It is
+replaces ``python -m teraio.harness.run``; the tests use it to run small scripted workers. It is
 not meant for real runs.
 """
 from __future__ import annotations
@@ -51,13 +51,13 @@ from omegaconf import DictConfig
 from rich.markup import escape
 
 from teraio import systems
-from teraio.checks import validate
-from teraio.compose import job_overrides, register_resolvers, run_config
+from teraio.harness.checks import validate
+from teraio.harness.compose import job_overrides, register_resolvers, run_config
 from teraio.config import RunConfig
-from teraio.drive_lock import hold_drives, hold_point
-from teraio.launch import console, launch_worker
+from teraio.harness.drive_lock import hold_drives, hold_point
+from teraio.harness.launch import console, launch_worker
 from teraio.result import read_status, result_row, write_result
-from teraio.run import iso_time
+from teraio.harness.run import iso_time
 
 
 
@@ -99,7 +99,7 @@ def drive_dirs(run: RunConfig) -> list[str]:
 def run_point_job(cfg: DictConfig, job_dir: Path, label: str = "") -> str:
     """Validate, resume-check and run one point in ``job_dir``; returns its final status,
     ``"skip"`` for a point already ok, or ``"busy"`` when another sweep is running it now
-    (``teraio.drive_lock.hold_point``, held for the point's whole run). Never raises for a
+    (``teraio.harness.drive_lock.hold_point``, held for the point's whole run). Never raises for a
     failed point: the failure is written as its row, so that the sweep goes on."""
     job_dir.mkdir(parents=True, exist_ok=True)
     console.print(f"[bold]▶ {label}{job_dir.name}[/bold]")
@@ -249,7 +249,7 @@ def analyze(sweep_dir: Path) -> None:
 def _hydra_main(cfg: DictConfig) -> str:
     hc = HydraConfig.get()
     if "roofline" in cfg:  # +experiment=fig3: modeled from saved traces, no worker, no GPU
-        from teraio.fig3 import run
+        from teraio.harness.fig3 import run
 
         run(cfg, Path(hc.runtime.output_dir))
         return "ok"

@@ -7,7 +7,7 @@ import pytest
 
 from analysis.breakdown import pipeline_estimate, persistent_share, trace_breakdown
 from teraio.config import ModelConfig
-from teraio.trace import TensorRecord, Trace
+from teraio.core.trace import TensorRecord, Trace
 
 
 def hand_trace() -> Trace:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from analysis.characterize import characterize, fig1_active, fig2_inactive_cdf, period_seconds, summary_row
-from teraio.trace import TensorRecord, Trace
+from teraio.core.trace import TensorRecord, Trace
 
 MB = 10**6
 

@@ -13,7 +13,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 from torchtitan.models.llama3 import llama3_args
 
-import teraio.compose as composition
+import teraio.harness.compose as composition
 from teraio import sweep
 from teraio import systems
 from teraio.config import ModelConfig, run_config_from_dict
@@ -113,9 +113,9 @@ def test_llama3_configs_match_torchtitan(name, key):
 
 
 def test_system_configs_match_their_runners():
-    from baselines.zero import DEFAULTS, resolve_options
+    from teraio.systems.zero import DEFAULTS, resolve_options
     from teraio.config import dataclass_from_dict
-    from teraio.train import TeraIOOptions
+    from teraio.systems.teraio import TeraIOOptions
     for name in systems.names():
         assert yaml.safe_load((CONF / "system" / f"{name}.yaml").read_text()).get("name") in (name, None)
     for name in ("zero_offload", "zero_infinity"):
@@ -203,9 +203,9 @@ def test_mixed_needs_a_host_memory_cap(tmp_path):
 
 def test_peak_estimate_is_close_to_the_profiled_peak():
     """The estimate behind fig7_h200's capacities, against TeraIO's profiler on llama3_tiny."""
-    from teraio.models import build_model
-    from teraio.profiler import profile_step
-    from teraio.step import make_batch, make_optimizer, train_step
+    from teraio.workload.models import build_model
+    from teraio.core.profiler import profile_step
+    from teraio.workload.step import make_batch, make_optimizer, train_step
     r = run_config_from_dict({
         "model": yaml.safe_load((CONF / "model" / "llama3_tiny.yaml").read_text()),
         "system": {"name": "ideal"},

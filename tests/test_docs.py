@@ -1,7 +1,7 @@
 """The reviewer's door: README.md, ae_README.md and the Dockerfile say only what
 the checkout can do.
 
-- every ``python -m teraio.sweep|teraio.fig3 +experiment=X [overrides]`` in either README
+- every ``python -m teraio.sweep|teraio.harness.fig3 +experiment=X [overrides]`` in either README
   (and the Dockerfile's CMD) names an existing ``conf/experiment/X.yaml``, composes with
   Hydra's compose API (an unknown key fails there, as on the command line), and every point
   it would run becomes a valid run config (``teraio.sweep.run_config``);
@@ -23,16 +23,16 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from packaging.requirements import Requirement
 
-import teraio.compose as composition
+import teraio.harness.compose as composition
 from teraio import sweep
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
 DOCS = ("README.md", "ae_README.md")
-ENTRY_MODULES = ("teraio.sweep", "teraio.fig3")
+ENTRY_MODULES = ("teraio.sweep", "teraio.harness.fig3")
 SLURM_PLUGIN = "hydra_plugins.hydra_submitit_launcher"
 # Repository paths as the READMEs write them: a top-level file, or under a tracked folder.
-PATH_RE = re.compile(r"(?<![\w./-])((?:\.ci|teraio|baselines|analysis|benchmarks|conf|scripts|tests)/[\w./-]*[\w/]"
+PATH_RE = re.compile(r"(?<![\w./-])((?:\.ci|teraio|analysis|benchmarks|conf|scripts|tests)/[\w./-]*[\w/]"
                      r"|(?:pyproject\.toml|Dockerfile|\.dockerignore|README\.md|ae_README\.md))(?![\w-])")
 OUTPUT_FLAGS = ("--out", "--out-dir")  # what follows is written by the command, not read
 SHELL_STOP = {"&&", "||", ";", "|", ">", ">>", "2>&1"}
@@ -53,7 +53,7 @@ def shell_texts(markdown: str) -> list[str]:
 
 
 def entry_commands(text: str) -> list[tuple[str, list[str]]]:
-    """``(module, arguments)`` of each ``python -m teraio.sweep|teraio.fig3`` in one line of
+    """``(module, arguments)`` of each ``python -m teraio.sweep|teraio.harness.fig3`` in one line of
     shell text, the arguments ending at a shell operator or comment."""
     out = []
     for m in re.finditer(r"python3? -m (" + "|".join(re.escape(e) for e in ENTRY_MODULES) + r")(?![\w.])", text):

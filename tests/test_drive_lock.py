@@ -1,4 +1,4 @@
-"""One drive-bound run at a time per drive (teraio.drive_lock), and the sweep holding the
+"""One drive-bound run at a time per drive (teraio.harness.drive_lock), and the sweep holding the
 lock while a worker of an SSD system runs."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from teraio.drive_lock import hold_drives, lock_path
+from teraio.harness.drive_lock import hold_drives, lock_path
 from test_sweep import run_sweep
 
 WAIT_S = 30  # bound on waits for another thread; never reached when the lock works
@@ -58,7 +58,7 @@ PROBE_WORKER = '''
 import fcntl, sys
 from pathlib import Path
 from teraio.config import load_run_config
-from teraio.drive_lock import lock_path
+from teraio.harness.drive_lock import lock_path
 from teraio.result import Measurements, result_row, write_result
 resolved = Path(sys.argv[1])
 cfg = load_run_config(resolved)

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from teraio.config import ModelConfig, WorkloadConfig
-from teraio.engine import ExecutionDivergedError, MigrationEngine, PlanDriftError
-from teraio.models import build_model
-from teraio.plan import Migration, MigrationPlan, cyclic_between
-from teraio.profiler import persistent_tensors, profile_step
-from teraio.step import make_batch, make_optimizer, train_step
-from teraio.storage import HostTier, SSDTier, TierIOError, Transfer
+from teraio.core.engine import ExecutionDivergedError, MigrationEngine, PlanDriftError
+from teraio.workload.models import build_model
+from teraio.core.plan import Migration, MigrationPlan, cyclic_between
+from teraio.core.profiler import persistent_tensors, profile_step
+from teraio.workload.step import make_batch, make_optimizer, train_step
+from teraio.core.storage import HostTier, SSDTier, TierIOError, Transfer
 
 CPU = torch.device("cpu")
 MODEL = ModelConfig(name="tiny", dim=64, n_layers=2, n_heads=4, vocab_size=256)

@@ -5,16 +5,16 @@ import math
 
 import torch
 
-from baselines import ideal
+from teraio.systems import ideal
 import numpy as np
 import pytest
 
 from teraio.config import run_config_from_dict
-from teraio.run import run_point
-from teraio.trace import TensorRecord, Trace
-from teraio.models import build_model
+from teraio.harness.run import run_point
+from teraio.core.trace import TensorRecord, Trace
+from teraio.workload.models import build_model
 from teraio.result import result_row
-from teraio.step import make_batch, make_optimizer, train_step
+from teraio.workload.step import make_batch, make_optimizer, train_step
 
 TINY = {"name": "llama3_tiny", "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
         "vocab_size": 256, "multiple_of": 32}

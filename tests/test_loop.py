@@ -1,4 +1,4 @@
-"""The shared measurement loop (teraio.loop): what it times, records and prints, and that a
+"""The shared measurement loop (teraio.systems.loop): what it times, records and prints, and that a
 loss that is not finite stops every system's run, TeraIO's included."""
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import time
 import pytest
 import torch
 
-import teraio.train
+import teraio.systems.teraio
 from teraio.config import WorkloadConfig, run_config_from_dict
-from teraio.loop import Step, Steps, StepStats, measure_steps
+from teraio.systems.loop import Step, Steps, StepStats, measure_steps
 from teraio.result import measured_before
-from teraio.run import run_point
+from teraio.harness.run import run_point
 
 CPU = torch.device("cpu")
 WORK = WorkloadConfig(batch_size=2, micro_batch_size=1, seq_len=8, warmup_steps=2, measure_steps=3)
@@ -65,14 +65,14 @@ def teraio_cfg(ssd_dir):
 def test_teraio_stops_at_a_loss_that_is_not_finite(tmp_path, monkeypatch):
     # Step 3 (an engine step of the loop) trains as planned, and its loss comes back nan.
     current = []
-    make_batch, train_step = teraio.train.make_batch, teraio.train.train_step
-    monkeypatch.setattr(teraio.train, "make_batch", lambda step, *a: current.append(step) or make_batch(step, *a))
-    monkeypatch.setattr(teraio.train, "train_step",
+    make_batch, train_step = teraio.systems.teraio.make_batch, teraio.systems.teraio.train_step
+    monkeypatch.setattr(teraio.systems.teraio, "make_batch", lambda step, *a: current.append(step) or make_batch(step, *a))
+    monkeypatch.setattr(teraio.systems.teraio, "train_step",
                         lambda *a: train_step(*a) * (float("nan") if current[-1] == 3 else 1.0))
     cfg = teraio_cfg(tmp_path)
     (tmp_path / "job").mkdir()
     with pytest.raises(FloatingPointError, match=r"^step 3: loss nan is not finite$") as err:
-        teraio.train.run(cfg, tmp_path / "job", CPU)
+        teraio.systems.teraio.run(cfg, tmp_path / "job", CPU)
     measured = measured_before(err.value)
     assert [i["step"] for i in measured.iterations] == [2] and measured.extras["plan"]["shortfall_bytes"] == 0
 

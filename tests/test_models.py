@@ -11,7 +11,7 @@ import yaml
 from torchtitan.models.llama3 import Transformer, llama3_args as titan_args
 
 from teraio.config import ModelConfig
-from teraio.models import build_meta_model, build_model, count_parameters
+from teraio.workload.models import build_meta_model, build_model, count_parameters
 
 REPO = Path(__file__).resolve().parents[1]
 

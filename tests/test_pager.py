@@ -1,4 +1,4 @@
-"""The pager (teraio/pager.py): on-demand LRU paging within a capacity, for the steps
+"""The pager (teraio/core/pager.py): on-demand LRU paging within a capacity, for the steps
 before a migration plan exists."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from teraio.config import run_config_from_dict
-from teraio.pager import CapacityError, Pager, PagedStep, fresh_output_bytes
+from teraio.core.pager import CapacityError, Pager, PagedStep, fresh_output_bytes
 from teraio.result import measured_before, result_row
-from teraio.train import run
+from teraio.systems.teraio import run
 
 CPU = torch.device("cpu")
 KB = 1024
@@ -104,8 +104,8 @@ def test_a_model_whose_parameters_exceed_the_capacity_is_refused_before_it_is_bu
 
 
 def test_host_buffers_are_reused_by_size_and_adopted_by_the_host_tier():
-    from teraio.pager import HostBuffers
-    from teraio.storage import HostTier
+    from teraio.core.pager import HostBuffers
+    from teraio.core.storage import HostTier
 
     pool = HostBuffers(pinned=False, limit_bytes=10 * KB)
     a = pool.take(4 * KB)
@@ -124,7 +124,7 @@ def test_host_buffers_are_reused_by_size_and_adopted_by_the_host_tier():
 
 
 def test_a_pagers_copy_is_handed_to_the_host_tier_without_a_second_buffer():
-    from teraio.storage import HostTier
+    from teraio.core.storage import HostTier
 
     xs = [torch.arange(1024, dtype=torch.float32) + i for i in range(4)]  # 4 KiB each
     expected = [x.clone() for x in xs]

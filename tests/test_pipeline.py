@@ -1,4 +1,4 @@
-"""A 2-stage 1F1B pipeline (``teraio.pipeline``) on the CPU over gloo: the same losses and
+"""A 2-stage 1F1B pipeline (``teraio.workload.pipeline``) on the CPU over gloo: the same losses and
 final parameters, bit for bit, as the un-pipelined step on the same model and tokens; and
 so under TeraIO too, each stage profiled, planned at half its own un-offloaded peak and
 migrated by its own engine (paper §4.1: one plan per GPU)."""
@@ -14,13 +14,13 @@ import torch
 import torch.distributed as dist
 
 from teraio.config import ModelConfig, WorkloadConfig
-from teraio.engine import MigrationEngine
-from teraio.models import build_model
-from teraio.pipeline import StageStep, split_model, stage_layers
-from teraio.planner import TierBandwidth, plan_migrations
-from teraio.profiler import persistent_tensors, profile_step
-from teraio.step import make_batch, make_optimizer, train_step
-from teraio.storage import HostTier, SSDTier
+from teraio.core.engine import MigrationEngine
+from teraio.workload.models import build_model
+from teraio.workload.pipeline import StageStep, split_model, stage_layers
+from teraio.core.planner import TierBandwidth, plan_migrations
+from teraio.core.profiler import persistent_tensors, profile_step
+from teraio.workload.step import make_batch, make_optimizer, train_step
+from teraio.core.storage import HostTier, SSDTier
 
 MODEL = dict(name="tiny4", dim=64, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=256)
 WORK = dict(batch_size=8, micro_batch_size=2, seq_len=32, warmup_steps=2, measure_steps=2)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from teraio.synth import layered_trace
-from teraio.trace import Trace
+from teraio.core.synth import layered_trace
+from teraio.core.trace import Trace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import plan_compile  # noqa: E402

@@ -2,12 +2,12 @@
 import numpy as np
 import pytest
 
-from teraio.plan import MigrationPlan
-from teraio.planner import (TierBandwidth, _Planner, inactive_periods, plan_migrations, predicted_live_bytes,
+from teraio.core.plan import MigrationPlan
+from teraio.core.planner import (TierBandwidth, _Planner, inactive_periods, plan_migrations, predicted_live_bytes,
                             reserved_bandwidth)
-from teraio.simulator import simulate
-from teraio.synth import layered_trace
-from teraio.trace import TensorRecord, Trace
+from teraio.core.simulator import simulate
+from teraio.core.synth import layered_trace
+from teraio.core.trace import TensorRecord, Trace
 
 GB = 10**9
 BASE = 10 * GB  # a persistent tensor used by every op: sets the floor of live bytes

@@ -9,11 +9,11 @@ import time
 import pytest
 import torch
 
-from baselines import ideal
+from teraio.systems import ideal
 from teraio import sweep
 from teraio.config import run_config_from_dict
 from teraio.result import Measurements, kept_on_failure, measured_before, result_row
-from teraio.run import run_point
+from teraio.harness.run import run_point
 
 # The keys of every row, in order (format teraio.result/1).
 SCHEMA_KEYS = [

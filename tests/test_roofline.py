@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
-from teraio.fig3 import run as run_fig3
-from teraio.roofline import BANDWIDTHS_GBPS, OUTPUT_FILES, main, plot_roofline, roofline
-from teraio.synth import layered_trace
-from teraio.trace import Trace
+from teraio.harness.fig3 import run as run_fig3
+from teraio.core.roofline import BANDWIDTHS_GBPS, OUTPUT_FILES, main, plot_roofline, roofline
+from teraio.core.synth import layered_trace
+from teraio.core.trace import Trace
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

@@ -1,4 +1,4 @@
-"""The worker (teraio.run): every outcome of a runner becomes a row with the right status."""
+"""The worker (teraio.harness.run): every outcome of a runner becomes a row with the right status."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from teraio import run as worker
+from teraio.harness import run as worker
 from teraio.config import run_config_from_dict
 from teraio.result import Measurements
 
@@ -85,7 +85,7 @@ def test_every_system_has_a_runner_and_an_options_check():
 def test_worker_cli_writes_result_json(tmp_path):
     resolved = tmp_path / "resolved.yaml"
     resolved.write_text(yaml.safe_dump(cfg().to_dict()))
-    p = subprocess.run([sys.executable, "-m", "teraio.run", str(resolved)], cwd=REPO,
+    p = subprocess.run([sys.executable, "-m", "teraio.harness.run", str(resolved)], cwd=REPO,
                        capture_output=True, text=True, timeout=300,
                        env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
     assert p.returncode == 0, p.stderr
@@ -103,7 +103,7 @@ from pathlib import Path
 from teraio.config import run_config_from_dict
 from teraio.result import Measurements
 from teraio.result import Measurements, iteration_row
-from teraio.run import run_point
+from teraio.harness.run import run_point
 cfg = run_config_from_dict(json.loads(sys.argv[1]))
 resident = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 peak_so_far = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

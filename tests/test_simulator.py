@@ -2,11 +2,11 @@
 import numpy as np
 import pytest
 
-from teraio.plan import Migration, MigrationPlan
-from teraio.planner import TierBandwidth, plan_migrations
-from teraio.simulator import simulate
-from teraio.synth import layered_trace
-from teraio.trace import TensorRecord, Trace
+from teraio.core.plan import Migration, MigrationPlan
+from teraio.core.planner import TierBandwidth, plan_migrations
+from teraio.core.simulator import simulate
+from teraio.core.synth import layered_trace
+from teraio.core.trace import TensorRecord, Trace
 
 GB = 10**9
 

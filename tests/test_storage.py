@@ -11,7 +11,7 @@ import weakref
 import pytest
 import torch
 
-from teraio.storage import HostTier, SSDTier, TierIOError
+from teraio.core.storage import HostTier, SSDTier, TierIOError
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -19,7 +19,7 @@ gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 
 
 def _direct_io_in(path) -> bool:
-    from teraio.storage import _direct_io_works
+    from teraio.core.storage import _direct_io_works
     probe = os.path.join(path, "probe")
     open(probe, "w").close()
     try:

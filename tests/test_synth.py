@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from teraio.config import ModelConfig, WorkloadConfig
-from teraio.models import build_model
-from teraio.profiler import profile_step
-from teraio.step import make_batch, make_optimizer, train_step
-from teraio.synth import Sweep, find_sweeps, layered_trace, synthesize_layers
-from teraio.trace import Trace
+from teraio.workload.models import build_model
+from teraio.core.profiler import profile_step
+from teraio.workload.step import make_batch, make_optimizer, train_step
+from teraio.core.synth import Sweep, find_sweeps, layered_trace, synthesize_layers
+from teraio.core.trace import Trace
 
 
 def canonical(trace: Trace) -> Counter:

@@ -11,18 +11,18 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import teraio.storage
-import teraio.train
+import teraio.core.storage
+import teraio.systems.teraio
 from conftest import ModelBuilt, cap_then_build
 
 from teraio.config import run_config_from_dict
-from teraio.measure import param_digest
-from teraio.models import build_model
-from teraio.profiler import iter_tensors
+from teraio.systems.measure import param_digest
+from teraio.workload.models import build_model
+from teraio.core.profiler import iter_tensors
 from teraio.result import measured_before, result_row
-from teraio.step import make_batch, make_optimizer, train_step
-from teraio.engine import PlanDriftError
-from teraio.train import run
+from teraio.workload.step import make_batch, make_optimizer, train_step
+from teraio.core.engine import PlanDriftError
+from teraio.systems.teraio import run
 
 CPU = torch.device("cpu")
 MODEL = {"name": "tiny", "dim": 64, "n_layers": 2, "n_heads": 4, "vocab_size": 256}
@@ -106,7 +106,7 @@ def test_capped_from_the_first_allocation(tmp_path, ref, monkeypatch, system, hw
     # 40 % of the un-offloaded peak: parameters, gradients and AdamW state alone are more
     # than that, so no step (the first, the profiled one) can run without offloading.
     watcher = ResidentBytes()
-    build = teraio.train.build_model
+    build = teraio.systems.teraio.build_model
 
     def build_and_watch(*args, **kwargs):
         model = build(*args, **kwargs)
@@ -114,7 +114,7 @@ def test_capped_from_the_first_allocation(tmp_path, ref, monkeypatch, system, hw
         watcher.watch(model.buffers())
         return model
 
-    open_tiers = teraio.train.open_tiers
+    open_tiers = teraio.systems.teraio.open_tiers
     seen_before_plan, watching = [], []
 
     def stop_watching_and_open_tiers(*args, **kwargs):
@@ -127,11 +127,11 @@ def test_capped_from_the_first_allocation(tmp_path, ref, monkeypatch, system, hw
         return open_tiers(*args, **kwargs)
 
     taken_over = []
-    take_over = teraio.storage.HostTier.take_over
-    monkeypatch.setattr(teraio.storage.HostTier, "take_over",
+    take_over = teraio.core.storage.HostTier.take_over
+    monkeypatch.setattr(teraio.core.storage.HostTier, "take_over",
                         lambda tier, name, buf: taken_over.append(name) or take_over(tier, name, buf))
-    monkeypatch.setattr(teraio.train, "build_model", build_and_watch)
-    monkeypatch.setattr(teraio.train, "open_tiers", stop_watching_and_open_tiers)
+    monkeypatch.setattr(teraio.systems.teraio, "build_model", build_and_watch)
+    monkeypatch.setattr(teraio.systems.teraio, "open_tiers", stop_watching_and_open_tiers)
     (tmp_path / "ssd").mkdir()
     probe = run_teraio(config(system, tmp_path / "ssd", None, **hw), tmp_path / "probe")
     capacity = int(probe["unoffloaded_peak_bytes"] * 0.4)
@@ -276,7 +276,7 @@ def check_bit_identical(tmp_path, ref, system, hw, fraction, device=CPU, model=N
     # The side files the analysis reads exist and hold the measured steps.
     for name in ("trace.json", "plan.json", "oplog.csv", "transfers.csv"):
         assert (tmp_path / "job" / name).stat().st_size > 0
-    assert json.loads((tmp_path / "job" / "plan.json").read_text())["format"] == "teraio.plan/1"
+    assert json.loads((tmp_path / "job" / "plan.json").read_text())["format"] == "teraio.core.plan/1"
     # Offload files are gone after the run, and nothing else was left there.
     assert not list((tmp_path / "ssd").iterdir())
     return result
@@ -300,7 +300,7 @@ def test_too_small_offload_dir_is_refused_before_the_engine_runs(tmp_path, monke
 
 
 def test_the_emulated_capacity_binds_before_the_model_is_built(tmp_path, monkeypatch):
-    calls = cap_then_build(monkeypatch, teraio.train)
+    calls = cap_then_build(monkeypatch, teraio.systems.teraio)
     cfg = config("teraio_mixed", tmp_path, 1 << 30)
     with pytest.raises(ModelBuilt):
         run(cfg, tmp_path, CPU)
@@ -323,12 +323,12 @@ def test_a_capacity_the_plan_cannot_meet_stops_before_the_engine_runs(tmp_path):
 
 
 def test_null_bandwidths_are_measured_once_per_machine_and_recorded(tmp_path, ref, monkeypatch):
-    import teraio.probe
+    import teraio.core.probe
 
     monkeypatch.setenv("TERAIO_CACHE_DIR", str(tmp_path / "cache"))
     calls = []
-    measure = teraio.probe.measure
-    monkeypatch.setattr(teraio.probe, "measure",
+    measure = teraio.core.probe.measure
+    monkeypatch.setattr(teraio.core.probe, "measure",
                         lambda *a, **k: calls.append(a) or measure(*a, **{**k, "total_bytes": 8 << 20}))
     (tmp_path / "ssd").mkdir()
     hw = {"ssd_write_gbps": None, "ssd_read_gbps": None, "host_d2h_gbps": None, "host_h2d_gbps": 50.0}
@@ -343,16 +343,16 @@ def test_null_bandwidths_are_measured_once_per_machine_and_recorded(tmp_path, re
         assert r["losses"] == ref[0][:len(r["losses"])]
     assert first["tier_gbps"]["source"]["ssd_write_gbps"].startswith("measured ")
     assert second["tier_gbps"]["source"]["ssd_write_gbps"].endswith("(cached)")
-    assert {k: second["tier_gbps"][k] for k in teraio.probe.KEYS} == \
-        {k: first["tier_gbps"][k] for k in teraio.probe.KEYS}
+    assert {k: second["tier_gbps"][k] for k in teraio.core.probe.KEYS} == \
+        {k: first["tier_gbps"][k] for k in teraio.core.probe.KEYS}
     cache = json.loads((tmp_path / "cache" / "bandwidth.json").read_text())
-    assert list(cache) == [teraio.probe.machine_key(CPU, [str(tmp_path / "ssd")])]
+    assert list(cache) == [teraio.core.probe.machine_key(CPU, [str(tmp_path / "ssd")])]
     assert not list((tmp_path / "ssd").iterdir())
 
 
 def test_the_bandwidth_probe_refuses_a_tier_that_returns_other_bytes():
-    import teraio.probe
-    from teraio.storage import HostTier, Transfer
+    import teraio.core.probe
+    from teraio.core.storage import HostTier, Transfer
 
     class Forgetful(HostTier):  # acknowledges reads without moving a byte
         def read(self, name, storage):
@@ -360,8 +360,8 @@ def test_the_bandwidth_probe_refuses_a_tier_that_returns_other_bytes():
 
     tensors = [torch.randint(0, 256, (4096,), dtype=torch.uint8) for _ in range(2)]
     with HostTier(1 << 20, {"t0": 4096, "t1": 4096}, CPU) as tier:
-        write, read = teraio.probe.tier_rates(tier, tensors)
+        write, read = teraio.core.probe.tier_rates(tier, tensors)
     assert write > 0 and read > 0
     with Forgetful(1 << 20, {"t0": 4096, "t1": 4096}, CPU) as tier:
         with pytest.raises(RuntimeError, match="a tier returned other bytes than it was given"):
-            teraio.probe.tier_rates(tier, tensors)
+            teraio.core.probe.tier_rates(tier, tensors)

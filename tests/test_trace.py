@@ -1,10 +1,10 @@
-"""Trace arithmetic that the planner starts from (``teraio.trace``)."""
+"""Trace arithmetic that the planner starts from (``teraio.core.trace``)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from teraio.trace import TensorRecord, Trace
+from teraio.core.trace import TensorRecord, Trace
 
 
 def grads_trace(op_allocated=None, optimizer_ops=(4, 8)):

@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO baselines (baselines.zero) on CPU: generated config, option errors,
+"""DeepSpeed ZeRO baselines (teraio.systems.zero) on CPU: generated config, option errors,
 training that follows plain torch's loss trajectory, and real NVMe swapping.
 
 The DeepSpeed runs need the JIT ops built (``python scripts/build_ds_ops.py``: minutes
@@ -15,13 +15,13 @@ import pytest
 import torch
 import yaml
 
-from baselines import zero
+from teraio.systems import zero
 from conftest import ModelBuilt, cap_then_build
 from teraio.config import HardwareConfig, ModelConfig, RunConfig, SystemConfig, WorkloadConfig
-from teraio.models import build_meta_model, build_model
+from teraio.workload.models import build_meta_model, build_model
 from teraio.result import write_result
-from teraio.run import run_point
-from teraio.step import make_batch, make_optimizer, train_step
+from teraio.harness.run import run_point
+from teraio.workload.step import make_batch, make_optimizer, train_step
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,7 +45,7 @@ def make_cfg(system: str, options: dict | None = None, ssd_dir: Path | str = "/n
 
 
 def torch_losses(lr: float) -> list[float]:
-    """The shared step (teraio.step.train_step), as Ideal runs it, on CPU."""
+    """The shared step (teraio.workload.step.train_step), as Ideal runs it, on CPU."""
     w = WORKLOAD
     model = build_model(MODEL, w.seq_len, "cpu", seed=0)
     optimizer = make_optimizer(model, lr)
@@ -81,7 +81,7 @@ def test_offload_config_has_table4_keys_and_shared_hyperparameters():
         "lr": 1e-3, "betas": list(torch_defaults["betas"]), "eps": torch_defaults["eps"],
         "weight_decay": torch_defaults["weight_decay"]}}
     assert ds["optimizer"]["params"]["weight_decay"] == 0.01
-    # FP32, no activation checkpointing, no clipping (as teraio.step.train_step)
+    # FP32, no activation checkpointing, no clipping (as teraio.workload.step.train_step)
     assert not {"fp16", "bf16", "amp", "activation_checkpointing"} & set(ds)
     assert ds["gradient_clipping"] == 0.0
     json.dumps(ds)  # serialisable as is

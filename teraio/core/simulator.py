@@ -1,5 +1,5 @@
 """The paper's performance model (§2.2, Fig. 3): replay an iteration of a
-:class:`~teraio.trace.Trace` under a :class:`~teraio.plan.MigrationPlan` at given
+:class:`~teraio.core.trace.Trace` under a :class:`~teraio.core.plan.MigrationPlan` at given
 bandwidths and predict its time and stalls.
 
 Model
@@ -22,7 +22,7 @@ Model
   ``free_before`` the run waits for it (a stall if not done) and frees the memory; before
   op ``prefetch_before`` the prefetch is issued; before op ``needed_by`` the run waits
   for it (a stall). Before an op the waits for frees come first, then prefetches are
-  issued, then the waits for needed tensors, as the engine (``teraio.engine``) does.
+  issued, then the waits for needed tensors, as the engine (``teraio.core.engine``) does.
 * Migrations of persistent tensors may wrap across the iteration boundary; the model
   runs two iterations and reports the second, whose channels carry the transfers the
   first left in flight (steady state). In the first iteration, a transfer that belongs
@@ -38,9 +38,9 @@ import heapq
 
 import numpy as np
 
-from teraio.plan import MigrationPlan
-from teraio.planner import CHANNELS, TIER_CHANNELS, TierBandwidth
-from teraio.trace import Trace
+from teraio.core.plan import MigrationPlan
+from teraio.core.planner import CHANNELS, TIER_CHANNELS, TierBandwidth
+from teraio.core.trace import Trace
 
 
 @dataclasses.dataclass

@@ -1,4 +1,4 @@
-"""Running one worker process: its command (``python -m teraio.run``, ``torchrun`` for
+"""Running one worker process: its command (``python -m teraio.harness.run``, ``torchrun`` for
 several GPUs, or the test hook ``$TERAIO_WORKER_CMD``), its output streamed to the terminal
 and to ``worker.log`` (library chatter to the log only), and its process group killed past
 ``timeout_s``."""
@@ -26,15 +26,15 @@ console = Console(highlight=False, emoji=False, soft_wrap=True)
 
 
 def worker_command(run: RunConfig, resolved: Path) -> list[str]:
-    """``python -m teraio.run <resolved>``; under ``torchrun`` (one process per GPU,
+    """``python -m teraio.harness.run <resolved>``; under ``torchrun`` (one process per GPU,
     which also serves DeepSpeed: it reads the same environment) for ``hardware.n_gpus``
     > 1; or the test hook ``$TERAIO_WORKER_CMD``."""
     if os.environ.get("TERAIO_WORKER_CMD"):
         return shlex.split(os.environ["TERAIO_WORKER_CMD"]) + [str(resolved)]
     if run.hardware.n_gpus > 1:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc-per-node={run.hardware.n_gpus}", "-m", "teraio.run", str(resolved)]
-    return [sys.executable, "-m", "teraio.run", str(resolved)]
+                f"--nproc-per-node={run.hardware.n_gpus}", "-m", "teraio.harness.run", str(resolved)]
+    return [sys.executable, "-m", "teraio.harness.run", str(resolved)]
 
 
 def _die_with_parent() -> None:

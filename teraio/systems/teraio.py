@@ -8,10 +8,10 @@ a CUDA device, the device's own free memory at start. No step runs un-offloaded.
 Iteration schedule (the step index selects the data, so every system sees the same
 tokens at the same step):
 
-* step 0: a step under the pager (``teraio.pager``), which creates the optimizer state and
+* step 0: a step under the pager (``teraio.core.pager``), which creates the optimizer state and
   keeps everything within the capacity by evicting least recently used tensors to host
   memory on demand;
-* step 1: the profiled step (``teraio.profiler``), under the same pager (paper §3.1: a model
+* step 1: the profiled step (``teraio.core.profiler``), under the same pager (paper §3.1: a model
   that does not fit is profiled by offloading what the running kernel does not need);
 * then the plan is compiled, the engine takes over the pager's tensors (``prime``), and
   steps ``2 .. warmup_steps-1`` warm the engine up; steps ``warmup_steps ..`` are measured.
@@ -19,7 +19,7 @@ tokens at the same step):
 On a CPU device with no capacity given nothing is capped (no pager, nothing to plan for).
 
 ``system.options`` (all optional):
-  ``benefit``            ``"pressure"`` (default) or ``"formula"`` (``teraio.planner``)
+  ``benefit``            ``"pressure"`` (default) or ``"formula"`` (``teraio.core.planner``)
   ``min_tensor_bytes``   smallest tensor considered for offloading (plan) or eviction
                          (pager), bytes (default 1 MiB)
   ``headroom_fraction``  fraction of the capacity kept out of the plan and the pager for
@@ -31,9 +31,9 @@ On a CPU device with no capacity given nothing is capped (no pager, nothing to p
                          the runtime stalls kernels until memory is freed); default true
   ``device_waits``       host-tier transfers on a CUDA device ordered on the compute stream
                          (CUDA events) instead of blocking the training thread
-                         (``teraio.engine``); default true
+                         (``teraio.core.engine``); default true
   ``release_grads``      free each gradient right after its last use in the optimizer step
-                         and plan for it (``Trace.with_released_grads``, ``teraio.engine``);
+                         and plan for it (``Trace.with_released_grads``, ``teraio.core.engine``);
                          default true
   ``replan_on_drift``    when a step's shape differs from the profiled one's
                          (``workload.seq_len_schedule``), hand the engine's tensors back to a
@@ -52,19 +52,20 @@ from pathlib import Path
 
 import torch
 
-from teraio import probe, systems
+from teraio import systems
+from teraio.core import probe
 from teraio.config import RunConfig, dataclass_from_dict
-from teraio.engine import MigrationEngine
-from teraio.loop import Step, Steps, StepStats, measure_steps
-from teraio.measure import (apply_memory_cap, lift_memory_cap, param_digest, peak_memory, reset_peak_memory,
+from teraio.core.engine import MigrationEngine
+from teraio.systems.loop import Step, Steps, StepStats, measure_steps
+from teraio.systems.measure import (apply_memory_cap, lift_memory_cap, param_digest, peak_memory, reset_peak_memory,
                             synchronize, timed)
-from teraio.models import build_model, model_state_bytes
-from teraio.planner import BENEFITS, TierBandwidth, plan_migrations
-from teraio.pager import Pager, PagedStep, PagerStats
-from teraio.profiler import persistent_tensors, profile_step
+from teraio.workload.models import build_model, model_state_bytes
+from teraio.core.planner import BENEFITS, TierBandwidth, plan_migrations
+from teraio.core.pager import Pager, PagedStep, PagerStats
+from teraio.core.profiler import persistent_tensors, profile_step
 from teraio.result import Measurements, kept_on_failure, progress_line
-from teraio.step import make_batch, make_optimizer, train_step
-from teraio.storage import HostTier, SSDTier
+from teraio.workload.step import make_batch, make_optimizer, train_step
+from teraio.core.storage import HostTier, SSDTier
 
 
 
@@ -106,7 +107,7 @@ def tier_bandwidth(cfg: RunConfig, device: torch.device | None = None, io_thread
                    measured: Measurements | None = None) -> TierBandwidth:
     """Planner bandwidths (GB/s). Given ones from ``cfg.hardware`` (the SSD tier aggregates
     its drives, one directory per drive); null ones measured on ``device`` over the tiers
-    (``teraio.probe``, cached per machine). ``measured`` gets ``tier_gbps``: the values and
+    (``teraio.core.probe``, cached per machine). ``measured`` gets ``tier_gbps``: the values and
     where each came from.
 
     Raises:
@@ -192,10 +193,10 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
     those made so far travel with the exception, ``teraio.result.kept_on_failure``: the
     plan that fell short, the capacity, the paged and measured steps).
 
-    Steps 2 .. are run by the shared loop (``teraio.loop.measure_steps``); each one's timed
+    Steps 2 .. are run by the shared loop (``teraio.systems.loop.measure_steps``); each one's timed
     region covers making its batch and the engine's step. Extras of the row: ``plan`` (the
     first plan's summary) and ``final_params_sha256``; each iteration adds ``urgent_count``
-    and ``max_accounted_bytes`` (``teraio.engine``).
+    and ``max_accounted_bytes`` (``teraio.core.engine``).
 
     Side files in ``job_dir``: ``trace.json``, ``plan.json``, ``oplog.csv`` (per op of each
     measured step: start time and stall, seconds), ``transfers.csv`` (one row per transfer).
@@ -205,7 +206,7 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
             that cannot bring the peak under the capacity (before any planned step runs;
             the message names the smallest capacity the plan reaches), or an SSD directory
             that is missing/unwritable/too small.
-        teraio.pager.CapacityError: an op's own inputs and outputs exceed the capacity.
+        teraio.core.pager.CapacityError: an op's own inputs and outputs exceed the capacity.
         torch.OutOfMemoryError: the capacity was exceeded.
         FloatingPointError: a loss that is not finite.
     """

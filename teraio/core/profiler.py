@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from teraio.trace import TensorRecord, Trace
+from teraio.core.trace import TensorRecord, Trace
 
 
 def iter_tensors(args: tuple, kwargs: dict | None) -> Iterator[torch.Tensor]:
@@ -205,7 +205,7 @@ def profile_step(step_fn: Callable[[], float], model: nn.Module, optimizer: torc
     On CUDA the allocator's peak statistics are reset before each op; the step's own peak
     is ``meta["peak_allocated_bytes"]``.
 
-    With a ``pager`` (``teraio.pager.Pager``) the step runs within the pager's capacity:
+    With a ``pager`` (``teraio.core.pager.Pager``) the step runs within the pager's capacity:
     each op's inputs are made resident and room is made for its outputs before the op's
     timing starts, so ``op_seconds`` are the kernels' own; on CUDA ``op_allocated_bytes``
     adds the bytes the pager holds off the device, so the trace describes the un-offloaded

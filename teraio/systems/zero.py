@@ -8,10 +8,10 @@
   (``offload_param``/``offload_optimizer.device: nvme``) through DeepSpeed's ``async_io``
   op, under ``hardware.ssd_dirs[0]``.
 
-Both train the model of :func:`teraio.models.build_model` on the tokens of
-:func:`teraio.step.make_batch`, in FP32, with the workload's batch and micro-batch
+Both train the model of :func:`teraio.workload.models.build_model` on the tokens of
+:func:`teraio.workload.step.make_batch`, in FP32, with the workload's batch and micro-batch
 (gradient accumulation = batch / micro-batch / ranks), no activation checkpointing, and
-AdamW with the hyperparameters of :func:`teraio.step.make_optimizer`. The DeepSpeed
+AdamW with the hyperparameters of :func:`teraio.workload.step.make_optimizer`. The DeepSpeed
 config is generated from ``system.options`` (defaults: :data:`DEFAULTS`, mirrored in
 ``conf/system/zero_*.yaml``; paper Table 4 plus what DeepSpeed 0.19.8 needs) and saved
 as ``<job dir>/deepspeed_config.json``.
@@ -79,13 +79,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from teraio.config import RunConfig
-from teraio.loop import Step, Steps, measure_steps
-from teraio.measure import apply_memory_cap, peak_memory, reset_peak_memory
-from teraio.models import build_meta_model, build_model
+from teraio.systems.loop import Step, Steps, measure_steps
+from teraio.systems.measure import apply_memory_cap, peak_memory, reset_peak_memory
+from teraio.workload.models import build_meta_model, build_model
 from teraio.result import Measurements, kept_on_failure
-from teraio.step import make_batch, make_optimizer
+from teraio.workload.step import make_batch, make_optimizer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIG_FILE = "deepspeed_config.json"
 
 _COMMON = {"stage": 3, "pin_memory": True, "param_persistence_threshold": 100_000,
@@ -171,7 +171,7 @@ def resolve_options(system: str, options: dict) -> dict:
 
 
 def adamw_hyperparameters(lr: float) -> dict:
-    """lr, betas, eps, weight_decay of :func:`teraio.step.make_optimizer`, read from the
+    """lr, betas, eps, weight_decay of :func:`teraio.workload.step.make_optimizer`, read from the
     torch optimizer itself so the two cannot drift apart."""
     d = make_optimizer(nn.Linear(1, 1), lr).defaults
     return {"lr": d["lr"], "betas": list(d["betas"]), "eps": d["eps"],
@@ -293,10 +293,10 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
     on failure, those made so far travel with the exception, ``teraio.result.kept_on_failure``).
 
     ``workload.warmup_steps`` untimed then ``workload.measure_steps`` timed iterations
-    (``teraio.loop.measure_steps``; the batch is made and sliced before the timer starts);
+    (``teraio.systems.loop.measure_steps``; the batch is made and sliced before the timer starts);
     iteration ``s`` trains on ``make_batch(s, ...)``, each rank on its contiguous share of
     the global batch. The loss is the mean over micro-batches (and ranks) of the
-    cross-entropy, as in :func:`teraio.step.train_step`. Peaks (bytes) cover all
+    cross-entropy, as in :func:`teraio.workload.step.train_step`. Peaks (bytes) cover all
     iterations, after DeepSpeed's set-up; the emulated capacity
     (``hardware.gpu_capacity_bytes``) is applied before anything is placed on the device.
 

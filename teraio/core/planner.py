@@ -1,9 +1,9 @@
 """Lifetime-aware tensor migration planning (paper §3.2, Algorithm 1).
 
-Given a profiled :class:`~teraio.trace.Trace` and a GPU capacity, choose which inactive
+Given a profiled :class:`~teraio.core.trace.Trace` and a GPU capacity, choose which inactive
 periods of which tensors to offload (to SSD, or to host memory under a cap) and when, so
 that the predicted peak of live bytes fits the capacity while transfers hide behind
-compute. The result is a :class:`~teraio.plan.MigrationPlan`.
+compute. The result is a :class:`~teraio.core.plan.MigrationPlan`.
 
 Model
 -----
@@ -60,7 +60,7 @@ memory (``host_d2h`` / ``host_h2d``). Host memory is used only when its window g
 strictly larger benefit than the SSD window, which happens when the SSD timeline is
 saturated around the period (its offload completes later / its prefetch must start
 earlier), and only if the host copy fits: the host tier is one pinned pool allocated up
-front with a fixed slot per tensor (``teraio.storage.HostTier``), so the bytes of the
+front with a fixed slot per tensor (``teraio.core.storage.HostTier``), so the bytes of the
 distinct tensors placed on host memory never exceed ``host_cap_bytes`` (a tensor's later
 periods reuse its slot). TeraIO-SSD is ``host_cap_bytes=0``; TeraIO-Mixed a
 positive cap. ``use_ssd=False`` plans for host memory only.
@@ -92,8 +92,8 @@ import time
 
 import numpy as np
 
-from teraio.plan import Migration, MigrationPlan
-from teraio.trace import Trace
+from teraio.core.plan import Migration, MigrationPlan
+from teraio.core.trace import Trace
 
 BENEFITS: tuple[str, ...] = ("pressure", "formula")
 CHANNELS: tuple[str, ...] = ("ssd_write", "ssd_read", "host_d2h", "host_h2d")
@@ -275,7 +275,7 @@ class _Planner:
         self.live2 = np.concatenate([self.live, self.live])
         self.tau2 = np.concatenate([trace.op_seconds, trace.op_seconds])
         # The host tier is one pinned pool with a fixed slot per tensor, allocated up front
-        # (teraio.storage.HostTier), so host bytes are held for the whole run: one slot per
+        # (teraio.core.storage.HostTier), so host bytes are held for the whole run: one slot per
         # distinct tensor, whatever its periods.
         self.host_tids: set[int] = set()
         self.host_held = 0
@@ -559,7 +559,7 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
         migrations, stats = [], {"n_candidates": len(periods.tid), "evaluations": 0, "stop_reason": "fits"}
     predicted = int(planner.live.max()) if trace.n_ops else 0
     meta = {
-        "planner": "teraio.planner/1", "benefit": benefit,
+        "planner": "teraio.core.planner/1", "benefit": benefit,
         "tiers_gbps": dataclasses.asdict(tiers), "host_cap_bytes": int(host_cap_bytes),
         "use_ssd": use_ssd, "allow_stalls": allow_stalls, "min_tensor_bytes": int(min_tensor_bytes),
         "shared_ssd": shared_ssd,

@@ -571,7 +571,7 @@ class HostTier:
 
     A slot's buffer is allocated at its first write, so that host memory fills only as
     tensors arrive (the steps before the plan may still hold other copies in host memory,
-    ``teraio.pager``). With a CUDA device each buffer is page-locked with
+    ``teraio.core.pager``). With a CUDA device each buffer is page-locked with
     ``cudaHostRegister`` on exactly its own bytes (the caching pinned allocator would round
     up to a power of two and keep the block cached after close) and copies run
     ``non_blocking`` on two side streams (one per direction, so offloads and prefetches
@@ -617,7 +617,7 @@ class HostTier:
 
     def adopt(self, pool) -> int:
         """Give each slot not yet allocated a free buffer of its size from ``pool`` (a
-        ``teraio.pager.HostBuffers`` pinned as this tier is) instead of a fresh one:
+        ``teraio.core.pager.HostBuffers`` pinned as this tier is) instead of a fresh one:
         page-locking fresh memory is what costs. The tier owns the buffers from then on.
         Returns the bytes adopted."""
         if pool.pinned != self.pinned:
@@ -643,7 +643,7 @@ class HostTier:
         """Make ``buf`` (a CPU ``uint8`` tensor holding ``name``'s bytes at its start, at
         least its slot's size, page-locked as this tier is) the slot of ``name``, written,
         without a copy; the tier owns it from then on. For bytes that are already in host
-        memory (``teraio.pager``), so that they are not held twice.
+        memory (``teraio.core.pager``), so that they are not held twice.
 
         Raises:
             ValueError: ``name`` is no slot, its slot is already allocated, or ``buf`` is

@@ -1,4 +1,4 @@
-"""Migration engine: runs a :class:`~teraio.plan.MigrationPlan` during training (paper §3.3).
+"""Migration engine: runs a :class:`~teraio.core.plan.MigrationPlan` during training (paper §3.3).
 
 The paper inserts offload/prefetch instructions into the compiled execution graph; we run
 in the same ``TorchDispatchMode`` position as the profiler, so op k of every iteration is
@@ -47,10 +47,10 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from teraio.plan import Migration, MigrationPlan, cyclic_between
-from teraio.profiler import fresh_outputs, iter_tensors, storage_id, storage_key
-from teraio.storage import Transfer
-from teraio.trace import Trace
+from teraio.core.plan import Migration, MigrationPlan, cyclic_between
+from teraio.core.profiler import fresh_outputs, iter_tensors, storage_id, storage_key
+from teraio.core.storage import Transfer
+from teraio.core.trace import Trace
 
 RESIDENT, OFFLOADING, OFFLOADED, PREFETCHING = "resident", "offloading", "offloaded", "prefetching"
 
@@ -101,8 +101,8 @@ class MigrationEngine(TorchDispatchMode):
         trace: the profiled trace the plan was made for.
         plan: the migration plan (op indices into ``trace``).
         persistent: name -> tensor for parameters, buffers and optimizer state
-            (``teraio.profiler.persistent_tensors``), matched to the trace by name.
-        tiers: ``{"ssd": SSDTier, "host": HostTier}`` (``teraio.storage``); only the tiers the
+            (``teraio.core.profiler.persistent_tensors``), matched to the trace by name.
+        tiers: ``{"ssd": SSDTier, "host": HostTier}`` (``teraio.core.storage``); only the tiers the
             plan uses are needed.
         device: the training device.
         io_threads: threads that wait on in-flight transfers to timestamp them (the tiers
@@ -113,7 +113,7 @@ class MigrationEngine(TorchDispatchMode):
             then the host's issue times, and stall seconds the compute stream's waits.
         release_grads: free each gradient's storage after its last use in the step
             (module docstring). The step must not read a gradient after the optimizer
-            has used it; ``teraio.step.train_step`` does not (``zero_grad(set_to_none=True)``).
+            has used it; ``teraio.workload.step.train_step`` does not (``zero_grad(set_to_none=True)``).
 
     Use :meth:`prime` once before the first step, run each step with :meth:`run_step`, and
     :meth:`close` at the end (restores every offloaded tensor and frees the tiers).
@@ -205,7 +205,7 @@ class MigrationEngine(TorchDispatchMode):
         (synchronously), and those planned to be off the device at op 0 are freed.
 
         Args:
-            pager: the ``teraio.pager.Pager`` the steps before the plan ran under, holding
+            pager: the ``teraio.core.pager.Pager`` the steps before the plan ran under, holding
                 some storages off the device. Its host copies go straight to their tier
                 where the plan keeps them off the device at op 0 (a host-tier slot takes
                 the pager's buffer itself where it has none yet); the rest come back.
@@ -293,11 +293,11 @@ class MigrationEngine(TorchDispatchMode):
     def hand_back(self, pager) -> None:
         """Between steps, end the engine's life without bringing anything back to the
         device: each tensor it holds off the device goes to ``pager``
-        (``teraio.pager.Pager``) as an evicted storage, its bytes read from the tier into
+        (``teraio.core.pager.Pager``) as an evicted storage, its bytes read from the tier into
         one of the pager's host buffers; transfers in flight finish first (an offload
         leaves its tensor resident, a prefetch makes it resident). Then the I/O threads
         stop and the tiers close. The reverse of :meth:`prime`, for planning anew
-        (``teraio.train``, on a change of workload shape)."""
+        (``teraio.systems.teraio``, on a change of workload shape)."""
         if self._pool is None:
             raise RuntimeError("hand_back: the engine is closed")
         self.step_index, self.stats = -1, StepStats(step=-1)

@@ -17,12 +17,12 @@ from pathlib import Path
 import torch
 
 from teraio.config import RunConfig
-from teraio.loop import Step, StepStats, Steps, measure_steps
-from teraio.measure import peak_memory, reset_peak_memory
-from teraio.models import build_model
+from teraio.systems.loop import Step, StepStats, Steps, measure_steps
+from teraio.systems.measure import peak_memory, reset_peak_memory
+from teraio.workload.models import build_model
 from teraio.result import Measurements, iteration_row, kept_on_failure
-from teraio.step import make_batch, make_optimizer, train_step
-from teraio.trace import Trace
+from teraio.workload.step import make_batch, make_optimizer, train_step
+from teraio.core.trace import Trace
 
 NO_BYTES = {"ssd": 0, "host": 0}
 # Nothing moves, nothing stalls.
@@ -44,12 +44,12 @@ def check_options(system: str, options: dict) -> None:
 
 def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
     """Train ``workload.warmup_steps`` untimed then ``workload.measure_steps`` timed
-    iterations of the shared step, uncapped (``teraio.loop.measure_steps``), and return
+    iterations of the shared step, uncapped (``teraio.systems.loop.measure_steps``), and return
     the measurements (``teraio.result``; on failure, the iterations measured so far travel
     with the exception, ``teraio.result.kept_on_failure``).
 
     Each iteration is timed with the device synchronised at both ends
-    (``teraio.measure.timed``); the synthetic batch is made before the timer starts.
+    (``teraio.systems.measure.timed``); the synthetic batch is made before the timer starts.
     ``peak_allocated_bytes``/``peak_reserved_bytes`` cover the whole run (bytes; null on
     CPU). With nothing offloaded, the peak allocated is also the unoffloaded peak, and
     ``memory_pressure`` is that peak over ``hardware.gpu_capacity_bytes`` when the

@@ -2,7 +2,7 @@
 pipeline, PipeDream style): a model's blocks split over stages, and one training step of
 one stage through ``torch.distributed.pipelining``'s ``Schedule1F1B``, as torchtitan runs it.
 
-A stage's step equals :func:`teraio.step.train_step` on the whole model bit for bit, for the
+A stage's step equals :func:`teraio.workload.step.train_step` on the whole model bit for bit, for the
 same initial weights and tokens:
 
 - each micro-batch's loss is its cross-entropy ÷ the number of micro-batches, as in

@@ -24,7 +24,7 @@ def estimate_unoffloaded_peak_bytes(model: ModelConfig, workload: WorkloadConfig
     (SDPA's flash/efficient kernels on CUDA). An estimate: the measured peak of a run is
     in its row (Ideal's ``peak_allocated_bytes``, TeraIO's ``unoffloaded_peak_bytes``).
     """
-    from teraio.models import (STATE_BYTES_PER_PARAMETER, activation_bytes, build_meta_model,
+    from teraio.workload.models import (STATE_BYTES_PER_PARAMETER, activation_bytes, build_meta_model,
                                count_parameters, ffn_hidden, logits_bytes)
 
     net = build_meta_model(model, workload.seq_len)

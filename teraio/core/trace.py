@@ -153,7 +153,7 @@ class Trace:
     def held_grad_bytes(self, end: int | None = None) -> np.ndarray:
         """int64 ``[n_ops]``: bytes of gradients past their last use that ``param.grad``
         still holds during each op, until ``optimizer.step`` ends (``zero_grad`` follows it,
-        ``teraio.step``). The tensor-lifetime count omits them; a CUDA profile's
+        ``teraio.workload.step``). The tensor-lifetime count omits them; a CUDA profile's
         ``op_allocated_bytes`` includes them.
 
         Args:
@@ -161,12 +161,12 @@ class Trace:
 
         Raises:
             ValueError: ``end`` is None and the trace has no ``meta["optimizer_ops"]``
-                (profiles made before ``teraio.profiler`` recorded it, and synthesized traces).
+                (profiles made before ``teraio.core.profiler`` recorded it, and synthesized traces).
         """
         if end is None:
             if len(self.meta.get("optimizer_ops", ())) != 2:
                 raise ValueError("trace has no meta['optimizer_ops'] = [first, end) of optimizer.step; "
-                                 "profile it again with teraio.profiler.profile_step")
+                                 "profile it again with teraio.core.profiler.profile_step")
             end = int(self.meta["optimizer_ops"][1])
         delta = np.zeros(self.n_ops + 1, dtype=np.int64)
         for t in self.tensors:
@@ -200,7 +200,7 @@ class Trace:
     # ---- persistence -------------------------------------------------------------
     def to_dict(self) -> dict:
         return {
-            "format": "teraio.trace/1",
+            "format": "teraio.core.trace/1",
             "op_names": self.op_names,
             "op_seconds": self.op_seconds.tolist(),
             "tensors": [dataclasses.asdict(t) for t in self.tensors],
@@ -210,8 +210,8 @@ class Trace:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Trace":
-        if d.get("format") != "teraio.trace/1":
-            raise ValueError(f"not a TeraIO trace: format={d.get('format')!r}, expected 'teraio.trace/1'")
+        if d.get("format") != "teraio.core.trace/1":
+            raise ValueError(f"not a TeraIO trace: format={d.get('format')!r}, expected 'teraio.core.trace/1'")
         return cls(op_names=list(d["op_names"]), op_seconds=np.asarray(d["op_seconds"]),
                    tensors=[TensorRecord(**t) for t in d["tensors"]], meta=dict(d.get("meta", {})),
                    op_allocated_bytes=d.get("op_allocated_bytes"))

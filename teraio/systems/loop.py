@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 
 from teraio.config import WorkloadConfig
-from teraio.measure import timed
+from teraio.systems.measure import timed
 from teraio.result import check_loss, iteration_row, progress_line
 
 
@@ -76,7 +76,7 @@ def measure_steps(step_fn: StepFn, workload: WorkloadConfig, device: torch.devic
                   progress: bool = True, out: Steps | None = None) -> Steps:
     """Run steps ``first_step .. warmup_steps + measure_steps - 1``. Per step: ``step_fn(step)``
     untimed; its ``run`` timed with the device synchronised at both ends
-    (``teraio.measure.timed``); the loss checked; ``stats``; the progress line
+    (``teraio.systems.measure.timed``); the loss checked; ``stats``; the progress line
     (``teraio.result.progress_line``, printed when ``progress``); and, from
     ``workload.warmup_steps`` on, the iteration row, of ``workload.tokens_at(step)`` tokens.
 

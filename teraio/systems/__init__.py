@@ -20,7 +20,7 @@ The runner contract, ``run(cfg, job_dir, device) -> teraio.result.Measurements``
 
 * ``cfg`` is the point's ``teraio.config.RunConfig``, ``job_dir`` its directory (side files
   go there, named in ``Measurements.artifacts``), ``device`` the ``torch.device`` to train on;
-* it trains the point, its steps run by the shared loop (``teraio.loop.measure_steps``:
+* it trains the point, its steps run by the shared loop (``teraio.systems.loop.measure_steps``:
   timing, progress lines, the non-finite loss check), and returns what it measured; it
   never writes the row, which the worker makes from that (``teraio.result.result_row``);
 * it raises on failure (``torch.OutOfMemoryError`` makes an ``oom`` row, anything else an
@@ -73,15 +73,15 @@ class SystemSpec:
 
 # In the paper's order of comparison (§4.1); legend_rank gives its Fig. 7 legend order.
 _BUILT_IN = (
-    SystemSpec("zero_offload", "ZeRO-Offload", "baselines.zero", "baselines.zero:check_options",
+    SystemSpec("zero_offload", "ZeRO-Offload", "teraio.systems.zero", "teraio.systems.zero:check_options",
                cost_server="server_1tb", legend_rank=1),
-    SystemSpec("zero_infinity", "ZeRO-Infinity", "baselines.zero", "baselines.zero:check_options",
+    SystemSpec("zero_infinity", "ZeRO-Infinity", "teraio.systems.zero", "teraio.systems.zero:check_options",
                uses_drives=True, cost_server="server_1tb", legend_rank=0),
-    SystemSpec("teraio_ssd", "TeraIO-SSD", "teraio.train", "teraio.train:check_options",
+    SystemSpec("teraio_ssd", "TeraIO-SSD", "teraio.systems.teraio", "teraio.systems.teraio:check_options",
                uses_drives=True, cost_server="server_base", role="teraio", legend_rank=2),
-    SystemSpec("teraio_mixed", "TeraIO-Mixed", "teraio.train", "teraio.train:check_options",
+    SystemSpec("teraio_mixed", "TeraIO-Mixed", "teraio.systems.teraio", "teraio.systems.teraio:check_options",
                uses_drives=True, host_tier=True, cost_server="server_1tb", role="teraio", legend_rank=3),
-    SystemSpec("ideal", "Ideal", "baselines.ideal", "baselines.ideal:check_options", role="ideal",
+    SystemSpec("ideal", "Ideal", "teraio.systems.ideal", "teraio.systems.ideal:check_options", role="ideal",
                legend_rank=4),
 )
 

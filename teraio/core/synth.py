@@ -15,7 +15,7 @@ norm, output, loss, the optimizer's non-layer parameters) is unchanged.
 How layers are found
 --------------------
 Persistent tensors named ``param:layers.<i>.<...>`` / ``optim:layers.<i>.<...>`` /
-``buffer:layers.<i>.<...>`` (the profiler's names, ``teraio.profiler``) label the ops that
+``buffer:layers.<i>.<...>`` (the profiler's names, ``teraio.core.profiler``) label the ops that
 touch them with layer ``i``. Wherever the label steps from layer ``a`` to ``a +- 1``, the
 op-name sequence must repeat with some period ``P``: op ``k + P`` has op ``k``'s name and
 touches the same parameters of the next layer. The smallest such ``P`` around each step
@@ -45,7 +45,7 @@ import re
 
 import numpy as np
 
-from teraio.trace import TensorRecord, Trace
+from teraio.core.trace import TensorRecord, Trace
 
 _LAYER = re.compile(r"^(param|optim|buffer):layers\.(\d+)\.")
 _INTERMEDIATE = re.compile(r"^op(\d+):out(\d+)$")
@@ -227,7 +227,7 @@ def synthesize_layers(trace: Trace, n_layers_profiled: int, n_layers: int) -> Tr
     ``n_layers_profiled``-layer profile (identical layers; see the module docstring).
 
     Args:
-        trace: the reduced-depth profile (``teraio.profiler`` names).
+        trace: the reduced-depth profile (``teraio.core.profiler`` names).
         n_layers_profiled: layers in that profile (>= 2).
         n_layers: layers wanted (>= ``n_layers_profiled``).
 

@@ -1,6 +1,6 @@
 """The worker: one run of one system on one point, in its own process.
 
-    python -m teraio.run <job dir>/resolved.yaml
+    python -m teraio.harness.run <job dir>/resolved.yaml
 
 Reads the resolved run config (never Hydra), trains with the system's runner, and writes
 ``<job dir>/result.json`` (``teraio.result``) whatever happens: ``ok``, ``oom`` (the GPU,
@@ -36,7 +36,7 @@ import torch  # noqa: E402
 
 from teraio import systems
 from teraio.config import RunConfig, load_run_config
-from teraio.measure import environment_facts, peak_host_rss_bytes
+from teraio.systems.measure import environment_facts, peak_host_rss_bytes
 from teraio.result import Measurements, check_finite, measured_before, result_row, write_result
 
 Runner = Callable[[RunConfig, Path, torch.device], Measurements]
@@ -101,7 +101,7 @@ def run_point(cfg: RunConfig, job_dir: Path, runner: Runner | None = None) -> di
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m teraio.run <job dir>/resolved.yaml", file=sys.stderr)
+        print("usage: python -m teraio.harness.run <job dir>/resolved.yaml", file=sys.stderr)
         return 2
     resolved = Path(argv[0])
     cfg = load_run_config(resolved)
