@@ -276,7 +276,7 @@ def check_bit_identical(tmp_path, ref, system, hw, fraction, device=CPU, model=N
     # The side files the analysis reads exist and hold the measured steps.
     for name in ("trace.json", "plan.json", "oplog.csv", "transfers.csv"):
         assert (tmp_path / "job" / name).stat().st_size > 0
-    assert json.loads((tmp_path / "job" / "plan.json").read_text())["format"] == "teraio.core.plan/1"
+    assert json.loads((tmp_path / "job" / "plan.json").read_text())["format"] == "teraio.plan/1"
     # Offload files are gone after the run, and nothing else was left there.
     assert not list((tmp_path / "ssd").iterdir())
     return result

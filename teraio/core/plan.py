@@ -112,12 +112,12 @@ class MigrationPlan:
         return out
 
     def to_dict(self) -> dict:
-        return {"format": "teraio.core.plan/1", **dataclasses.asdict(self)}
+        return {"format": "teraio.plan/1", **dataclasses.asdict(self)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "MigrationPlan":
-        if d.get("format") != "teraio.core.plan/1":
-            raise ValueError(f"not a TeraIO plan: format={d.get('format')!r}, expected 'teraio.core.plan/1'")
+        if d.get("format") != "teraio.plan/1":
+            raise ValueError(f"not a TeraIO plan: format={d.get('format')!r}, expected 'teraio.plan/1'")
         d = {k: v for k, v in d.items() if k != "format"}
         d["migrations"] = [Migration(**m) for m in d["migrations"]]
         return cls(**d)

@@ -559,7 +559,7 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
         migrations, stats = [], {"n_candidates": len(periods.tid), "evaluations": 0, "stop_reason": "fits"}
     predicted = int(planner.live.max()) if trace.n_ops else 0
     meta = {
-        "planner": "teraio.core.planner/1", "benefit": benefit,
+        "planner": "teraio.planner/1", "benefit": benefit,
         "tiers_gbps": dataclasses.asdict(tiers), "host_cap_bytes": int(host_cap_bytes),
         "use_ssd": use_ssd, "allow_stalls": allow_stalls, "min_tensor_bytes": int(min_tensor_bytes),
         "shared_ssd": shared_ssd,

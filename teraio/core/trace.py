@@ -200,7 +200,7 @@ class Trace:
     # ---- persistence -------------------------------------------------------------
     def to_dict(self) -> dict:
         return {
-            "format": "teraio.core.trace/1",
+            "format": "teraio.trace/1",
             "op_names": self.op_names,
             "op_seconds": self.op_seconds.tolist(),
             "tensors": [dataclasses.asdict(t) for t in self.tensors],
@@ -210,8 +210,8 @@ class Trace:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Trace":
-        if d.get("format") != "teraio.core.trace/1":
-            raise ValueError(f"not a TeraIO trace: format={d.get('format')!r}, expected 'teraio.core.trace/1'")
+        if d.get("format") != "teraio.trace/1":
+            raise ValueError(f"not a TeraIO trace: format={d.get('format')!r}, expected 'teraio.trace/1'")
         return cls(op_names=list(d["op_names"]), op_seconds=np.asarray(d["op_seconds"]),
                    tensors=[TensorRecord(**t) for t in d["tensors"]], meta=dict(d.get("meta", {})),
                    op_allocated_bytes=d.get("op_allocated_bytes"))
