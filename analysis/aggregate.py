@@ -18,7 +18,7 @@ from .stats import mean_ci
 
 
 WORKLOAD_KEYS = ["model", "hardware", "batch_size", "seq_len"]
-VARIANT_KEYS = ["host_mem_cap_bytes", "n_ssd"]
+VARIANT_KEYS = ["host_mem_cap_bytes", "n_ssd", "pipeline_stages"]
 COMPARE_KEYS = WORKLOAD_KEYS + VARIANT_KEYS
 GROUP_KEYS = COMPARE_KEYS + ["micro_batch_size", "system", "measure"]
 

@@ -73,17 +73,17 @@ def _systems(df: pd.DataFrame) -> list[str]:
 
 
 def _facets(df: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """Panels per model × hardware, split further by (host cap, SSDs) only where a
-    model × hardware has more than one."""
+    """Panels per model × hardware, split further by (host cap, SSDs, pipeline stages) only
+    where a model × hardware has more than one."""
     out = []
     for (model, hw), g in df.groupby(["model", "hardware"], dropna=False, sort=True):
         variants = list(g.groupby(agg.VARIANT_KEYS, dropna=False, sort=True))
-        for (cap, n_ssd), v in variants:
+        for (cap, n_ssd, stages), v in variants:
             title = f"{model} · {hw}"
             if len(variants) > 1:
                 cap_text = "n/a" if pd.isna(cap) else f"{cap / GIB:g} GiB"
                 ssd_text = "n/a" if pd.isna(n_ssd) else str(int(n_ssd))
-                title += f" · host cap {cap_text}, {ssd_text} SSD(s)"
+                title += f" · host cap {cap_text}, {ssd_text} SSD(s)" + (f", {stages} stages" if stages > 1 else "")
             out.append((title, v))
     return out
 

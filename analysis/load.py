@@ -5,8 +5,10 @@ into two tidy pandas frames.
 
 - identity: ``sweep``, ``job_dir`` (relative to the sweep dir), ``model``, ``system``,
   ``hardware``, ``batch_size``, ``micro_batch_size``, ``seq_len``, ``trial``, ``config``
-  (the paper's label, ``bs{batch_size}_seq{seq_len}``), ``host_mem_cap_bytes`` and ``n_ssd``
-  (``len(hardware.ssd_dirs)``), both from the run config (the Fig. 9 axes);
+  (the paper's label, ``bs{batch_size}_seq{seq_len}``, ``_pp<S>`` added for a pipeline),
+  ``host_mem_cap_bytes`` and ``n_ssd`` (``len(hardware.ssd_dirs)``), both from the run
+  config (the Fig. 9 axes), and ``pipeline_stages`` (``workload.pipeline_stages``, 1 for
+  rows that predate it);
 - outcome: ``status`` (ok | oom | error | timeout, or ``non-finite`` for an ``ok`` row whose
   tokens/s or a loss is not finite), ``error``, ``failed`` (status ≠ ok),
   ``measure`` (measured | modeled);
@@ -48,11 +50,11 @@ RESULT_NAME = "result.json"
 FORMAT_PREFIX = "teraio.result/"
 POINT_KEYS = ("model", "system", "hardware", "batch_size", "micro_batch_size", "seq_len", "trial")
 INT_KEYS = ("batch_size", "micro_batch_size", "seq_len", "trial", "host_mem_cap_bytes", "n_ssd",
-            "n_gpus")
+            "pipeline_stages", "n_gpus")
 TEXT_KEYS = ("sweep", "job_dir", "model", "system", "hardware", "config", "status", "error",
              "measure", "ssd_io_mode", "gpu_name", "started_at", "finished_at", "prices_json",
              "transfers_path", "oplog_path", "trace_path")
-ID_COLUMNS = ("sweep", "job_dir", *POINT_KEYS, "config", "host_mem_cap_bytes", "n_ssd",
+ID_COLUMNS = ("sweep", "job_dir", *POINT_KEYS, "config", "host_mem_cap_bytes", "n_ssd", "pipeline_stages",
               "status", "error", "failed", "measure")
 
 
@@ -80,11 +82,12 @@ def _div(a: float, b: float) -> float:
     return a / b if b and math.isfinite(a) and math.isfinite(b) else math.nan
 
 
-def config_label(batch_size, seq_len) -> str:
-    """The paper's Fig. 7 label, e.g. ``bs32_seq2048``; ``?`` for a missing value."""
+def config_label(batch_size, seq_len, pipeline_stages: int = 1) -> str:
+    """The paper's Fig. 7 label, e.g. ``bs32_seq2048``, with ``_pp<S>`` for S > 1 pipeline
+    stages; ``?`` for a missing value."""
     def part(v):
         return "?" if v is None or pd.isna(v) else str(int(v))
-    return f"bs{part(batch_size)}_seq{part(seq_len)}"
+    return f"bs{part(batch_size)}_seq{part(seq_len)}" + (f"_pp{pipeline_stages}" if pipeline_stages > 1 else "")
 
 
 def _artifact(job_rel: Path, artifacts: dict, name: str) -> str | None:
@@ -109,6 +112,7 @@ def _finite_row(result: dict) -> bool:
 def _rows(result: dict, sweep: str, job_rel: Path) -> tuple[dict, list[dict]]:
     point = result.get("point") or {}
     hw = ((result.get("config") or {}).get("hardware")) or {}
+    stages = (((result.get("config") or {}).get("workload")) or {}).get("pipeline_stages") or 1
     ssd_dirs = hw.get("ssd_dirs")
     ident = {k: point.get(k) for k in POINT_KEYS}
     status, error = result.get("status"), result.get("error")
@@ -116,9 +120,9 @@ def _rows(result: dict, sweep: str, job_rel: Path) -> tuple[dict, list[dict]]:
         status, error = NON_FINITE, "an ok row with a loss or tokens/s that is not finite"
     ident.update(
         sweep=sweep, job_dir=str(job_rel),
-        config=config_label(point.get("batch_size"), point.get("seq_len")),
+        config=config_label(point.get("batch_size"), point.get("seq_len"), stages),
         host_mem_cap_bytes=hw.get("host_mem_cap_bytes"),
-        n_ssd=len(ssd_dirs) if isinstance(ssd_dirs, list) else None,
+        n_ssd=len(ssd_dirs) if isinstance(ssd_dirs, list) else None, pipeline_stages=stages,
         status=status, error=error, failed=status != "ok", measure=result.get("measure"))
 
     its = result.get("iterations") or []
@@ -246,7 +250,7 @@ def describe(sweep: Sweep) -> str:
     caption and figure title carries it."""
     r = sweep.runs
     n_ok = int((~r["failed"]).sum())
-    point = [k for k in POINT_KEYS if k != "trial"] + ["host_mem_cap_bytes", "n_ssd"]
+    point = [k for k in POINT_KEYS if k != "trial"] + ["host_mem_cap_bytes", "n_ssd", "pipeline_stages"]
     trials = r.groupby(point, dropna=False)["trial"].size()
     tmin, tmax = int(trials.min()), int(trials.max())
     trial_text = f"{tmax}" if tmin == tmax else f"{tmin}–{tmax}"

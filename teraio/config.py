@@ -51,6 +51,11 @@ class ModelConfig:
 class WorkloadConfig:
     """Global batch (sequences), micro-batch, sequence length (tokens), steps.
 
+    ``pipeline_stages``: 1 trains the whole model in one process; S > 1 splits its blocks
+    over S processes, one stage each, run as a 1F1B pipeline (``teraio.workload.pipeline``;
+    paper §4.1: 2 stages, one per GPU), each stage profiled, planned and migrated on its own
+    by TeraIO.
+
     ``seq_len_schedule``: the sequence length of steps 0, 1, 2, ... (the last value holds
     for every later step); empty: ``seq_len`` throughout. Each value is at most ``seq_len``,
     which sizes the model (its RoPE table). A TeraIO run profiles and plans again where
@@ -64,8 +69,11 @@ class WorkloadConfig:
     measure_steps: int = 3
     lr: float = 1e-4
     seq_len_schedule: list[int] = dataclasses.field(default_factory=list)
+    pipeline_stages: int = 1
 
     def __post_init__(self) -> None:
+        if self.pipeline_stages < 1:
+            raise ValueError(f"workload.pipeline_stages={self.pipeline_stages} must be >= 1")
         if self.micro_batch_size <= 0 or self.batch_size % self.micro_batch_size:
             raise ValueError(
                 f"workload.batch_size={self.batch_size} is not divisible by "

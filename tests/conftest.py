@@ -20,10 +20,11 @@ class ModelBuilt(Exception):
     """Raised by :func:`cap_then_build`'s stand-in for ``build_model``: the run stops there."""
 
 
-def cap_then_build(monkeypatch, runner_module) -> list:
-    """Replace ``apply_memory_cap`` and ``build_model`` in ``runner_module`` with recorders:
-    the returned list gets ``("cap", capacity)`` and ``"build"`` in call order, and building
-    raises :class:`ModelBuilt`, so a test sees what a runner does before its first device
+def cap_then_build(monkeypatch, runner_module, build_module=None) -> list:
+    """Replace ``apply_memory_cap`` in ``runner_module`` and ``build_model`` in
+    ``build_module`` (default: the runner's own) with recorders: the returned list gets
+    ``("cap", capacity)`` and ``"build"`` in call order, and building raises
+    :class:`ModelBuilt`, so a test sees what a runner does before its first device
     allocation."""
     calls: list = []
 
@@ -32,5 +33,5 @@ def cap_then_build(monkeypatch, runner_module) -> list:
         raise ModelBuilt
 
     monkeypatch.setattr(runner_module, "apply_memory_cap", lambda capacity, device: calls.append(("cap", capacity)))
-    monkeypatch.setattr(runner_module, "build_model", build)
+    monkeypatch.setattr(build_module or runner_module, "build_model", build)
     return calls

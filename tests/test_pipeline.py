@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -162,3 +164,59 @@ def test_tied_embeddings_cannot_be_split():
     cfg = ModelConfig(**{**MODEL, "tie_embeddings": True})
     with pytest.raises(ValueError, match="tied input/output embeddings"):
         split_model(build_model(cfg, 32, "cpu", SEED), 2, 0)
+
+
+# --- pipelined points through the sweep --------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _sweep(runs: Path, *overrides: str) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1",  # as torchrun's ranks: the same CPU kernels
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    p = subprocess.run([sys.executable, "-m", "teraio.sweep", "+experiment=smoke", "trial=0",
+                        "workload.measure_steps=2", f"sweep.runs_dir={runs}", "sweep.analyze=false",
+                        "sweep.make_ssd_dirs=true", *overrides],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_pipelined_points_of_ideal_and_teraio_train_as_the_unpipelined_step(tmp_path):
+    runs, capacity = tmp_path / "runs", 3_600_000  # about half of each stage's un-offloaded peak
+    _sweep(runs, "system=ideal")
+    _sweep(runs, "system=ideal,teraio_ssd,teraio_mixed", "workload.pipeline_stages=2",
+           f"hardware.gpu_capacity_bytes={capacity}")
+    point = runs / "smoke" / "llama3_tiny-{}-cpu_ci-bs4-mb2-seq64{}-t0"
+    plain = json.loads((Path(str(point).format("ideal", "")) / "result.json").read_text())
+    digests = set()
+    for system in ("ideal", "teraio_ssd", "teraio_mixed"):
+        job = Path(str(point).format(system, "-pp2"))
+        row = json.loads((job / "result.json").read_text())
+        assert row["status"] == "ok", row["error"]
+        assert row["losses"] == plain["losses"]  # bit for bit: one model, two stages
+        assert [s["stage"] for s in row["stages"]] == [0, 1]
+        if system == "ideal":
+            continue
+        for s in row["stages"]:
+            assert s["plan"]["capacity_bytes"] == capacity and s["plan"]["shortfall_bytes"] == 0
+            assert s["memory_pressure"] > 1.5 and s["plan"]["migrations"] > 0
+            assert all((job / path).is_file() for path in s["artifacts"].values())
+            assert s["artifacts"]["trace"] == f"stage{s['stage']}/trace.json"
+        digests.add(row["final_params_sha256"])
+    assert len(digests) == 1  # TeraIO-SSD and TeraIO-Mixed end with the same parameters
+
+
+@pytest.mark.parametrize("system,workload,match", [
+    ("zero_offload", {}, r"zero_offload does not train in pipeline stages; systems that do: "
+                         r"\['teraio_ssd', 'teraio_mixed', 'ideal'\]"),
+    ("ideal", {"pipeline_stages": 3}, "needs at least 3 micro-batches per step; batch_size=4 / micro_batch_size=2 gives 2"),
+    ("ideal", {"pipeline_stages": 0}, r"workload.pipeline_stages=0 must be >= 1"),
+])
+def test_a_point_that_cannot_be_pipelined_is_refused_before_it_runs(system, workload, match):
+    from teraio.config import run_config_from_dict
+    from teraio.harness.checks import validate
+    with pytest.raises(ValueError, match=match):
+        run = run_config_from_dict({"model": MODEL, "system": {"name": system},
+                                    "workload": {"batch_size": 4, "micro_batch_size": 2, "seq_len": 32,
+                                                 "pipeline_stages": 2, **workload}})
+        validate(run, check_device=False)

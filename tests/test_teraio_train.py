@@ -13,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import teraio.core.storage
 import teraio.systems.teraio
+import teraio.workload.pipeline
 from conftest import ModelBuilt, cap_then_build
 
 from teraio.config import run_config_from_dict
@@ -106,7 +107,7 @@ def test_capped_from_the_first_allocation(tmp_path, ref, monkeypatch, system, hw
     # 40 % of the un-offloaded peak: parameters, gradients and AdamW state alone are more
     # than that, so no step (the first, the profiled one) can run without offloading.
     watcher = ResidentBytes()
-    build = teraio.systems.teraio.build_model
+    build = teraio.workload.pipeline.build_model
 
     def build_and_watch(*args, **kwargs):
         model = build(*args, **kwargs)
@@ -130,7 +131,7 @@ def test_capped_from_the_first_allocation(tmp_path, ref, monkeypatch, system, hw
     take_over = teraio.core.storage.HostTier.take_over
     monkeypatch.setattr(teraio.core.storage.HostTier, "take_over",
                         lambda tier, name, buf: taken_over.append(name) or take_over(tier, name, buf))
-    monkeypatch.setattr(teraio.systems.teraio, "build_model", build_and_watch)
+    monkeypatch.setattr(teraio.workload.pipeline, "build_model", build_and_watch)
     monkeypatch.setattr(teraio.systems.teraio, "open_tiers", stop_watching_and_open_tiers)
     (tmp_path / "ssd").mkdir()
     probe = run_teraio(config(system, tmp_path / "ssd", None, **hw), tmp_path / "probe")
@@ -300,7 +301,7 @@ def test_too_small_offload_dir_is_refused_before_the_engine_runs(tmp_path, monke
 
 
 def test_the_emulated_capacity_binds_before_the_model_is_built(tmp_path, monkeypatch):
-    calls = cap_then_build(monkeypatch, teraio.systems.teraio)
+    calls = cap_then_build(monkeypatch, teraio.systems.teraio, teraio.workload.pipeline)
     cfg = config("teraio_mixed", tmp_path, 1 << 30)
     with pytest.raises(ModelBuilt):
         run(cfg, tmp_path, CPU)

@@ -26,7 +26,9 @@ def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool =
       ``check_device``, since otherwise the workers run elsewhere; the list must not be empty;
     * ``system.options``: every key and value, by the system's own check (``teraio.systems``);
     * a system with a host tier (TeraIO-Mixed) needs ``hardware.host_mem_cap_bytes`` > 0;
-    * ``timeout_s`` > 0, ``workload.measure_steps`` >= 1, ``hardware.n_gpus`` >= 1.
+    * ``timeout_s`` > 0, ``workload.measure_steps`` >= 1, ``hardware.n_gpus`` >= 1;
+    * ``workload.pipeline_stages`` > 1 (:func:`check_pipeline`): a system that pipelines, as
+      many micro-batches and layers as stages at least, no tied embeddings, one GPU per stage.
 
     Raises:
         ValueError: naming the bad key, its value and what would be valid.
@@ -62,6 +64,8 @@ def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool =
                              f"valid: 1..{total}")
     spec = systems.get(run.system.name)
     systems.check_options(spec.name, run.system.options)
+    if w.pipeline_stages > 1:
+        check_pipeline(run, spec, device)
     if spec.uses_drives:
         if check_device:
             check_ssd_dirs(hw.ssd_dirs, run.system.name, make=make_ssd_dirs, scratch=runs_dir)
@@ -71,6 +75,30 @@ def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool =
     if spec.host_tier and not hw.host_mem_cap_bytes > 0:
         raise ValueError(f"hardware.host_mem_cap_bytes={hw.host_mem_cap_bytes}: {spec.name} "
                          "offloads to host memory too and needs a cap > 0 (bytes)")
+
+
+def check_pipeline(run: RunConfig, spec: systems.SystemSpec, device: torch.device) -> None:
+    """A pipelined point (``workload.pipeline_stages`` = S > 1) can run: its system builds
+    stages, the step has at least S micro-batches (1F1B keeps every stage busy only then)
+    and the model at least S blocks and no tied embeddings, and on CUDA each stage has its
+    own GPU (``hardware.n_gpus`` = S). Raises ValueError naming the bad value."""
+    w, s = run.workload, run.workload.pipeline_stages
+    if not spec.pipeline:
+        valid = [n for n in systems.names() if systems.get(n).pipeline]
+        raise ValueError(f"workload.pipeline_stages={s}: {spec.name} does not train in pipeline stages; "
+                         f"systems that do: {valid}")
+    if w.grad_accum_steps < s:
+        raise ValueError(f"workload.pipeline_stages={s} needs at least {s} micro-batches per step; "
+                         f"batch_size={w.batch_size} / micro_batch_size={w.micro_batch_size} gives "
+                         f"{w.grad_accum_steps}")
+    if run.model.n_layers < s:
+        raise ValueError(f"workload.pipeline_stages={s}: model {run.model.name} has {run.model.n_layers} layers")
+    if run.model.tie_embeddings or run.model.family == "granite":
+        raise ValueError(f"workload.pipeline_stages={s}: model {run.model.name} ties its input and output "
+                         "embeddings, which cannot sit on two stages")
+    if device.type == "cuda" and run.hardware.n_gpus != s:
+        raise ValueError(f"workload.pipeline_stages={s} runs one stage per GPU: set hardware.n_gpus={s} "
+                         f"(it is {run.hardware.n_gpus})")
 
 
 def check_ssd_dirs(dirs: list[str], system: str, make: bool = False, scratch: str | Path | None = None) -> None:

@@ -49,6 +49,7 @@ def register_resolvers() -> None:
     ``${gb:X}``        X GB (1e9 bytes) as an int of bytes
     ``${take:L,N}``    the first N items of list L (e.g. N of the SSD directories)
     ``${capacity_for_pressure:MODEL,WORKLOAD,M}``  see :func:`capacity_for_pressure`
+    ``${pipeline_suffix:S}``  ``-ppS`` for S > 1 pipeline stages, else empty (job dir names)
     """
     def take(items, n: int):
         items = list(items)
@@ -59,6 +60,8 @@ def register_resolvers() -> None:
     OmegaConf.register_new_resolver("gb", lambda x: int(round(float(x) * 1e9)), replace=True)
     OmegaConf.register_new_resolver("take", take, replace=True)
     OmegaConf.register_new_resolver("capacity_for_pressure", capacity_for_pressure, replace=True)
+    OmegaConf.register_new_resolver("pipeline_suffix", lambda s: f"-pp{int(s)}" if int(s) > 1 else "",
+                                    replace=True)
 
 
 def run_config(cfg: DictConfig) -> RunConfig:

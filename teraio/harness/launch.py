@@ -28,12 +28,14 @@ console = Console(highlight=False, emoji=False, soft_wrap=True)
 def worker_command(run: RunConfig, resolved: Path) -> list[str]:
     """``python -m teraio.harness.run <resolved>``; under ``torchrun`` (one process per GPU,
     which also serves DeepSpeed: it reads the same environment) for ``hardware.n_gpus``
-    > 1; or the test hook ``$TERAIO_WORKER_CMD``."""
+    > 1, or one per stage for ``workload.pipeline_stages`` > 1; or the test hook
+    ``$TERAIO_WORKER_CMD``."""
     if os.environ.get("TERAIO_WORKER_CMD"):
         return shlex.split(os.environ["TERAIO_WORKER_CMD"]) + [str(resolved)]
-    if run.hardware.n_gpus > 1:
+    procs = max(run.hardware.n_gpus, run.workload.pipeline_stages)
+    if procs > 1:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc-per-node={run.hardware.n_gpus}", "-m", "teraio.harness.run", str(resolved)]
+                f"--nproc-per-node={procs}", "-m", "teraio.harness.run", str(resolved)]
     return [sys.executable, "-m", "teraio.harness.run", str(resolved)]
 
 

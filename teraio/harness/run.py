@@ -106,11 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     resolved = Path(argv[0])
     cfg = load_run_config(resolved)
     result = run_point(cfg, resolved.parent)
+    tps = result["tokens_per_s"]
     if int(os.environ.get("RANK", 0)) == 0:
         write_result(resolved.parent / "result.json", result)
-    tps = result["tokens_per_s"]
-    print(f"{result['status']}" + (f": {tps:.1f} tokens/s" if tps else "")
-          + (f"\n{result['error']}" if result["error"] else ""), flush=True)
+        print(f"{result['status']}" + (f": {tps:.1f} tokens/s" if tps else ""), flush=True)
+    if result["error"]:  # every rank's own failure
+        print(result["error"], flush=True)
     return 0
 
 

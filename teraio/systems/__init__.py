@@ -58,6 +58,8 @@ class SystemSpec:
             without offloading).
         legend_rank: place in tables and figures (the paper's Fig. 7 legend order);
             registration order breaks ties.
+        pipeline: it trains ``workload.pipeline_stages`` > 1 (its runner builds its stage
+            with ``teraio.workload.pipeline.build_training``).
     """
 
     name: str
@@ -69,6 +71,7 @@ class SystemSpec:
     cost_server: str | None = None
     role: str = "baseline"
     legend_rank: int = 100
+    pipeline: bool = False
 
 
 # In the paper's order of comparison (§4.1); legend_rank gives its Fig. 7 legend order.
@@ -78,11 +81,12 @@ _BUILT_IN = (
     SystemSpec("zero_infinity", "ZeRO-Infinity", "teraio.systems.zero", "teraio.systems.zero:check_options",
                uses_drives=True, cost_server="server_1tb", legend_rank=0),
     SystemSpec("teraio_ssd", "TeraIO-SSD", "teraio.systems.teraio", "teraio.systems.teraio:check_options",
-               uses_drives=True, cost_server="server_base", role="teraio", legend_rank=2),
+               uses_drives=True, cost_server="server_base", role="teraio", legend_rank=2, pipeline=True),
     SystemSpec("teraio_mixed", "TeraIO-Mixed", "teraio.systems.teraio", "teraio.systems.teraio:check_options",
-               uses_drives=True, host_tier=True, cost_server="server_1tb", role="teraio", legend_rank=3),
+               uses_drives=True, host_tier=True, cost_server="server_1tb", role="teraio", legend_rank=3,
+               pipeline=True),
     SystemSpec("ideal", "Ideal", "teraio.systems.ideal", "teraio.systems.ideal:check_options", role="ideal",
-               legend_rank=4),
+               legend_rank=4, pipeline=True),
 )
 
 

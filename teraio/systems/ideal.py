@@ -19,9 +19,9 @@ import torch
 from teraio.config import RunConfig
 from teraio.systems.loop import Step, StepStats, Steps, measure_steps
 from teraio.systems.measure import peak_memory, reset_peak_memory
-from teraio.workload.models import build_model
 from teraio.result import Measurements, iteration_row, kept_on_failure
-from teraio.workload.step import make_batch, make_optimizer, train_step
+from teraio.workload.pipeline import build_training, gather_stages
+from teraio.workload.step import make_batch
 from teraio.core.trace import Trace
 
 NO_BYTES = {"ssd": 0, "host": 0}
@@ -56,6 +56,10 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
     hardware names a capacity — the M the capped systems run under; ``capacity_bytes``
     stays null because Ideal itself runs uncapped.
 
+    With ``workload.pipeline_stages`` > 1 this process trains its stage
+    (``teraio.workload.pipeline.build_training``); the row is stage 0's, its timing the
+    pipeline's step, and the extra ``stages`` lists each stage's peak memory.
+
     ``system.options.modeled_traces`` (optional): ``{model name: trace file}``; a point
     whose model is named there gets a modeled row instead (:func:`run_modeled`).
 
@@ -69,23 +73,25 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
     if cfg.model.name in traces:
         return run_modeled(cfg, Path(traces[cfg.model.name]))
     w = cfg.workload
-    model = build_model(cfg.model, w.seq_len, device, cfg.seed)
-    optimizer = make_optimizer(model, w.lr)
+    training = build_training(cfg.model, w, device, cfg.seed)
     reset_peak_memory(device)
 
     def step_fn(step: int) -> Step:
         inputs, labels = make_batch(step, w, cfg.model.vocab_size, cfg.seed, device)
-        return Step(lambda: train_step(model, optimizer, inputs, labels, w.micro_batch_size),
-                    lambda: NO_MIGRATION)
+        return Step(lambda: training.step(inputs, labels), lambda: NO_MIGRATION)
 
     with kept_on_failure(Measurements()) as measured:
-        steps = measure_steps(step_fn, w, device, out=Steps(iterations=measured.iterations))
+        steps = measure_steps(step_fn, w, device, progress=training.stage == 0,
+                              out=Steps(iterations=measured.iterations))
     peak, reserved = peak_memory(device)
     capacity = cfg.hardware.gpu_capacity_bytes
     measured.losses = list(steps.losses.values())
     measured.peak_allocated_bytes, measured.peak_reserved_bytes = peak, reserved
     measured.unoffloaded_peak_bytes = peak
     measured.memory_pressure = peak / capacity if peak is not None and capacity else None
+    stages = gather_stages(training, {"peak_allocated_bytes": peak, "peak_reserved_bytes": reserved})
+    if stages is not None:
+        measured.extras["stages"] = stages
     return measured
 
 

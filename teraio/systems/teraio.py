@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import hashlib
 import math
 import time
 from pathlib import Path
@@ -59,12 +60,13 @@ from teraio.core.engine import MigrationEngine
 from teraio.systems.loop import Step, Steps, StepStats, measure_steps
 from teraio.systems.measure import (apply_memory_cap, lift_memory_cap, param_digest, peak_memory, reset_peak_memory,
                             synchronize, timed)
-from teraio.workload.models import build_model, model_state_bytes
+from teraio.workload.models import model_state_bytes
 from teraio.core.planner import BENEFITS, TierBandwidth, plan_migrations
 from teraio.core.pager import Pager, PagedStep, PagerStats
 from teraio.core.profiler import persistent_tensors, profile_step
 from teraio.result import Measurements, kept_on_failure, progress_line
-from teraio.workload.step import make_batch, make_optimizer, train_step
+from teraio.workload.pipeline import build_training, gather_stages
+from teraio.workload.step import make_batch
 from teraio.core.storage import HostTier, SSDTier
 
 
@@ -198,6 +200,12 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
     first plan's summary) and ``final_params_sha256``; each iteration adds ``urgent_count``
     and ``max_accounted_bytes`` (``teraio.core.engine``).
 
+    With ``workload.pipeline_stages`` > 1 each process profiles, plans and migrates its own
+    stage (``teraio.workload.pipeline``; paper §4.1: one plan per GPU) and writes its side
+    files to ``stage<s>/`` of the job dir; the row is stage 0's (the pipeline's step time),
+    with the extra ``stages`` (per stage: stalls, peaks, plan, parameter digest, side files)
+    and ``final_params_sha256`` the SHA-256 of the stages' digests in stage order.
+
     Side files in ``job_dir``: ``trace.json``, ``plan.json``, ``oplog.csv`` (per op of each
     measured step: start time and stall, seconds), ``transfers.csv`` (one row per transfer).
 
@@ -226,7 +234,8 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
         0.08 if device.type == "cuda" else 0.0)
     capacity, emulated = device_capacity(cfg, device)
     limit = int(capacity * (1 - headroom)) if capacity is not None else None
-    check_model_fits(cfg, limit)
+    if w.pipeline_stages == 1:  # a stage holds a share of the model: its own step tells
+        check_model_fits(cfg, limit)
     bandwidths = tier_bandwidth(cfg, device, opts.io_threads, measured)  # a probe, if any, before the cap
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -236,13 +245,18 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
     engine = None
     try:
         reset_peak_memory(device)
-        model = build_model(cfg.model, w.seq_len, device, cfg.seed)
-        optimizer = make_optimizer(model, w.lr)
+        training = build_training(cfg.model, w, device, cfg.seed)
+        model, optimizer = training.model, training.optimizer
         peaks = [peak_memory(device)]  # (allocated, reserved): the build, then each step
+        # A pipeline stage's side files go to stage<s>/ of the job dir; stage 0 prints.
+        side = job_dir if training.n_stages == 1 else job_dir / f"stage{training.stage}"
+        prefix = "" if training.n_stages == 1 else f"stage{training.stage}/"
+        side.mkdir(parents=True, exist_ok=True)
+        loud = training.stage == 0
 
         def step_fn(step: int):
             inputs, labels = make_batch(step, w, cfg.model.vocab_size, cfg.seed, device)
-            return lambda: train_step(model, optimizer, inputs, labels, w.micro_batch_size)
+            return lambda: training.step(inputs, labels)
 
         def new_pager(track: bool = True):
             return None if limit is None else Pager(
@@ -267,8 +281,9 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
             paged.append({"step": step, "seconds": t["seconds"], "loss": loss,
                           "peak_allocated_bytes": peaks[-1][0],
                           **(dataclasses.asdict(pager.stats) if pager is not None else {})})
-            print(progress_line(step, t["seconds"], w.tokens_at(step), loss, not note,
-                                (" (paged)" if pager is not None else "") + note), flush=True)
+            if loud:
+                print(progress_line(step, t["seconds"], w.tokens_at(step), loss, not note,
+                                    (" (paged)" if pager is not None else "") + note), flush=True)
             return t["seconds"]
 
         def first_step():
@@ -288,7 +303,7 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
             """Plan ``trace`` (saved with it in the job dir) and start an engine on it, taking
             over what the pager holds."""
             unoffloaded_peak = trace.peak_bytes()  # M's numerator: the plain step's, for every option
-            trace.save(job_dir / f"trace{suffix}.json")
+            trace.save(side / f"trace{suffix}.json")
             if opts.release_grads:
                 trace = trace.with_released_grads()
             plan_capacity = limit if limit is not None else int(unoffloaded_peak * (1 - headroom))
@@ -298,7 +313,7 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
                                    benefit=opts.benefit, min_tensor_bytes=opts.min_tensor_bytes,
                                    allow_stalls=opts.allow_stalls)
             compile_seconds = time.perf_counter() - t0
-            plan.save(job_dir / f"plan{suffix}.json")
+            plan.save(side / f"plan{suffix}.json")
             summary = {"capacity_bytes": plan_capacity, "predicted_peak_bytes": plan.predicted_peak_bytes,
                        "shortfall_bytes": plan.shortfall_bytes, "migrations": len(plan.migrations),
                        "bytes_per_tier": plan.bytes_per_tier()}
@@ -307,7 +322,7 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
                 measured.plan_compile_seconds = compile_seconds
                 measured.memory_pressure = unoffloaded_peak / capacity if capacity else None
                 measured.extras["plan"] = summary
-                measured.artifacts.update(trace="trace.json", plan="plan.json")
+                measured.artifacts.update(trace=f"{prefix}trace.json", plan=f"{prefix}plan.json")
             if plan.shortfall_bytes > 0:
                 raise ValueError(
                     f"the capacity cannot be met: the plan for {plan_capacity} B (capacity {capacity} B less "
@@ -326,7 +341,7 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
                 pager.buffers.stop_keeping()
             eng.prime(pager)
             if pager is not None:
-                if "host" in tiers:
+                if "host" in tiers and loud:
                     print(f"host tier: {adopted} B of {tiers['host'].nbytes} B adopted from the pager's "
                           f"free buffers, {tiers['host'].allocated_bytes - adopted} B more taken over or "
                           "allocated", flush=True)
@@ -357,8 +372,8 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
                 runs.append((engine, new_trace))
                 measured.replans.append({"step": step, "shape": shape, "profile_seconds": seconds,
                                          "plan_compile_seconds": compile_seconds, "plan": summary,
-                                         "artifacts": {"trace": f"trace.step{step}.json",
-                                                       "plan": f"plan.step{step}.json"}})
+                                         "artifacts": {"trace": f"{prefix}trace.step{step}.json",
+                                                       "plan": f"{prefix}plan.step{step}.json"}})
                 return None
             reset_peak_memory(device)
             return Step(lambda: engine.run_step(step_fn(step), step, shape=shape), engine_stats)
@@ -372,7 +387,7 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
                              extra={"urgent_count": s.urgent_count, "max_accounted_bytes": s.max_accounted_bytes})
 
         with compute_stream(device):
-            measure_steps(loop_step, w, device, first_step=2,
+            measure_steps(loop_step, w, device, first_step=2, progress=loud,
                           out=Steps(iterations=measured.iterations, losses=losses))
         synchronize(device)
         if device.type == "cuda":
@@ -386,9 +401,19 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
             # optimizer state too would add minutes from an SSD tier.
             engine.close(restore=lambda name: name.startswith("param:"))
     measured.losses = [losses[step] for step in sorted(losses)]
-    measured.extras["final_params_sha256"] = param_digest(model)
-    _write_logs(runs, job_dir, first_step=w.warmup_steps)
-    measured.artifacts.update(oplog="oplog.csv", transfers="transfers.csv")
+    digest = param_digest(model)
+    _write_logs(runs, side, first_step=w.warmup_steps)
+    measured.artifacts.update(oplog=f"{prefix}oplog.csv", transfers=f"{prefix}transfers.csv")
+    its = measured.iterations
+    stages = gather_stages(training, {
+        "stall_count": sum(i["stall_count"] for i in its), "stall_seconds": sum(i["stall_seconds"] for i in its),
+        "unoffloaded_peak_bytes": measured.unoffloaded_peak_bytes, "memory_pressure": measured.memory_pressure,
+        "peak_allocated_bytes": measured.peak_allocated_bytes, "plan": measured.extras.get("plan"),
+        "final_params_sha256": digest, "artifacts": dict(measured.artifacts)})
+    if stages is not None:
+        measured.extras["stages"] = stages
+        digest = hashlib.sha256("".join(s["final_params_sha256"] for s in stages).encode()).hexdigest()
+    measured.extras["final_params_sha256"] = digest
 
 
 def _write_logs(runs: list, job_dir: Path, first_step: int) -> None:

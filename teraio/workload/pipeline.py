@@ -12,16 +12,25 @@ same initial weights and tokens:
 - the step's loss is the sum of the micro-batch losses in micro-batch order, computed on the
   last stage and broadcast to every stage.
 
-Every rank builds the whole model from the seed (the same initial weights as an
-un-pipelined run) and keeps its stage's blocks (:func:`split_model`).
+Every rank builds the whole model from the seed on the host (the same initial weights as an
+un-pipelined run on the host) and keeps its stage's blocks (:func:`split_model`), moved to its
+device. :func:`build_training` gives a system what it trains, pipelined or not.
 """
 from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+from teraio.config import ModelConfig, WorkloadConfig
+from teraio.workload.models import build_model
+from teraio.workload.step import make_optimizer, train_step
 
 
 def stage_layers(n_layers: int, n_stages: int, stage: int) -> range:
@@ -110,3 +119,70 @@ class StageStep:
             total += loss.detach()
         dist.broadcast(total, src=self.last_rank, group=self.group)
         return float(total)
+
+
+@dataclass
+class Training:
+    """What a system trains in this process.
+
+    Attributes:
+        model: the whole model, or this process's stage of it (:func:`split_model`).
+        optimizer: AdamW over ``model``'s parameters (``teraio.workload.step.make_optimizer``).
+        step: ``step(inputs, labels) -> loss`` for one global batch (int64 ``[batch, seq]``):
+            ``teraio.workload.step.train_step``, or this stage's :class:`StageStep`.
+        stage, n_stages: this process's stage and the pipeline's depth (0 and 1 unpipelined).
+    """
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    step: Callable[[torch.Tensor, torch.Tensor], float]
+    stage: int = 0
+    n_stages: int = 1
+
+
+def build_training(model_cfg: ModelConfig, workload: WorkloadConfig, device: torch.device, seed: int) -> Training:
+    """The model, optimizer and step of ``workload``: built on ``device`` for
+    ``pipeline_stages`` = 1; for S > 1, this process's stage (its rank in a process group of
+    S, initialised here from torchrun's environment when no group exists: nccl on CUDA,
+    gloo on the CPU), built on the host and moved to ``device``.
+
+    Raises:
+        ValueError: S > 1 without S processes (``WORLD_SIZE``), or a model that cannot be
+            split so (:func:`split_model`).
+    """
+    n_stages = workload.pipeline_stages
+    if n_stages == 1:
+        model = build_model(model_cfg, workload.seq_len, device, seed)
+        optimizer = make_optimizer(model, workload.lr)
+        return Training(model, optimizer,
+                        lambda x, y: train_step(model, optimizer, x, y, workload.micro_batch_size))
+    stage = _pipeline_rank(n_stages, device)
+    module = split_model(build_model(model_cfg, workload.seq_len, "cpu", seed), n_stages, stage).to(device)
+    optimizer = make_optimizer(module, workload.lr)
+    step = StageStep(module, optimizer, stage, n_stages, workload.grad_accum_steps, device)
+    return Training(module, optimizer, step, stage, n_stages)
+
+
+def _pipeline_rank(n_stages: int, device: torch.device) -> int:
+    if not dist.is_initialized():
+        world = int(os.environ.get("WORLD_SIZE", 1))
+        if world != n_stages:
+            raise ValueError(f"workload.pipeline_stages={n_stages} needs {n_stages} processes (torchrun "
+                             f"--nproc-per-node={n_stages}); this one runs in a world of {world}")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if dist.get_world_size() != n_stages:
+        raise ValueError(f"workload.pipeline_stages={n_stages} but the process group has "
+                         f"{dist.get_world_size()} ranks")
+    return dist.get_rank()
+
+
+def gather_stages(training: Training, facts: dict) -> list[dict] | None:
+    """Every stage's ``facts`` (JSON-able), in stage order, with its ``stage`` and ``rank``:
+    the ``stages`` extra of a pipelined row; None unpipelined. A collective: every stage
+    calls it."""
+    if training.n_stages == 1:
+        return None
+    mine = {"stage": training.stage, "rank": dist.get_rank(), **facts}
+    out: list[dict | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, mine)
+    return sorted(out, key=lambda f: f["stage"])
