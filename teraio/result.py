@@ -173,7 +173,7 @@ def result_row(point: dict, config: dict, measured: Measurements | None = None, 
         "finished_at": None, "wall_seconds": None, "artifacts": dict(m.artifacts),
     }
     if status == "ok":
-        row.update(_totals(row["iterations"]))
+        row.update(iteration_totals(row["iterations"]))
     row.update(run_facts)
     clash = sorted(set(m.extras) & (set(row) | {"losses"}))
     if clash:
@@ -204,9 +204,10 @@ def progress_line(step: int, seconds: float, tokens: int, loss: float, warmup: b
             + (" (warm-up)" if warmup else ""))
 
 
-def _totals(its: list[dict]) -> dict[str, Any]:
-    """The row's totals over measured ``its``: mean tokens/s, summed stalls and bytes per
-    tier (null where an iteration has null, or when there is no iteration)."""
+def iteration_totals(its: list[dict]) -> dict[str, Any]:
+    """The totals over measured ``its`` (a row's, or a pipeline stage's): mean tokens/s,
+    summed stalls and bytes per tier (null where an iteration has null; empty when there is
+    no iteration)."""
     if not its:
         return {}
 

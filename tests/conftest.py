@@ -6,6 +6,7 @@ with nothing to show (a TeraIO GPU test once ran until the GPU call's deadline).
 from __future__ import annotations
 
 import pytest
+import torch
 
 GPU_TEST_TIMEOUT_S = 300
 
@@ -18,6 +19,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 class ModelBuilt(Exception):
     """Raised by :func:`cap_then_build`'s stand-in for ``build_model``: the run stops there."""
+
+
+def open_tiers(plan, tmp_path, host_tier=None) -> dict:
+    """The CPU tiers ``plan`` needs, under ``tmp_path`` (which must exist): an SSD tier over
+    two directories and a host tier (``host_tier``: its class, default ``HostTier``), each
+    with a slot per tensor the plan places there."""
+    from teraio.core.storage import HostTier, SSDTier
+    slots = {"ssd": {}, "host": {}}
+    for m in plan.migrations:
+        slots[m.tier][m.name] = m.nbytes
+    tiers = {}
+    if slots["ssd"]:
+        dirs = [tmp_path / "ssd0", tmp_path / "ssd1"]
+        for d in dirs:
+            d.mkdir()
+        tiers["ssd"] = SSDTier([str(d) for d in dirs], slots["ssd"])
+    if slots["host"]:
+        tiers["host"] = (host_tier or HostTier)(sum(slots["host"].values()) + 4096 * len(slots["host"]),
+                                                slots["host"], torch.device("cpu"))
+    return tiers
 
 
 def cap_then_build(monkeypatch, runner_module, build_module=None) -> list:

@@ -17,7 +17,8 @@ from teraio.workload.models import build_model
 from teraio.core.plan import Migration, MigrationPlan, cyclic_between
 from teraio.core.profiler import persistent_tensors, profile_step
 from teraio.workload.step import make_batch, make_optimizer, train_step
-from teraio.core.storage import HostTier, SSDTier, TierIOError, Transfer
+from teraio.core.storage import HostTier, TierIOError, Transfer
+from conftest import open_tiers
 
 CPU = torch.device("cpu")
 MODEL = ModelConfig(name="tiny", dim=64, n_layers=2, n_heads=4, vocab_size=256)
@@ -80,22 +81,6 @@ def train_bit_exact(eng, model, opt, losses, n_steps):
     assert losses == ref_losses
     for p, q in zip(model.parameters(), ref_params):
         assert torch.equal(p, q)
-
-
-def open_tiers(plan, tmp_path, host_tier=None):
-    slots = {"ssd": {}, "host": {}}
-    for m in plan.migrations:
-        slots[m.tier][m.name] = m.nbytes
-    tiers = {}
-    if slots["ssd"]:
-        dirs = [tmp_path / "ssd0", tmp_path / "ssd1"]
-        for d in dirs:
-            d.mkdir()
-        tiers["ssd"] = SSDTier([str(d) for d in dirs], slots["ssd"])
-    if slots["host"]:
-        tiers["host"] = (host_tier or HostTier)(sum(slots["host"].values()) + 4096 * len(slots["host"]),
-                                                slots["host"], CPU)
-    return tiers
 
 
 @pytest.mark.parametrize("mixed", [False, True], ids=["ssd", "mixed"])

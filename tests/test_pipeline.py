@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import open_tiers
 
 from teraio.config import ModelConfig, WorkloadConfig
 from teraio.core.engine import MigrationEngine
@@ -22,7 +23,6 @@ from teraio.workload.pipeline import StageStep, split_model, stage_layers
 from teraio.core.planner import TierBandwidth, plan_migrations
 from teraio.core.profiler import persistent_tensors, profile_step
 from teraio.workload.step import make_batch, make_optimizer, train_step
-from teraio.core.storage import HostTier, SSDTier
 
 MODEL = dict(name="tiny4", dim=64, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=256)
 WORK = dict(batch_size=8, micro_batch_size=2, seq_len=32, warmup_steps=2, measure_steps=2)
@@ -46,20 +46,6 @@ def _unpipelined(model_cfg: ModelConfig, w: WorkloadConfig) -> tuple[list[float]
 # TeraIO per stage: "mixed" makes the SSD slow so that host memory wins windows.
 TIERS = {"ssd": (TierBandwidth.uniform(50.0), 0),
          "mixed": (TierBandwidth(0.5, 0.5, 50.0, 50.0), 1 << 28)}
-
-
-def _open_tiers(plan, root: Path) -> dict:
-    slots: dict[str, dict[str, int]] = {"ssd": {}, "host": {}}
-    for m in plan.migrations:
-        slots[m.tier][m.name] = m.nbytes
-    tiers = {}
-    if slots["ssd"]:
-        (root / "ssd").mkdir(parents=True)
-        tiers["ssd"] = SSDTier([str(root / "ssd")], slots["ssd"])
-    if slots["host"]:
-        tiers["host"] = HostTier(sum(slots["host"].values()) + 4096 * len(slots["host"]), slots["host"],
-                                 torch.device("cpu"))
-    return tiers
 
 
 def _stage_main(rank: int, port: int, out: str, n_stages: int, teraio: str | None) -> None:
@@ -86,8 +72,9 @@ def _stage_main(rank: int, port: int, out: str, n_stages: int, teraio: str | Non
             bandwidths, host_cap = TIERS[teraio]
             capacity = trace.peak_bytes() // 2
             plan = plan_migrations(trace, capacity, bandwidths, host_cap_bytes=host_cap, min_tensor_bytes=1024)
-            engine = MigrationEngine(trace, plan, persistent_tensors(module, opt),
-                                     _open_tiers(plan, Path(out, f"tiers{rank}")), cpu)
+            tier_root = Path(out, f"tiers{rank}")
+            tier_root.mkdir()
+            engine = MigrationEngine(trace, plan, persistent_tensors(module, opt), open_tiers(plan, tier_root), cpu)
             engine.prime()
             losses += [engine.run_step(step_fn(s), s) for s in range(2, w.warmup_steps + w.measure_steps)]
             engine.close()

@@ -10,6 +10,7 @@ import torch
 
 from teraio import systems
 from teraio.config import RunConfig
+from teraio.workload.models import ties_embeddings
 
 
 def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool = False,
@@ -93,7 +94,7 @@ def check_pipeline(run: RunConfig, spec: systems.SystemSpec, device: torch.devic
                          f"{w.grad_accum_steps}")
     if run.model.n_layers < s:
         raise ValueError(f"workload.pipeline_stages={s}: model {run.model.name} has {run.model.n_layers} layers")
-    if run.model.tie_embeddings or run.model.family == "granite":
+    if ties_embeddings(run.model):
         raise ValueError(f"workload.pipeline_stages={s}: model {run.model.name} ties its input and output "
                          "embeddings, which cannot sit on two stages")
     if device.type == "cuda" and run.hardware.n_gpus != s:

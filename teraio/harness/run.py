@@ -14,8 +14,9 @@ or missing one fails its own points and nothing else. The row is made here, by
 ``teraio.result.result_row``, from what the runner returned (or, when it raised, from what it
 had measured by then: ``teraio.result.kept_on_failure``).
 
-Under torchrun (``hardware.n_gpus`` > 1) every rank trains on ``cuda:<LOCAL_RANK>`` and
-rank 0 alone writes the row.
+Under torchrun (``hardware.n_gpus`` > 1, or ``workload.pipeline_stages`` > 1: one rank per
+stage) every rank trains on ``cuda:<LOCAL_RANK>`` (or the CPU) and rank 0 alone writes the
+row and prints its status.
 """
 from __future__ import annotations
 

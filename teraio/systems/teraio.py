@@ -64,7 +64,7 @@ from teraio.workload.models import model_state_bytes
 from teraio.core.planner import BENEFITS, TierBandwidth, plan_migrations
 from teraio.core.pager import Pager, PagedStep, PagerStats
 from teraio.core.profiler import persistent_tensors, profile_step
-from teraio.result import Measurements, kept_on_failure, progress_line
+from teraio.result import Measurements, iteration_totals, kept_on_failure, progress_line
 from teraio.workload.pipeline import build_training, gather_stages
 from teraio.workload.step import make_batch
 from teraio.core.storage import HostTier, SSDTier
@@ -249,8 +249,8 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
         model, optimizer = training.model, training.optimizer
         peaks = [peak_memory(device)]  # (allocated, reserved): the build, then each step
         # A pipeline stage's side files go to stage<s>/ of the job dir; stage 0 prints.
-        side = job_dir if training.n_stages == 1 else job_dir / f"stage{training.stage}"
         prefix = "" if training.n_stages == 1 else f"stage{training.stage}/"
+        side = job_dir / prefix
         side.mkdir(parents=True, exist_ok=True)
         loud = training.stage == 0
 
@@ -404,9 +404,9 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
     digest = param_digest(model)
     _write_logs(runs, side, first_step=w.warmup_steps)
     measured.artifacts.update(oplog=f"{prefix}oplog.csv", transfers=f"{prefix}transfers.csv")
-    its = measured.iterations
+    totals = iteration_totals(measured.iterations)
     stages = gather_stages(training, {
-        "stall_count": sum(i["stall_count"] for i in its), "stall_seconds": sum(i["stall_seconds"] for i in its),
+        "stall_count": totals.get("stall_count"), "stall_seconds": totals.get("stall_seconds"),
         "unoffloaded_peak_bytes": measured.unoffloaded_peak_bytes, "memory_pressure": measured.memory_pressure,
         "peak_allocated_bytes": measured.peak_allocated_bytes, "plan": measured.extras.get("plan"),
         "final_params_sha256": digest, "artifacts": dict(measured.artifacts)})

@@ -85,6 +85,11 @@ def _needs_variant(cfg: ModelConfig) -> bool:
             or cfg.mlp_bias or cfg.tie_embeddings)
 
 
+def ties_embeddings(cfg: ModelConfig) -> bool:
+    """Whether ``cfg``'s output projection is its token embedding (``granite`` implies it)."""
+    return cfg.tie_embeddings or cfg.family == "granite"
+
+
 def build_meta_model(cfg: ModelConfig, max_seq_len: int) -> nn.Module:
     """The model for ``cfg`` on the meta device (no memory), for shapes and counts."""
     if cfg.ffn_hidden_dim is not None and cfg.ffn_hidden_dim <= 0:
@@ -97,7 +102,7 @@ def build_meta_model(cfg: ModelConfig, max_seq_len: int) -> nn.Module:
         return VariantTransformer(args, ffn_hidden_dim=cfg.ffn_hidden_dim,
                                   attn_bias=cfg.attn_bias or granite,
                                   mlp_bias=cfg.mlp_bias or granite,
-                                  tie_embeddings=cfg.tie_embeddings or granite)
+                                  tie_embeddings=ties_embeddings(cfg))
 
 
 def build_model(cfg: ModelConfig, max_seq_len: int, device: torch.device | str = "cpu",
