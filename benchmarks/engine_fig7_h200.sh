@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # fig7_h200's Llama3-8B-class points for the engine's comparison: Ideal, TeraIO-Mixed and
-# ZeRO-Offload, with each system's defaults and the hardware file's bandwidths. Packs what one
-# call ran into OUT/<TAG>.tar.gz: every row's result.json and, for TeraIO-Mixed, the trace,
+# ZeRO-Offload, with each system's defaults and the hardware file's bandwidths. Packs what this
+# run of the script ran into OUT/<TAG>.tar.gz: every row's result.json and, for TeraIO-Mixed, the trace,
 # plan, transfers.csv and oplog.csv that benchmarks/engine_fig7_summary.py replays.
-#   POINTS=bs_small,bs_mid   TRIALS=0,1,2   TAG=name of this call's archive
+#   POINTS=bs_small,bs_mid   TRIALS=0,1,2   TAG=name of this run's archive
 #   TIMEOUT_S (per point, default 300)
 # Run from the repository root on the GPU machine, after `source scripts/remote_env.sh`.
 set -uo pipefail
