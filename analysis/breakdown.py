@@ -20,6 +20,7 @@ paper gives no micro-batch size: the estimate takes the one the configuration na
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -113,6 +114,22 @@ def measured_frame(runs: pd.DataFrame, root: Path) -> pd.DataFrame:
 
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+SCALED = ("fig7_h200", "fig7_h200_m_only")
+"""Experiments whose points stand for the paper's Fig. 7 points on a smaller machine: a model
+``<paper model>_<cut>`` (``llama3_8b_4l`` for ``llama3_8b``) and the paper's M per point."""
+
+
+def load_model(name: str, conf_dir: Path = CONF_DIR) -> ModelConfig:
+    """``model/<name>.yaml`` as the sweep composes it: its ``defaults`` (a base model, as
+    ``llama3_8b_4l`` has ``llama3_8b``) first, then its own keys."""
+    import yaml
+
+    d = yaml.safe_load((conf_dir / "model" / f"{name}.yaml").read_text())
+    merged: dict = {}
+    for base in d.pop("defaults", []):
+        if base != "_self_":
+            merged.update(dataclasses.asdict(load_model(base, conf_dir)))
+    return ModelConfig(**{**merged, **d})
 
 
 def paper_frame(conf_dir: Path = CONF_DIR, stages: int = 2) -> pd.DataFrame:
@@ -121,11 +138,11 @@ def paper_frame(conf_dir: Path = CONF_DIR, stages: int = 2) -> pd.DataFrame:
     estimated M (% of the paper's GPU, ``hardware/paper_h100nvl.yaml``) beside the paper's."""
     import yaml
 
-    points = yaml.safe_load((conf_dir / "experiment" / "fig7.yaml").read_text())["fig7"]["points"]
+    points = _points(conf_dir, "fig7")
     capacity = yaml.safe_load((conf_dir / "hardware" / "paper_h100nvl.yaml").read_text())["gpu_capacity_bytes"]
     rows = []
     for name, by_point in points.items():
-        model = ModelConfig(**yaml.safe_load((conf_dir / "model" / f"{name}.yaml").read_text()))
+        model = load_model(name, conf_dir)
         for point, p in by_point.items():
             n_micro = p["batch_size"] // p["micro_batch_size"]
             for st in pipeline_estimate(model, p["micro_batch_size"], p["seq_len"], n_micro, stages):
@@ -146,15 +163,40 @@ def _points(conf_dir: Path, experiment: str) -> dict:
 def paper_point_of(model: str, batch_size: int, micro_batch_size: int, seq_len: int,
                    conf_dir: Path = CONF_DIR) -> tuple[str, str] | None:
     """The paper configuration ``(model, point)`` a run stands for: a point of
-    ``experiment/fig7.yaml`` itself, or a scaled one of ``experiment/fig7_h200.yaml`` (whose
-    model is a cut of the paper's: ``llama3_8b_4l`` for ``llama3_8b``); None for any other
-    run."""
+    ``experiment/fig7.yaml`` itself, or one of a :data:`SCALED` experiment with a
+    ``paper_m`` (whose model is a cut of the paper's: ``llama3_8b_4l`` for ``llama3_8b``);
+    None for any other run."""
     shape = (batch_size, micro_batch_size, seq_len)
-    for experiment, paper_model in (("fig7", model), ("fig7_h200", model.rsplit("_", 1)[0])):
+    for experiment, paper_model in (("fig7", model), *((e, model.rsplit("_", 1)[0]) for e in SCALED)):
         for point, p in _points(conf_dir, experiment).get(model, {}).items():
-            if (p["batch_size"], p["micro_batch_size"], p["seq_len"]) == shape:
+            if p.get("paper_m") is not None and (p["batch_size"], p["micro_batch_size"], p["seq_len"]) == shape:
                 return paper_model, point
     return None
+
+
+def scaled_frame(experiment: str = "fig7_h200", conf_dir: Path = CONF_DIR) -> pd.DataFrame:
+    """Per point of a :data:`SCALED` experiment that stands for a paper point: the point on one
+    GPU as :func:`pipeline_estimate` sees it with one stage (the whole cut, one micro-batch in
+    flight, the logits) — its peak and persistent share — beside the paper configuration's M and
+    the persistent share estimated for each stage of its 2-stage pipeline (:func:`paper_frame`),
+    and ``distance``: the larger of the two gaps, in points of percentage."""
+    paper = paper_frame(conf_dir)
+    rows = []
+    for name, by_point in _points(conf_dir, experiment).items():
+        model = load_model(name, conf_dir)
+        for point, p in by_point.items():
+            if p.get("paper_m") is None:
+                continue
+            (one,) = pipeline_estimate(model, p["micro_batch_size"], p["seq_len"], 1, stages=1)
+            share = persistent_share({g: one[g] for g in GROUPS})
+            est = paper[(paper["model"] == name.rsplit("_", 1)[0]) & (paper["point"] == point)]
+            stage = {int(e["stage"]): float(e["persistent_share"]) for _, e in est.iterrows()}
+            rows.append({"model": name, "point": point, "batch_size": p["batch_size"],
+                         "micro_batch_size": p["micro_batch_size"], "seq_len": p["seq_len"],
+                         "peak_bytes": one["peak_bytes"], "paper_m": p["paper_m"], "persistent_share": share,
+                         "paper_persistent_stage0": stage[0], "paper_persistent_stage1": stage[1],
+                         "distance": 100 * max(abs(share - v) for v in stage.values())})
+    return pd.DataFrame(rows)
 
 
 def point_comparison(runs: pd.DataFrame, measured: pd.DataFrame, paper: pd.DataFrame,
@@ -184,3 +226,4 @@ def point_comparison(runs: pd.DataFrame, measured: pd.DataFrame, paper: pd.DataF
                     row[f"paper_persistent_stage{int(e['stage'])}"] = float(e["persistent_share"])
         rows.append(row)
     return pd.DataFrame(rows)
+

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# fig7_h200's Llama3-8B-class points for the engine's comparison: Ideal, TeraIO-Mixed and
+# fig7_h200_m_only's Llama3-8B-class points for the engine's comparison: Ideal, TeraIO-Mixed and
 # ZeRO-Offload, with each system's defaults and the hardware file's bandwidths. Packs what this
 # run of the script ran into OUT/<TAG>.tar.gz: every row's result.json and, for TeraIO-Mixed, the trace,
 # plan, transfers.csv and oplog.csv that benchmarks/engine_fig7_summary.py replays.
@@ -16,11 +16,11 @@ TIMEOUT_S=${TIMEOUT_S:-300}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 python scripts/build_ds_ops.py cpu_adam 2>&1 | tail -n 3
-python -m teraio.sweep -m +experiment=fig7_h200 model=llama3_8b_4l "fig7.point=$POINTS" \
+python -m teraio.sweep -m +experiment=fig7_h200_m_only model=llama3_8b_4l "fig7.point=$POINTS" \
   "trial=$TRIALS" system=ideal,teraio_mixed,zero_offload sweep.make_ssd_dirs=true \
-  "sweep.runs_dir=$RUNS" sweep.name=fig7_h200 sweep.analyze=false "timeout_s=$TIMEOUT_S" \
+  "sweep.runs_dir=$RUNS" sweep.name=fig7_h200_m_only sweep.analyze=false "timeout_s=$TIMEOUT_S" \
   2>&1 | tee "$OUT/$TAG.log"
-cd "$RUNS/fig7_h200" || exit 1
+cd "$RUNS/fig7_h200_m_only" || exit 1
 files=()
 for d in */; do
   d=${d%/}

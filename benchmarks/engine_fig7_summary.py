@@ -119,7 +119,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("rows", type=Path, help="folder of job folders")
     ap.add_argument("--json", type=Path, required=True, help="engine_bandwidth.py's JSON; gets the fig7_h200 key")
-    ap.add_argument("--experiment", type=Path, default=Path("conf/experiment/fig7_h200.yaml"),
+    ap.add_argument("--experiment", type=Path, default=Path("conf/experiment/fig7_h200_m_only.yaml"),
                     help="the experiment file naming the points")
     args = ap.parse_args()
     bench = json.loads(args.json.read_text())

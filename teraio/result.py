@@ -60,6 +60,8 @@ and the runner-specific keys (:attr:`Measurements.extras`):
                       once the plan was made)
 ``final_params_sha256``  TeraIO: digest of the trained parameters (``teraio.systems.measure.param_digest``)
 ``modeled_from``      Ideal, modeled row: the trace file its iteration time comes from
+``zero_micro_batch_size``  ZeRO: the micro-batch it trained with (``system.options.micro_batch_size``,
+                      else the point's)
 
 Every row, failed or ok, is made by :func:`result_row`: a runner returns
 :class:`Measurements` and the worker (``teraio.harness.run``) merges them with the run's facts.

@@ -28,7 +28,7 @@ def test_the_committed_section_is_recomputed_from_the_committed_rows():
     mod = _summary_module()
     committed = json.loads(BENCH.read_text())["fig7_h200"]
     tiers = TierBandwidth(**committed["simulator_tiers_gbps"])
-    section = mod.summarize(ROWS, tiers, mod.point_names(ROOT / "conf/experiment/fig7_h200.yaml"))
+    section = mod.summarize(ROWS, tiers, mod.point_names(ROOT / "conf/experiment/fig7_h200_m_only.yaml"))
     assert section == committed["points"]
     assert set(section) == {"bs_small", "bs_mid"}
     for point in section.values():
@@ -44,7 +44,7 @@ def test_a_row_that_is_not_ok_is_refused_by_name(tmp_path):
     row = json.loads((job / "result.json").read_text())
     row["status"] = "oom"
     (tmp_path / job.name / "result.json").write_text(json.dumps(row))
-    names = mod.point_names(ROOT / "conf/experiment/fig7_h200.yaml")
+    names = mod.point_names(ROOT / "conf/experiment/fig7_h200_m_only.yaml")
     with pytest.raises(ValueError, match=f"{job.name}.*'oom'"):
         mod.summarize(tmp_path, TierBandwidth.uniform(1.0), names)
 
@@ -54,6 +54,6 @@ def test_a_point_without_one_of_the_systems_is_refused(tmp_path):
     for job in ROWS.iterdir():
         if "-bs8-" in job.name and "-zero_offload-" not in job.name and job.is_dir():
             shutil.copytree(job, tmp_path / job.name)
-    names = mod.point_names(ROOT / "conf/experiment/fig7_h200.yaml")
+    names = mod.point_names(ROOT / "conf/experiment/fig7_h200_m_only.yaml")
     with pytest.raises(ValueError, match="bs_small: no rows of \\['zero_offload'\\]"):
         mod.summarize(tmp_path, TierBandwidth.uniform(1.0), names)

@@ -143,6 +143,9 @@ def test_conf_yaml_mirrors_defaults(system):
     ("zero_infinity", {"optimizer_buffer_count": 7, "pipeline_write": False}, r"needs at least 8"),
     ("zero_infinity", {"ds_config": [1]}, r"ds_config=\[1\]; must be a mapping"),
     ("zero_infinity", {"aio": None}, r"aio=None; must be a mapping"),
+    ("zero_offload", {"micro_batch_size": 0}, r"micro_batch_size=0; must be a positive int or null"),
+    ("zero_infinity", {"micro_batch_size": True}, r"micro_batch_size=True; must be a positive int"),
+    ("zero_offload", {"micro_batch_size": "1"}, r"micro_batch_size='1'; must be a positive int"),
     ("ideal", {}, r"'ideal' is not a ZeRO system"),
 ])
 def test_bad_options_are_named(system, options, match):
@@ -154,6 +157,16 @@ def test_too_small_param_buffer_is_named():
     opts = zero.resolve_options("zero_infinity", {"param_buffer_size": 1000})
     with pytest.raises(ValueError, match=rf"param_buffer_size=1000 .* >= {largest_param()}"):
         zero.deepspeed_config(make_cfg("zero_infinity"), opts, largest_param(), nvme_path="/x")
+
+
+def test_a_smaller_zero_micro_batch_accumulates_more_of_them():
+    # the workload: batch 4 in micro-batches of 2
+    ds = zero.deepspeed_config(make_cfg("zero_offload"), zero.resolve_options("zero_offload", {"micro_batch_size": 1}),
+                               largest_param())
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (4, 1, 4)
+    with pytest.raises(ValueError, match=r"micro_batch_size=3 does not divide workload.micro_batch_size=2"):
+        zero.deepspeed_config(make_cfg("zero_offload"), zero.resolve_options("zero_offload", {"micro_batch_size": 3}),
+                              largest_param())
 
 
 def test_batch_not_split_over_ranks_is_named():
@@ -191,11 +204,15 @@ def check_row(result: dict, job_dir: Path, reference: list[float]) -> None:
     write_result(job_dir / "result.json", result)  # the row serialises
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_zero_offload_follows_plain_torch(tmp_path, reference, stage):
-    cfg = make_cfg("zero_offload", {"stage": stage})
+@pytest.mark.parametrize("options", [{"stage": 2}, {"stage": 3}, {"stage": 3, "micro_batch_size": 1}])
+def test_zero_offload_follows_plain_torch(tmp_path, reference, options):
+    cfg = make_cfg("zero_offload", options)
     result = run_point(cfg, tmp_path, runner=zero.run)
-    check_row(result, tmp_path, reference)
+    check_row(result, tmp_path, reference)  # the losses: the mean over micro-batches of either size
+    mb = options.get("micro_batch_size", WORKLOAD.micro_batch_size)
+    assert result["zero_micro_batch_size"] == mb
+    assert json.loads((tmp_path / zero.CONFIG_FILE).read_text())["gradient_accumulation_steps"] == \
+        WORKLOAD.batch_size // mb
 
 
 def test_zero_infinity_swaps_to_nvme_and_follows_plain_torch(tmp_path, reference, monkeypatch):

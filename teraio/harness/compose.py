@@ -33,14 +33,51 @@ def estimate_unoffloaded_peak_bytes(model: ModelConfig, workload: WorkloadConfig
             + activation_bytes(model, ffn_hidden(net), tokens, model.n_layers) + logits_bytes(model, tokens))
 
 
-def capacity_for_pressure(model: DictConfig, workload: DictConfig, m_percent: float) -> int:
+def capacity_for_pressure(model: DictConfig, workload: DictConfig, m_percent: float | None) -> int | None:
     """The GPU capacity (bytes) under which ``model`` at ``workload`` has memory pressure
     M = ``m_percent`` % (paper Fig. 7: M = peak memory / capacity), from
-    :func:`estimate_unoffloaded_peak_bytes`."""
+    :func:`estimate_unoffloaded_peak_bytes`; None (no cap: the GPU's own capacity) for a
+    null ``m_percent``.
+
+    Raises:
+        ValueError: ``m_percent`` not above 0.
+    """
+    if m_percent is None:
+        return None
+    if not float(m_percent) > 0:
+        raise ValueError(f"capacity_for_pressure: M = {m_percent} %; it must be above 0 (or null for no cap)")
     run = run_config_from_dict({"model": OmegaConf.to_container(model, resolve=True),
                                 "workload": OmegaConf.to_container(workload, resolve=True),
                                 "system": {"name": "ideal"}})
     return int(estimate_unoffloaded_peak_bytes(run.model, run.workload) / (float(m_percent) / 100))
+
+
+ZERO_ACTIVATION_SHARE = 0.5
+"""The share of the capacity :func:`zero_micro_batch` lets one micro-batch's activations and
+logits take; the rest is for what ZeRO stage 3 keeps beside them (gathered parameters, gradient
+buckets, prefetch)."""
+
+
+def zero_micro_batch(model: DictConfig, workload: DictConfig, capacity_bytes: int | None) -> int | None:
+    """The micro-batch a ZeRO baseline trains with under ``capacity_bytes``: the largest divisor
+    of the workload's micro-batch whose estimated activations and logits
+    (:func:`teraio.workload.models.activation_bytes`, ``logits_bytes``) take at most
+    :data:`ZERO_ACTIVATION_SHARE` of it, else 1; None (the workload's) with no capacity. ZeRO
+    keeps activations on the device, where TeraIO offloads them; the paper tunes each
+    baseline per configuration (§4.1), a choice this stands in for."""
+    if capacity_bytes is None:
+        return None
+    from teraio.workload.models import activation_bytes, build_meta_model, ffn_hidden, logits_bytes
+
+    run = run_config_from_dict({"model": OmegaConf.to_container(model, resolve=True),
+                                "workload": OmegaConf.to_container(workload, resolve=True),
+                                "system": {"name": "ideal"}})
+    m, w = run.model, run.workload
+    ffn = ffn_hidden(build_meta_model(m, w.seq_len))
+    fits = [d for d in range(1, w.micro_batch_size + 1) if w.micro_batch_size % d == 0
+            and activation_bytes(m, ffn, d * w.seq_len, m.n_layers) + logits_bytes(m, d * w.seq_len)
+            <= ZERO_ACTIVATION_SHARE * int(capacity_bytes)]
+    return max(fits, default=1)
 
 
 def register_resolvers() -> None:
@@ -49,6 +86,7 @@ def register_resolvers() -> None:
     ``${gb:X}``        X GB (1e9 bytes) as an int of bytes
     ``${take:L,N}``    the first N items of list L (e.g. N of the SSD directories)
     ``${capacity_for_pressure:MODEL,WORKLOAD,M}``  see :func:`capacity_for_pressure`
+    ``${zero_micro_batch:MODEL,WORKLOAD,CAPACITY}``  see :func:`zero_micro_batch`
     ``${pipeline_suffix:S}``  ``-ppS`` for S > 1 pipeline stages, else empty (job dir names)
     """
     def take(items, n: int):
@@ -60,6 +98,7 @@ def register_resolvers() -> None:
     OmegaConf.register_new_resolver("gb", lambda x: int(round(float(x) * 1e9)), replace=True)
     OmegaConf.register_new_resolver("take", take, replace=True)
     OmegaConf.register_new_resolver("capacity_for_pressure", capacity_for_pressure, replace=True)
+    OmegaConf.register_new_resolver("zero_micro_batch", zero_micro_batch, replace=True)
     OmegaConf.register_new_resolver("pipeline_suffix", lambda s: f"-pp{int(s)}" if int(s) > 1 else "",
                                     replace=True)
 

@@ -10,13 +10,20 @@
 
 Both train the model of :func:`teraio.workload.models.build_model` on the tokens of
 :func:`teraio.workload.step.make_batch`, in FP32, with the workload's batch and micro-batch
-(gradient accumulation = batch / micro-batch / ranks), no activation checkpointing, and
+(gradient accumulation = batch / micro-batch / ranks; ``micro_batch_size`` below may set
+a smaller one, as the paper tunes each baseline per configuration, §4.1), no activation
+checkpointing, and
 AdamW with the hyperparameters of :func:`teraio.workload.step.make_optimizer`. The DeepSpeed
 config is generated from ``system.options`` (defaults: :data:`DEFAULTS`, mirrored in
 ``conf/system/zero_*.yaml``; paper Table 4 plus what DeepSpeed 0.19.8 needs) and saved
 as ``<job dir>/deepspeed_config.json``.
 
 ``system.options``:
+  ``micro_batch_size``       sequences per micro-batch, a divisor of the workload's; null is
+                             the workload's. ZeRO keeps a micro-batch's activations on the
+                             device, where TeraIO offloads them: under an emulated capacity
+                             the point's micro-batch may not fit (the row's
+                             ``zero_micro_batch_size`` says which one ran)
   ``stage``                  ZeRO stage (Table 4: 3): 3 or 2 for zero_offload, 3 for
                              zero_infinity
   ``offload_param``          zero_offload: parameters in host memory too; stage 3 only;
@@ -88,7 +95,7 @@ from teraio.workload.step import make_batch, make_optimizer
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_FILE = "deepspeed_config.json"
 
-_COMMON = {"stage": 3, "pin_memory": True, "param_persistence_threshold": 100_000,
+_COMMON = {"micro_batch_size": None, "stage": 3, "pin_memory": True, "param_persistence_threshold": 100_000,
            "model_persistence_threshold": None, "prefetch_bucket_size": None, "ds_config": {}}
 # AdamW under ZeRO-3 NVMe: FP32 partition, exp_avg, exp_avg_sq and the gradient per swap.
 OPTIMIZER_BUFFERS_PER_SWAP = 4
@@ -129,7 +136,7 @@ def resolve_options(system: str, options: dict) -> dict:
 
     Raises:
         ValueError: unknown system or key, a stage the system does not run, a non-positive
-            buffer count, ``offload_param`` without stage 3.
+            buffer count or micro-batch, ``offload_param`` without stage 3.
     """
     if system not in DEFAULTS:
         raise ValueError(f"system.name={system!r} is not a ZeRO system; valid: {ZERO_SYSTEMS}")
@@ -165,6 +172,10 @@ def resolve_options(system: str, options: dict) -> dict:
             raise ValueError(f"system.options.optimizer_buffer_count={opts['optimizer_buffer_count']}; with "
                              f"pipeline_read={opts['pipeline_read']} and pipeline_write={opts['pipeline_write']} "
                              f"DeepSpeed's optimizer swapper needs at least {need} (4 per swap in flight)")
+    mb = opts["micro_batch_size"]
+    if mb is not None and not (isinstance(mb, int) and not isinstance(mb, bool) and mb > 0):
+        raise ValueError(f"system.options.micro_batch_size={mb!r}; must be a positive int or null "
+                         "(the workload's)")
     if not isinstance(opts["ds_config"], dict):
         raise ValueError(f"system.options.ds_config={opts['ds_config']!r}; must be a mapping")
     return opts
@@ -185,6 +196,20 @@ def _deep_merge(base: dict, extra: dict) -> dict:
     return out
 
 
+def micro_batch_size(cfg: RunConfig, opts: dict) -> int:
+    """The micro-batch ZeRO trains with: ``opts["micro_batch_size"]`` (resolved options), or the
+    workload's.
+
+    Raises:
+        ValueError: it does not divide the workload's micro-batch.
+    """
+    mb = opts["micro_batch_size"] or cfg.workload.micro_batch_size
+    if cfg.workload.micro_batch_size % mb:
+        raise ValueError(f"system.options.micro_batch_size={mb} does not divide "
+                         f"workload.micro_batch_size={cfg.workload.micro_batch_size}")
+    return mb
+
+
 def deepspeed_config(cfg: RunConfig, opts: dict, largest_param_numel: int, world_size: int = 1,
                      nvme_path: str | None = None) -> dict:
     """The DeepSpeed JSON config for ``cfg`` with resolved ``opts`` (see the module doc).
@@ -200,9 +225,10 @@ def deepspeed_config(cfg: RunConfig, opts: dict, largest_param_numel: int, world
             ``param_buffer_size`` is below ``largest_param_numel``.
     """
     w = cfg.workload
-    if w.batch_size % (w.micro_batch_size * world_size):
+    mb = micro_batch_size(cfg, opts)
+    if w.batch_size % (mb * world_size):
         raise ValueError(f"workload.batch_size={w.batch_size} is not a multiple of "
-                         f"micro_batch_size x ranks = {w.micro_batch_size} x {world_size}")
+                         f"micro_batch_size x ranks = {mb} x {world_size}")
     stage = opts["stage"]
     zero: dict = {"stage": stage, "offload_optimizer": {"device": "cpu", "pin_memory": opts["pin_memory"]}}
     if stage == 3:
@@ -215,8 +241,8 @@ def deepspeed_config(cfg: RunConfig, opts: dict, largest_param_numel: int, world
             zero["offload_param"] = {"device": "cpu", "pin_memory": opts["pin_memory"]}
     ds: dict = {
         "train_batch_size": w.batch_size,
-        "train_micro_batch_size_per_gpu": w.micro_batch_size,
-        "gradient_accumulation_steps": w.batch_size // (w.micro_batch_size * world_size),
+        "train_micro_batch_size_per_gpu": mb,
+        "gradient_accumulation_steps": w.batch_size // (mb * world_size),
         # FP32 throughout (paper §4.1): no fp16/bf16 section.
         "optimizer": {"type": "AdamW", "params": adamw_hyperparameters(w.lr)},
         "gradient_clipping": 0.0,
@@ -328,6 +354,7 @@ def _run(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measurem
         swap_dir = root / f"zero-{job_dir.name}-{time.time_ns()}"
     world = int(os.environ.get("WORLD_SIZE", 1))
     ds_config = deepspeed_config(cfg, opts, largest, world, str(swap_dir) if swap_dir else None)
+    measured.extras["zero_micro_batch_size"] = ds_config["train_micro_batch_size_per_gpu"]
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / CONFIG_FILE).write_text(json.dumps(ds_config, indent=1))
     measured.artifacts["deepspeed_config"] = CONFIG_FILE
@@ -349,7 +376,7 @@ def _run(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measurem
             model = build_model(cfg.model, w.seq_len, device, cfg.seed)
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                           config=ds_config)
-        _train(engine, cfg, measured, device, world)
+        _train(engine, cfg, measured, device, world, ds_config["train_micro_batch_size_per_gpu"])
     finally:
         if engine is not None:
             engine.destroy()
@@ -362,14 +389,15 @@ def _run(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measurem
     measured.capacity_emulated = True if cfg.hardware.gpu_capacity_bytes is not None else None
 
 
-def _train(engine, cfg: RunConfig, measured: Measurements, device: torch.device, world: int) -> None:
-    """The training loop: iterations, losses and peaks (bytes) into ``measured``. DeepSpeed
+def _train(engine, cfg: RunConfig, measured: Measurements, device: torch.device, world: int, mb: int) -> None:
+    """The training loop over micro-batches of ``mb`` sequences: iterations, losses and peaks
+    (bytes) into ``measured``. DeepSpeed
     exposes no stall, migration time or bytes moved: those stay null."""
     w = cfg.workload
     rank = dist.get_rank()
     per_rank = w.batch_size // world
     rows = slice(rank * per_rank, (rank + 1) * per_rank)
-    n_micro = per_rank // w.micro_batch_size
+    n_micro = per_rank // mb
     engine.train()
     reset_peak_memory(device)
 
@@ -380,7 +408,7 @@ def _train(engine, cfg: RunConfig, measured: Measurements, device: torch.device,
         def run() -> float:
             total = torch.zeros((), device=device)
             for i in range(n_micro):
-                sl = slice(i * w.micro_batch_size, (i + 1) * w.micro_batch_size)
+                sl = slice(i * mb, (i + 1) * mb)
                 logits = engine(inputs[sl])
                 loss = F.cross_entropy(logits.flatten(0, 1).float(), labels[sl].flatten())
                 engine.backward(loss)  # DeepSpeed scales by 1 / gradient_accumulation_steps
