@@ -25,6 +25,7 @@ bars), ``"failed"`` (× marks), ``"stall"``/``"overlapped"``/``"compute"``/``"to
 from __future__ import annotations
 
 import math
+import re
 import textwrap
 import warnings
 from pathlib import Path
@@ -249,24 +250,34 @@ def fig8_breakdown(sweep: Sweep) -> Figure:
     return fig
 
 
+def machine_of(hardware: str) -> str:
+    """The machine a hardware name stands for: without the ``-<n>ssd-<cap>gb`` the Fig. 9
+    experiments add (``paper_h100nvl-2ssd-16gb`` → ``paper_h100nvl``)."""
+    return re.sub(r"-\d+ssd-\d+gb$", "", str(hardware))
+
+
 def fig9_host_memory(sweep: Sweep) -> Figure:
-    """Fig. 9: tokens/s vs host-memory cap, one line per system and SSD count.
+    """Fig. 9: tokens/s vs host-memory cap, one line per system and SSD count, a panel per
+    model, workload and machine (:func:`machine_of`: the experiments name each point's hardware
+    after its knobs, ``<machine>-<n>ssd-<cap>gb``, so that its job dir is its own).
 
     Raises:
         NoData: no system was run at two or more host-memory caps of one workload.
     """
     best = agg.select_best(agg.summarize_runs(sweep.runs))
     best = best[best["system"].notna() & best["host_mem_cap_bytes"].notna()]
-    series_keys = ["model", "hardware", "batch_size", "seq_len", "system", "n_ssd"]
+    best = best.assign(machine=best["hardware"].map(machine_of))
+    series_keys = ["model", "machine", "batch_size", "seq_len", "system", "n_ssd"]
     others = best[best["system"] != "ideal"]
     caps = others.groupby(series_keys, dropna=False)["host_mem_cap_bytes"].nunique()
-    panels = caps[caps >= 2].reset_index()[["model", "hardware", "batch_size", "seq_len"]]
+    panels = caps[caps >= 2].reset_index()[["model", "machine", "batch_size", "seq_len"]]
     panels = panels.drop_duplicates()
     if panels.empty:
         raise NoData("no system was run at two or more host-memory caps (hardware."
                      "host_mem_cap_bytes) of one model and workload")
     ideal = agg.select_best(agg.summarize_runs(sweep.runs))
     ideal = ideal[(ideal["system"] == "ideal") & (ideal["n"] > 0)]
+    ideal = ideal.assign(machine=ideal["hardware"].map(machine_of))
     palette = system_palette(_systems(best))
     styles = {"teraio_mixed": "-", "teraio_ssd": "--"}
     fig, axes = new_figure(len(panels), 6.5)
@@ -300,7 +311,7 @@ def fig9_host_memory(sweep: Sweep) -> Figure:
             ax.set_xlabel("available host memory (GiB)")
             ax.set_ylabel("tokens/s")
             ax.set_ylim(bottom=0)
-            ax.set_title(f"{keys['model']} · {keys['hardware']} · "
+            ax.set_title(f"{keys['model']} · {keys['machine']} · "
                          f"{config_label(keys['batch_size'], keys['seq_len'])}")
             ax.legend(fontsize=7)
     any_failed = (others["n"] == 0).any()

@@ -90,9 +90,16 @@ def config_label(batch_size, seq_len, pipeline_stages: int = 1) -> str:
     return f"bs{part(batch_size)}_seq{part(seq_len)}" + (f"_pp{pipeline_stages}" if pipeline_stages > 1 else "")
 
 
-def _artifact(job_rel: Path, artifacts: dict, name: str) -> str | None:
+def _artifact(root: Path, job_rel: Path, artifacts: dict, name: str) -> str | None:
+    """The side file ``name`` of a row, relative to the sweep dir ``root``: as the row names
+    it, or its gzip-compressed copy (``<file>.gz``, as committed reference rows keep large
+    side files) where only that exists."""
     rel = (artifacts or {}).get(name)
-    return None if not rel else str(job_rel / rel)
+    if not rel:
+        return None
+    path = job_rel / rel
+    packed = path.with_name(path.name + ".gz")
+    return str(packed if not (root / path).exists() and (root / packed).exists() else path)
 
 
 NON_FINITE = "non-finite"
@@ -109,7 +116,7 @@ def _finite_row(result: dict) -> bool:
     return all(math.isfinite(_num(v)) for v in values)
 
 
-def _rows(result: dict, sweep: str, job_rel: Path) -> tuple[dict, list[dict]]:
+def _rows(result: dict, root: Path, job_rel: Path) -> tuple[dict, list[dict]]:
     point = result.get("point") or {}
     hw = ((result.get("config") or {}).get("hardware")) or {}
     stages = (((result.get("config") or {}).get("workload")) or {}).get("pipeline_stages") or 1
@@ -119,7 +126,7 @@ def _rows(result: dict, sweep: str, job_rel: Path) -> tuple[dict, list[dict]]:
     if status == "ok" and not _finite_row(result):
         status, error = NON_FINITE, "an ok row with a loss or tokens/s that is not finite"
     ident.update(
-        sweep=sweep, job_dir=str(job_rel),
+        sweep=root.name, job_dir=str(job_rel),
         config=config_label(point.get("batch_size"), point.get("seq_len"), stages),
         host_mem_cap_bytes=hw.get("host_mem_cap_bytes"),
         n_ssd=len(ssd_dirs) if isinstance(ssd_dirs, list) else None, pipeline_stages=stages,
@@ -171,9 +178,9 @@ def _rows(result: dict, sweep: str, job_rel: Path) -> tuple[dict, list[dict]]:
         "n_gpus": hw.get("n_gpus"), "wall_seconds": _num(result.get("wall_seconds")),
         "started_at": result.get("started_at"), "finished_at": result.get("finished_at"),
         "prices_json": json.dumps(hw.get("prices") or {}, sort_keys=True),
-        "transfers_path": _artifact(job_rel, artifacts, "transfers"),
-        "oplog_path": _artifact(job_rel, artifacts, "oplog"),
-        "trace_path": _artifact(job_rel, artifacts, "trace"),
+        "transfers_path": _artifact(root, job_rel, artifacts, "transfers"),
+        "oplog_path": _artifact(root, job_rel, artifacts, "oplog"),
+        "trace_path": _artifact(root, job_rel, artifacts, "trace"),
     }
     return run, iter_rows
 
@@ -231,7 +238,7 @@ def load_sweep(sweep_dir: str | Path, exclude: str | Path | None = None) -> Swee
             fmt = result.get("format", "")
             if not str(fmt).startswith(FORMAT_PREFIX):
                 raise ValueError(f"format {fmt!r} is not {FORMAT_PREFIX}*")
-            run, its = _rows(result, root.name, path.parent.relative_to(root))
+            run, its = _rows(result, root, path.parent.relative_to(root))
         except (OSError, ValueError, AttributeError, TypeError) as e:
             skipped.append((str(path), str(e)))
             warnings.warn(f"skipping {path}: {e}", stacklevel=2)

@@ -389,19 +389,24 @@ def test_fig8_segments_and_not_instrumented(sweep_dir):
     assert seg["compute"].get_y() == pytest.approx(0.5 * mean_s)
 
 
-def test_fig9_lines_per_ssd_count(tmp_path):
+@pytest.mark.parametrize("named", [False, True], ids=["one-hardware-name", "knobs-in-the-name"])
+def test_fig9_lines_per_ssd_count(tmp_path, named):
+    # named: each point's hardware named after its knobs, as conf/experiment/fig9*.yaml do
     root = tmp_path / "sweep9"
     wl = dict(batch=4, seq=64, micro=1)
+
+    def hw(n_ssd, cap):
+        return {"hardware": f"cpu_test-{n_ssd}ssd-{cap}gb"} if named else {}
     for n_ssd in (2, 4):
         for cap in (16, 32, 64):
             for t in (0, 1):
                 write_run(root, f"m_{n_ssd}_{cap}_{t}", system="teraio_mixed", trial=t,
-                          tps=10 * cap + n_ssd + t, host_cap=cap * GIB, n_ssd=n_ssd, **wl)
+                          tps=10 * cap + n_ssd + t, host_cap=cap * GIB, n_ssd=n_ssd, **wl, **hw(n_ssd, cap))
     write_run(root, "zi_16", system="zero_infinity", trial=0, status="oom", host_cap=16 * GIB,
-              n_ssd=4, **wl)
+              n_ssd=4, **wl, **hw(4, 16))
     for cap in (32, 64):
         write_run(root, f"zi_{cap}", system="zero_infinity", trial=0, tps=cap, host_cap=cap * GIB,
-                  n_ssd=4, **wl)
+                  n_ssd=4, **wl, **hw(4, cap))
     write_run(root, "ideal", system="ideal", trial=0, tps=1000, **wl)
     fig = fig9_host_memory(load_sweep(root))
     ax = fig.axes[0]

@@ -156,3 +156,27 @@ def test_the_one_gpu_estimate_tracks_the_committed_h200_traces():
         assert est["parameters"] + est["gradients"] + est["optimizer state"] == pytest.approx(persistent, rel=1e-4)
         assert 0 <= estimated - persistent_share(b["at_peak"]) <= 0.05
         assert abs(est["peak_bytes"] / b["peak_bytes"] - 1) <= 0.10
+
+
+def test_a_row_whose_trace_is_kept_gzipped_has_its_breakdown(tmp_path):
+    import gzip
+
+    from analysis.breakdown import measured_frame
+    from analysis.load import load_sweep
+    from teraio.result import result_row, write_result
+
+    job = tmp_path / "sweep" / "run"
+    job.mkdir(parents=True)
+    hand_trace().save(job / "trace.json")
+    (job / "trace.json.gz").write_bytes(gzip.compress((job / "trace.json").read_bytes()))
+    (job / "trace.json").unlink()  # the row still names trace.json
+    point = {"model": "tiny", "system": "teraio_mixed", "hardware": "cpu", "batch_size": 2,
+             "micro_batch_size": 1, "seq_len": 8, "trial": 0}
+    row = result_row(point, {"hardware": {"prices": {}, "ssd_dirs": ["/ssd"], "n_gpus": 1}})
+    row.update(status="ok", tokens_per_s=10.0, artifacts={"trace": "trace.json"},
+               iterations=[{"step": 2, "seconds": 1.0, "tokens": 16, "tokens_per_s": 16.0, "loss": 1.0}])
+    write_result(job / "result.json", row)
+    sweep = load_sweep(tmp_path / "sweep")
+    assert list(sweep.runs["trace_path"]) == ["run/trace.json.gz"]
+    (m,) = measured_frame(sweep.runs, sweep.root).to_dict("records")
+    assert (m["peak_bytes"], m["parameters"], m["optimizer state"]) == (400, 100, 200)

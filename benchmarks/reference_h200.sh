@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The H200 reference rows, runs/reference/h200/<EXP>/: one chunk of a sweep per device call.
+# The sweep resumes from the rows already committed there (it skips every ok row), stops
+# starting runs after BUDGET_S seconds, and the job dirs whose row this call wrote are packed
+# into OUT/<TAG>.tar.gz (trace, plan, oplog and transfers gzipped), to unpack into
+# runs/reference/h200/<EXP>/ and commit.
+#   EXP=fig7_h200|fig9_h200 (default fig7_h200)
+#   ARGS="model=llama3_8b_4l fig7.point=bs_small system=ideal,teraio_mixed trial=0,1,2"
+#   TAG (archive name)   BUDGET_S (default 540)   TIMEOUT_S (per run, default 900)
+# Run from the repository root on the GPU machine, after `source scripts/remote_env.sh`.
+set -uo pipefail
+OUT=${OUT:-reference_out}
+EXP=${EXP:-fig7_h200}
+ARGS=${ARGS:-}
+TAG=${TAG:-chunk}
+BUDGET_S=${BUDGET_S:-540}
+TIMEOUT_S=${TIMEOUT_S:-900}
+RUNS=runs/reference/h200
+mkdir -p "$OUT" "$RUNS"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+marker=$(mktemp)
+case "$ARGS" in
+  *zero_infinity*|"") python scripts/build_ds_ops.py cpu_adam async_io 2>&1 | tail -n 3;;
+  *zero_offload*) python scripts/build_ds_ops.py cpu_adam 2>&1 | tail -n 3;;
+esac
+# shellcheck disable=SC2086  # ARGS holds several overrides
+timeout -k 20 "$BUDGET_S" python -m teraio.sweep -m "+experiment=$EXP" $ARGS "sweep.runs_dir=$RUNS" \
+  sweep.make_ssd_dirs=true sweep.analyze=false "timeout_s=$TIMEOUT_S" 2>&1 | tee "$OUT/$TAG.log"
+cd "$RUNS/$EXP" || exit 1
+stage=$(mktemp -d)
+for d in */; do
+  d=${d%/}
+  [ "$d" = analysis ] && continue
+  [ -n "$(find "$d" -maxdepth 1 -name 'result*.json' -newer "$marker")" ] || continue
+  mkdir -p "$stage/$d"
+  for f in "$d"/*; do
+    case $f in
+      *trace.json|*plan.json|*oplog.csv|*transfers.csv) gzip -c "$f" > "$stage/$f.gz";;
+      *) cp "$f" "$stage/$f";;
+    esac
+  done
+done
+tar czf "$OUT/$TAG.tar.gz" -C "$stage" .
+tar tzf "$OUT/$TAG.tar.gz" | grep -c 'result.json$'
+ls -la "$OUT"
