@@ -130,6 +130,14 @@ def test_fig7_h200_points_match_the_papers_memory_makeup_and_its_file_quotes_the
     assert quoted == scaled_table_lines("fig7_h200")
     # the points that match M only are more than 10 points from the paper's make-up
     assert (scaled_frame("fig7_h200_m_only")["distance"] > 10).all()
+    # the Llama3-8B cut's parameters, as ae_README.md (§7) states them: 1.05 B of 1.92 B are
+    # the embedding and output layers
+    from analysis.breakdown import load_model
+    from teraio.workload.models import build_meta_model
+    net = build_meta_model(load_model("llama3_8b_4l"), 1024)
+    counts = {n: p.numel() for n, p in net.named_parameters()}
+    outer = sum(v for n, v in counts.items() if n.startswith(("tok_embeddings.", "output.")))
+    assert (round(outer / 1e9, 2), round(sum(counts.values()) / 1e9, 2)) == (1.05, 1.92)
 
 
 def test_the_one_gpu_estimate_tracks_the_committed_h200_traces():
@@ -156,6 +164,9 @@ def test_the_one_gpu_estimate_tracks_the_committed_h200_traces():
         assert est["parameters"] + est["gradients"] + est["optimizer state"] == pytest.approx(persistent, rel=1e-4)
         assert 0 <= estimated - persistent_share(b["at_peak"]) <= 0.05
         assert abs(est["peak_bytes"] / b["peak_bytes"] - 1) <= 0.10
+        # as ae_README.md states them (§2)
+        assert (round(100 * estimated, 1), round(100 * persistent_share(b["at_peak"]), 1)) == (82.2, 78.6)
+        assert round(100 * (1 - est["peak_bytes"] / b["peak_bytes"]), 1) == 4.5
 
 
 def test_a_row_whose_trace_is_kept_gzipped_has_its_breakdown(tmp_path):
