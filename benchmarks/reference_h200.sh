@@ -26,6 +26,7 @@ esac
 # shellcheck disable=SC2086  # ARGS holds several overrides
 timeout -k 20 "$BUDGET_S" python -m teraio.sweep -m "+experiment=$EXP" $ARGS "sweep.runs_dir=$RUNS" \
   sweep.make_ssd_dirs=true sweep.analyze=false "timeout_s=$TIMEOUT_S" 2>&1 | tee "$OUT/$TAG.log"
+pkill -f teraio.harness.run && echo "stopped the run in progress at the budget" | tee -a "$OUT/$TAG.log"
 cd "$RUNS/$EXP" || exit 1
 stage=$(mktemp -d)
 for d in */; do
