@@ -13,9 +13,10 @@ Estimated (:func:`pipeline_estimate`): one GPU of a pipeline of ``stages`` stage
 1F1B, as the paper trains every model (§4.1: two GPUs, one stage each). A stage holds its
 share of the blocks (the first also the embedding, the last also the final norm and the
 output layer), with 16 bytes per parameter (weight, gradient, two AdamW states), and at its
-peak the activations of ``min(stages - stage, micro-batches)`` micro-batches
-in flight (``teraio.workload.models.activation_bytes``; the last stage also its logits). The
-paper gives no micro-batch size: the estimate takes the one the configuration names
+peak what ``min(stages - stage, micro-batches)`` micro-batches in flight hold for backward
+(``teraio.workload.models.micro_batch_bytes``: activations and the attention probabilities
+that torchtitan's FP32 attention saves on CUDA; the last stage also its logits). The paper
+gives no micro-batch size: the estimate takes the one the configuration names
 (``conf/experiment/fig7.yaml`` states its assumption).
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from teraio.config import ModelConfig
-from teraio.workload.models import activation_bytes, build_meta_model, ffn_hidden, logits_bytes
+from teraio.workload.models import attention_bytes, build_meta_model, ffn_hidden, micro_batch_bytes
 from teraio.core.trace import Trace
 
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -85,19 +86,30 @@ def pipeline_estimate(model: ModelConfig, micro_batch_size: int, seq_len: int, n
     for name, p in net.named_parameters(remove_duplicate=False):
         for s in stage_of(name, model.n_layers, stages):
             counts[s] += p.numel()
-    ffn, tokens = ffn_hidden(net), micro_batch_size * seq_len
+    ffn = ffn_hidden(net)
     out = []
     for s in range(stages):
         layers = model.n_layers // stages + (s < model.n_layers % stages)
         in_flight = min(stages - s, n_micro)
-        act = in_flight * (activation_bytes(model, ffn, tokens, layers)
-                           + (logits_bytes(model, tokens) if s == stages - 1 else 0))
+        act = in_flight * micro_batch_bytes(model, ffn, micro_batch_size, seq_len, layers, logits=s == stages - 1)
         groups = {"parameters": 4 * counts[s], "gradients": 4 * counts[s],
                   "optimizer state": 8 * counts[s],  # AdamW's two FP32 states
                   "activations": act, "temporaries": 0}
         out.append({"stage": s, "layers": layers, "parameters_count": counts[s], **groups,
                     "peak_bytes": sum(groups.values())})
     return out
+
+
+def paper_micro_batch(model: ModelConfig, batch_size: int, seq_len: int, paper_m: float,
+                      capacity_bytes: int, stages: int = 2) -> int:
+    """The micro-batch a paper configuration is taken to have run (the paper gives none): the
+    divisor of ``batch_size`` whose estimated first-stage peak (:func:`pipeline_estimate`),
+    as a share of ``capacity_bytes``, is nearest the paper's M (``paper_m``, %); the smaller
+    one on a tie."""
+    def gap(mb: int) -> float:
+        first = pipeline_estimate(model, mb, seq_len, batch_size // mb, stages)[0]
+        return abs(100 * first["peak_bytes"] / capacity_bytes - paper_m)
+    return min((d for d in range(1, batch_size + 1) if batch_size % d == 0), key=lambda d: (gap(d), d))
 
 
 def measured_frame(runs: pd.DataFrame, root: Path) -> pd.DataFrame:
@@ -179,8 +191,15 @@ def scaled_frame(experiment: str = "fig7_h200", conf_dir: Path = CONF_DIR) -> pd
     GPU as :func:`pipeline_estimate` sees it with one stage (the whole cut, one micro-batch in
     flight, the logits) — its peak and persistent share — beside the paper configuration's M and
     the persistent share estimated for each stage of its 2-stage pipeline (:func:`paper_frame`),
-    and ``distance``: the larger of the two gaps, in points of percentage."""
+    and ``distance``: the larger of the two gaps, in points of percentage. ``largest_op_share``:
+    one attention op's scores and probabilities (two
+    :func:`teraio.workload.models.attention_bytes` of one layer) over the capacity the point
+    is capped at (peak / M): where it nears 1, no plan can hold that op's tensors on the GPU;
+    ``paper_largest_op_share``: the same at the paper configuration on its GPU."""
+    import yaml
+
     paper = paper_frame(conf_dir)
+    paper_capacity = yaml.safe_load((conf_dir / "hardware" / "paper_h100nvl.yaml").read_text())["gpu_capacity_bytes"]
     rows = []
     for name, by_point in _points(conf_dir, experiment).items():
         model = load_model(name, conf_dir)
@@ -195,7 +214,12 @@ def scaled_frame(experiment: str = "fig7_h200", conf_dir: Path = CONF_DIR) -> pd
                          "micro_batch_size": p["micro_batch_size"], "seq_len": p["seq_len"],
                          "peak_bytes": one["peak_bytes"], "paper_m": p["paper_m"], "persistent_share": share,
                          "paper_persistent_stage0": stage[0], "paper_persistent_stage1": stage[1],
-                         "distance": 100 * max(abs(share - v) for v in stage.values())})
+                         "distance": 100 * max(abs(share - v) for v in stage.values()),
+                         "largest_op_share": 2 * attention_bytes(model, p["micro_batch_size"], p["seq_len"], 1)
+                         / (one["peak_bytes"] / (p["paper_m"] / 100)),
+                         "paper_largest_op_share": 2 * attention_bytes(
+                             model, int(est["micro_batch_size"].iloc[0]), int(est["seq_len"].iloc[0]), 1)
+                         / paper_capacity})
     return pd.DataFrame(rows)
 
 

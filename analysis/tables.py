@@ -168,11 +168,12 @@ def point_comparison_table(comp: pd.DataFrame) -> pd.DataFrame:
         columns={"batch_size": "batch", "micro_batch_size": "µbatch", "seq_len": "seq"}).astype(str)
     d["M %"] = comp["measured_m"].map(lambda v: fmt(v, 1))
     d["persistent % at peak"] = (100 * comp["measured_persistent"]).map(lambda v: fmt(v, 1))
-    d["paper configuration"] = [f"{m} {p}" if m else "none" for m, p in zip(comp["paper_model"], comp["paper_point"])]
+    known = [isinstance(m, str) for m in comp["paper_model"]]  # None, or NaN beside other rows' names
+    d["paper configuration"] = [f"{m} {p}" if k else "none" for k, m, p in zip(known, comp["paper_model"], comp["paper_point"])]
     d["paper M %"] = comp["paper_m"].map(lambda v: fmt(v, 1))
     d["paper persistent % (stage 0 / 1, estimated)"] = [
-        f"{fmt(100 * a, 1)} / {fmt(100 * b, 1)}" if m else NA
-        for m, a, b in zip(comp["paper_model"], comp["paper_persistent_stage0"], comp["paper_persistent_stage1"])]
+        f"{fmt(100 * a, 1)} / {fmt(100 * b, 1)}" if k else NA
+        for k, a, b in zip(known, comp["paper_persistent_stage0"], comp["paper_persistent_stage1"])]
     return d
 
 

@@ -84,7 +84,10 @@ def test_fig7_h200_caps_each_point_at_the_papers_pressure(hydra_conf, experiment
         m = p.fig7.points[r.model.name][p.fig7.point].paper_m
         peak = composition.estimate_unoffloaded_peak_bytes(r.model, r.workload)
         assert r.hardware.gpu_capacity_bytes == int(peak / (m / 100))
-        assert peak < 0.9 * 139 * 2**30  # Ideal fits the H200, with room for what the estimate leaves out
+        # Ideal fits the H200 (139.8 GiB), with room for what the estimate leaves out, but at the
+        # Llama3-70B cut's longest sequence (the experiment file says so)
+        too_big = (r.model.name, p.fig7.point) == ("llama3_70b_4l", "seq_long") and experiment == "fig7_h200"
+        assert (peak > 139.8 * 2**30) if too_big else (peak < 0.9 * 139.8 * 2**30)
         assert r.model.n_layers == 4 and r.model.name.endswith("_4l")
 
 
@@ -291,13 +294,13 @@ def test_bad_input_stops_the_sweep_before_any_run(tmp_path, overrides, expected)
 
 def test_zero_micro_batch_is_the_largest_divisor_whose_activations_fit_half_the_capacity():
     from omegaconf import OmegaConf
-    from teraio.workload.models import activation_bytes, logits_bytes
+    from teraio.workload.models import micro_batch_bytes
     cfg = ModelConfig(name="m", dim=64, n_layers=2, n_heads=4, vocab_size=256, ffn_hidden_dim=128)
     model = OmegaConf.create(dataclasses.asdict(cfg))
     workload = OmegaConf.create({"batch_size": 8, "micro_batch_size": 8, "seq_len": 16})
 
-    def need(d):  # one micro-batch of d sequences: activations and logits
-        return activation_bytes(cfg, 128, 16 * d, 2) + logits_bytes(cfg, 16 * d)
+    def need(d):  # one micro-batch of d sequences: activations, attention probabilities, logits
+        return micro_batch_bytes(cfg, 128, d, 16, 2)
     assert composition.zero_micro_batch(model, workload, None) is None  # no cap: the workload's
     assert composition.zero_micro_batch(model, workload, 2 * need(8)) == 8
     assert composition.zero_micro_batch(model, workload, 2 * need(4)) == 4
@@ -306,9 +309,12 @@ def test_zero_micro_batch_is_the_largest_divisor_whose_activations_fit_half_the_
 
 
 def test_fig7_h200_zero_baselines_train_with_the_micro_batch_that_fits(hydra_conf):
+    smaller = []
     for p in [p for s in ("zero_offload", "zero_infinity")
               for p in points("fig7_h200", "trial=0", f"system={s}", "model=granite_8b_4l")]:
         r = sweep.run_config(p)
         mb = r.system.options["micro_batch_size"]
         assert mb == composition.zero_micro_batch(p.model, p.workload, r.hardware.gpu_capacity_bytes)
-        assert r.workload.micro_batch_size % mb == 0 and mb < r.workload.micro_batch_size
+        assert r.workload.micro_batch_size % mb == 0
+        smaller.append(mb < r.workload.micro_batch_size)
+    assert sum(smaller) >= 4  # at every point with more than one sequence per micro-batch

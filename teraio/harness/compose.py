@@ -16,21 +16,19 @@ RUN_KEYS = ("model", "workload", "system", "hardware", "trial", "seed", "timeout
 
 
 def estimate_unoffloaded_peak_bytes(model: ModelConfig, workload: WorkloadConfig) -> int:
-    """Estimated peak device memory (bytes) of one training step with nothing offloaded:
-    FP32 weights, gradients and AdamW's two states (16 bytes per parameter, counted on
-    the meta-device model) plus one micro-batch's saved activations, about
-    (12·dim + 4·ffn_hidden) floats per token per layer, and three logits-sized buffers
-    (logits, log-softmax, their gradient). Attention is taken to save no seq² matrix
-    (SDPA's flash/efficient kernels on CUDA). An estimate: the measured peak of a run is
-    in its row (Ideal's ``peak_allocated_bytes``, TeraIO's ``unoffloaded_peak_bytes``).
+    """Estimated peak device memory (bytes) of one training step with nothing offloaded, on
+    CUDA: FP32 weights, gradients and AdamW's two states (16 bytes per parameter, counted on
+    the meta-device model) plus what one micro-batch holds for backward
+    (:func:`teraio.workload.models.micro_batch_bytes`: activations, attention probabilities,
+    three logits-sized buffers). An estimate: the measured peak of a run is in its row
+    (Ideal's ``peak_allocated_bytes``, TeraIO's ``unoffloaded_peak_bytes``).
     """
-    from teraio.workload.models import (STATE_BYTES_PER_PARAMETER, activation_bytes, build_meta_model,
-                               count_parameters, ffn_hidden, logits_bytes)
+    from teraio.workload.models import (STATE_BYTES_PER_PARAMETER, build_meta_model, count_parameters,
+                                        ffn_hidden, micro_batch_bytes)
 
     net = build_meta_model(model, workload.seq_len)
-    tokens = workload.micro_batch_size * workload.seq_len
     return (STATE_BYTES_PER_PARAMETER * count_parameters(net)
-            + activation_bytes(model, ffn_hidden(net), tokens, model.n_layers) + logits_bytes(model, tokens))
+            + micro_batch_bytes(model, ffn_hidden(net), workload.micro_batch_size, workload.seq_len, model.n_layers))
 
 
 def capacity_for_pressure(model: DictConfig, workload: DictConfig, m_percent: float | None) -> int | None:
@@ -53,21 +51,21 @@ def capacity_for_pressure(model: DictConfig, workload: DictConfig, m_percent: fl
 
 
 ZERO_ACTIVATION_SHARE = 0.5
-"""The share of the capacity :func:`zero_micro_batch` lets one micro-batch's activations and
-logits take; the rest is for what ZeRO stage 3 keeps beside them (gathered parameters, gradient
+"""The share of the capacity :func:`zero_micro_batch` lets what one micro-batch holds for
+backward take; the rest is for what ZeRO stage 3 keeps beside them (gathered parameters, gradient
 buckets, prefetch)."""
 
 
 def zero_micro_batch(model: DictConfig, workload: DictConfig, capacity_bytes: int | None) -> int | None:
     """The micro-batch a ZeRO baseline trains with under ``capacity_bytes``: the largest divisor
-    of the workload's micro-batch whose estimated activations and logits
-    (:func:`teraio.workload.models.activation_bytes`, ``logits_bytes``) take at most
+    of the workload's micro-batch whose estimated activations, attention probabilities and
+    logits (:func:`teraio.workload.models.micro_batch_bytes`) take at most
     :data:`ZERO_ACTIVATION_SHARE` of it, else 1; None (the workload's) with no capacity. ZeRO
     keeps activations on the device, where TeraIO offloads them; the paper tunes each
     baseline per configuration (§4.1), a choice this stands in for."""
     if capacity_bytes is None:
         return None
-    from teraio.workload.models import activation_bytes, build_meta_model, ffn_hidden, logits_bytes
+    from teraio.workload.models import build_meta_model, ffn_hidden, micro_batch_bytes
 
     run = run_config_from_dict({"model": OmegaConf.to_container(model, resolve=True),
                                 "workload": OmegaConf.to_container(workload, resolve=True),
@@ -75,8 +73,7 @@ def zero_micro_batch(model: DictConfig, workload: DictConfig, capacity_bytes: in
     m, w = run.model, run.workload
     ffn = ffn_hidden(build_meta_model(m, w.seq_len))
     fits = [d for d in range(1, w.micro_batch_size + 1) if w.micro_batch_size % d == 0
-            and activation_bytes(m, ffn, d * w.seq_len, m.n_layers) + logits_bytes(m, d * w.seq_len)
-            <= ZERO_ACTIVATION_SHARE * int(capacity_bytes)]
+            and micro_batch_bytes(m, ffn, d, w.seq_len, m.n_layers) <= ZERO_ACTIVATION_SHARE * int(capacity_bytes)]
     return max(fits, default=1)
 
 

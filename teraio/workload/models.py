@@ -141,9 +141,28 @@ def ffn_hidden(net: nn.Module) -> int:
 
 def activation_bytes(cfg: ModelConfig, ffn: int, tokens: int, n_layers: int) -> int:
     """Estimated bytes of the activations ``n_layers`` blocks save for backward over ``tokens``
-    tokens in FP32: about (12·dim + 4·ffn) floats per token per layer, attention saving no
-    seq² matrix (SDPA's flash/efficient kernels)."""
+    tokens in FP32, beside the attention probabilities (:func:`attention_bytes`): about
+    (12·dim + 4·ffn) floats per token per layer."""
     return tokens * n_layers * (12 * cfg.dim + 4 * ffn) * 4
+
+
+def attention_bytes(cfg: ModelConfig, micro_batch_size: int, seq_len: int, n_layers: int) -> int:
+    """Bytes of the attention probabilities ``n_layers`` blocks save for backward over one
+    micro-batch in FP32 on CUDA: torchtitan's SDPA wrapper allows the cuDNN, flash and math
+    kernels only, and in FP32 only the math kernel runs, which saves its softmax output, one
+    FP32 seq × seq matrix per sequence and head (a trace of the H200 shows 2,416 MB per layer
+    at 2 sequences of 3,072 tokens and 32 heads: ``tests/test_breakdown.py``)."""
+    return micro_batch_size * cfg.n_heads * seq_len * seq_len * 4 * n_layers
+
+
+def micro_batch_bytes(cfg: ModelConfig, ffn: int, micro_batch_size: int, seq_len: int, n_layers: int,
+                      logits: bool = True) -> int:
+    """What one micro-batch in flight holds for backward: :func:`activation_bytes` and
+    :func:`attention_bytes` of ``n_layers`` blocks, and with ``logits`` the
+    :func:`logits_bytes`."""
+    tokens = micro_batch_size * seq_len
+    return (activation_bytes(cfg, ffn, tokens, n_layers) + attention_bytes(cfg, micro_batch_size, seq_len, n_layers)
+            + (logits_bytes(cfg, tokens) if logits else 0))
 
 
 def logits_bytes(cfg: ModelConfig, tokens: int) -> int:
