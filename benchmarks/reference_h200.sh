@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 reference rows, runs/reference/h200/<EXP>/: one chunk of a sweep per device call.
+# The H200 reference rows, runs/reference/h200/<EXP>/: one chunk of a sweep per run of the script.
 # The sweep resumes from the rows already committed there (it skips every ok row), stops
 # starting runs after BUDGET_S seconds, and the job dirs whose row this call wrote are packed
 # into OUT/<TAG>.tar.gz (trace, plan, oplog and transfers gzipped), to unpack into
