@@ -250,4 +250,3 @@ def point_comparison(runs: pd.DataFrame, measured: pd.DataFrame, paper: pd.DataF
                     row[f"paper_persistent_stage{int(e['stage'])}"] = float(e["persistent_share"])
         rows.append(row)
     return pd.DataFrame(rows)
-
