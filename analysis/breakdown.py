@@ -9,14 +9,9 @@ beyond the tensors (``op_allocated_bytes`` of a CUDA profile above the lifetime 
 gradients ``param.grad`` keeps past their last use, workspaces, rounding) are their own
 group, ``allocator``.
 
-Estimated (:func:`pipeline_estimate`): one GPU of a pipeline of ``stages`` stages run
-1F1B, as the paper trains every model (§4.1: two GPUs, one stage each). A stage holds its
-share of the blocks (the first also the embedding, the last also the final norm and the
-output layer), with 16 bytes per parameter (weight, gradient, two AdamW states), and at its
-peak what ``min(stages - stage, micro-batches)`` micro-batches in flight hold for backward
-(``teraio.workload.models.micro_batch_bytes``: activations and the attention probabilities
-that torchtitan's FP32 attention saves on CUDA; the last stage also its logits). The paper
-gives no micro-batch size: the estimate takes the one the configuration names
+Estimated (:func:`teraio.workload.models.pipeline_estimate`): one GPU of a pipeline of
+``stages`` stages run 1F1B, as the paper trains every model (§4.1: two GPUs, one stage each).
+The paper gives no micro-batch size: the estimate takes the one the configuration names
 (``conf/experiment/fig7.yaml`` states its assumption).
 """
 from __future__ import annotations
@@ -28,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from teraio.config import ModelConfig
-from teraio.workload.models import attention_bytes, build_meta_model, ffn_hidden, micro_batch_bytes
+from teraio.workload.models import attention_bytes, pipeline_estimate
 from teraio.core.trace import Trace
 
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -58,46 +53,6 @@ def persistent_share(groups: dict) -> float:
     """Parameters, gradients and optimizer state as a fraction of all ``groups``' bytes."""
     total = sum(groups.values())
     return sum(groups.get(g, 0) for g in PERSISTENT) / total if total else float("nan")
-
-
-def stage_of(name: str, n_layers: int, stages: int) -> list[int]:
-    """The pipeline stages holding parameter ``name`` (``layers.<i>.…``, ``tok_embeddings.…``,
-    ``norm.…``, ``output.…``); blocks split evenly, earlier stages taking the remainder."""
-    if name.startswith("layers."):
-        i = int(name.split(".")[1])
-        bounds = np.cumsum([n_layers // stages + (s < n_layers % stages) for s in range(stages)])
-        return [int(np.searchsorted(bounds, i, side="right"))]
-    return [0] if name.startswith("tok_embeddings.") else [stages - 1]
-
-
-def pipeline_estimate(model: ModelConfig, micro_batch_size: int, seq_len: int, n_micro: int,
-                      stages: int = 2) -> list[dict]:
-    """Per stage: ``{"stage", "layers", "parameters_count", group: bytes, "peak_bytes"}``
-    for :data:`GROUPS` (temporaries 0: not estimated). A weight tied across stages
-    (Granite's embedding and output) counts on both.
-
-    Raises:
-        ValueError: fewer blocks than stages, or no micro-batch.
-    """
-    if not 1 <= stages <= model.n_layers or n_micro < 1:
-        raise ValueError(f"stages={stages} must be in 1..n_layers={model.n_layers} and n_micro={n_micro} >= 1")
-    net = build_meta_model(model, seq_len)
-    counts = [0] * stages
-    for name, p in net.named_parameters(remove_duplicate=False):
-        for s in stage_of(name, model.n_layers, stages):
-            counts[s] += p.numel()
-    ffn = ffn_hidden(net)
-    out = []
-    for s in range(stages):
-        layers = model.n_layers // stages + (s < model.n_layers % stages)
-        in_flight = min(stages - s, n_micro)
-        act = in_flight * micro_batch_bytes(model, ffn, micro_batch_size, seq_len, layers, logits=s == stages - 1)
-        groups = {"parameters": 4 * counts[s], "gradients": 4 * counts[s],
-                  "optimizer state": 8 * counts[s],  # AdamW's two FP32 states
-                  "activations": act, "temporaries": 0}
-        out.append({"stage": s, "layers": layers, "parameters_count": counts[s], **groups,
-                    "peak_bytes": sum(groups.values())})
-    return out
 
 
 def paper_micro_batch(model: ModelConfig, batch_size: int, seq_len: int, paper_m: float,
@@ -186,6 +141,39 @@ def paper_point_of(model: str, batch_size: int, micro_batch_size: int, seq_len: 
     return None
 
 
+def one_gpu_estimate(model: ModelConfig, micro_batch_size: int, seq_len: int) -> tuple[dict, float]:
+    """A step of ``model`` on one GPU, nothing offloaded, as :func:`pipeline_estimate` sees it
+    with one stage (the whole model, one micro-batch in flight, the logits), and its
+    persistent share."""
+    (one,) = pipeline_estimate(model, micro_batch_size, seq_len, 1, stages=1)
+    return one, persistent_share({g: one[g] for g in GROUPS})
+
+
+SEQUENCE_FACTORS = (1.0, 1.25, 1.5, 1.75, 2.0)
+"""The factors :func:`sequence_factor` chooses from."""
+
+
+def sequence_factor(paper_model: str, cut: str, factors: tuple[float, ...] = SEQUENCE_FACTORS,
+                    conf_dir: Path = CONF_DIR) -> float:
+    """The factor by which a scaled experiment lengthens the sequences of ``paper_model``'s
+    Fig. 7 points on its cut ``cut`` (model ``<paper_model>_<cut>``), micro-batches kept: of
+    ``factors``, the one whose largest distance (as :func:`scaled_frame` measures it: points of
+    percentage between the cut's persistent share on one GPU and either pipeline stage's
+    estimated for the paper configuration) over the model's points is least."""
+    paper = paper_frame(conf_dir)
+    paper = paper[paper["model"] == paper_model]
+    model = load_model(f"{paper_model}_{cut}", conf_dir)
+
+    def worst(factor: float) -> float:
+        gaps = []
+        for point, est in paper.groupby("point"):
+            _, share = one_gpu_estimate(model, int(est["micro_batch_size"].iloc[0]),
+                                        int(est["seq_len"].iloc[0] * factor))
+            gaps.append(max(abs(share - v) for v in est["persistent_share"]))
+        return max(gaps)
+    return min(factors, key=worst)
+
+
 def scaled_frame(experiment: str = "fig7_h200", conf_dir: Path = CONF_DIR) -> pd.DataFrame:
     """Per point of a :data:`SCALED` experiment that stands for a paper point: the point on one
     GPU as :func:`pipeline_estimate` sees it with one stage (the whole cut, one micro-batch in
@@ -206,8 +194,7 @@ def scaled_frame(experiment: str = "fig7_h200", conf_dir: Path = CONF_DIR) -> pd
         for point, p in by_point.items():
             if p.get("paper_m") is None:
                 continue
-            (one,) = pipeline_estimate(model, p["micro_batch_size"], p["seq_len"], 1, stages=1)
-            share = persistent_share({g: one[g] for g in GROUPS})
+            one, share = one_gpu_estimate(model, p["micro_batch_size"], p["seq_len"])
             est = paper[(paper["model"] == name.rsplit("_", 1)[0]) & (paper["point"] == point)]
             stage = {int(e["stage"]): float(e["persistent_share"]) for _, e in est.iterrows()}
             rows.append({"model": name, "point": point, "batch_size": p["batch_size"],

@@ -247,7 +247,7 @@ def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
                               "for, per stage of its 2-stage pipeline (memory_breakdown_paper_configs)."])
     paths += write_table(paper_breakdown_table(paper), out_dir / "memory_breakdown_paper_configs",
                          "The paper's Fig. 7 configurations, estimated per GPU of its 2-stage 1F1B "
-                         "pipeline (analysis.breakdown.pipeline_estimate)",
+                         "pipeline (teraio.workload.models.pipeline_estimate)",
                          ["16 B per parameter of the stage (FP32 weight, gradient, two AdamW "
                           "states); activations of the micro-batches in flight at the stage's "
                           "peak (2 on stage 0, 1 on stage 1), about (12·dim + 4·ffn) floats per "

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis.breakdown import pipeline_estimate, persistent_share, trace_breakdown
+from analysis.breakdown import persistent_share, trace_breakdown
+from teraio.workload.models import pipeline_estimate
 from teraio.config import ModelConfig
 from teraio.core.trace import TensorRecord, Trace
 
@@ -58,6 +59,24 @@ def test_pipeline_estimate_is_computed_from_the_model_shapes():
     assert only["activations"] == 2 * (per_layer + probs)  # a single micro-batch is all that can be in flight
     with pytest.raises(ValueError, match="stages=5"):
         pipeline_estimate(model, 2, 16, 1, stages=5)
+
+
+def test_a_tied_embedding_is_held_once_per_stage():
+    """Granite ties its embedding and output layer: one weight, held by the first and the last
+    stage of a pipeline, and once on one GPU (as the capacity estimate counts it)."""
+    from teraio.harness.compose import estimate_unoffloaded_peak_bytes
+    from teraio.config import WorkloadConfig
+    from teraio.workload.models import build_meta_model, count_parameters
+
+    model = ModelConfig(name="m", dim=64, n_layers=4, n_heads=4, vocab_size=256, ffn_hidden_dim=128,
+                        tie_embeddings=True)
+    block = 4 * 64 * 64 + 3 * 64 * 128 + 2 * 64
+    first, last = pipeline_estimate(model, micro_batch_size=2, seq_len=16, n_micro=2)
+    assert (first["parameters_count"], last["parameters_count"]) == (2 * block + 256 * 64, 2 * block + 64 + 256 * 64)
+    (one,) = pipeline_estimate(model, micro_batch_size=2, seq_len=16, n_micro=1, stages=1)
+    assert one["parameters_count"] == 4 * block + 64 + 256 * 64 == count_parameters(build_meta_model(model, 16))
+    w = WorkloadConfig(batch_size=4, micro_batch_size=2, seq_len=16)
+    assert estimate_unoffloaded_peak_bytes(model, w) == one["peak_bytes"]
 
 
 def test_every_analysis_shows_the_breakdown_of_runs_with_a_trace(tmp_path):
@@ -195,13 +214,29 @@ def test_each_paper_micro_batch_is_the_one_whose_estimate_is_nearest_the_papers_
         for p in points.values():
             assert p["micro_batch_size"] == paper_micro_batch(load_model(name), p["batch_size"], p["seq_len"],
                                                               p["paper_m"], capacity), (name, p)
-    # fig7_h200 scales each of them: batch / 4, sequence x 1.5, the same micro-batch
+    # fig7_h200 scales each of them: batch / 4, the same micro-batch, the sequence times the
+    # model's factor (x 1.5 for the Llama3 cuts, x 1.25 for Granite's, as its file states)
+    from analysis.breakdown import sequence_factor
+
+    factors = {name: sequence_factor(name, "4l") for name in fig7}
+    assert factors == {"llama3_8b": 1.5, "granite_8b": 1.25, "llama3_70b": 1.5}
     scaled = yaml.safe_load((CONF_DIR / "experiment" / "fig7_h200.yaml").read_text())["fig7"]["points"]
     for name, points in fig7.items():
         for point, p in points.items():
             q = scaled[f"{name}_4l"][point]
             assert (q["batch_size"], q["micro_batch_size"], q["seq_len"], q["paper_m"]) == (
-                p["batch_size"] // 4, p["micro_batch_size"], p["seq_len"] * 3 // 2, p["paper_m"])
+                p["batch_size"] // 4, p["micro_batch_size"], int(p["seq_len"] * factors[name]), p["paper_m"])
+
+
+def test_sequence_factor_takes_the_factor_whose_largest_distance_is_least():
+    from analysis.breakdown import scaled_frame, sequence_factor
+
+    # the Granite cut's points: at x 1.25 every distance is under 10 points; at x 1.5 (the
+    # Llama3 cuts' factor) its largest is over 10
+    assert sequence_factor("granite_8b", "4l") == 1.25
+    assert sequence_factor("granite_8b", "4l", factors=(1.5, 2.0)) == 1.5
+    f = scaled_frame("fig7_h200")
+    assert f.loc[f["model"] == "granite_8b_4l", "distance"].max() < 10
 
 
 def test_paper_micro_batch_takes_the_nearest_estimate_and_the_smaller_on_a_tie():

@@ -17,18 +17,16 @@ RUN_KEYS = ("model", "workload", "system", "hardware", "trial", "seed", "timeout
 
 def estimate_unoffloaded_peak_bytes(model: ModelConfig, workload: WorkloadConfig) -> int:
     """Estimated peak device memory (bytes) of one training step with nothing offloaded, on
-    CUDA: FP32 weights, gradients and AdamW's two states (16 bytes per parameter, counted on
-    the meta-device model) plus what one micro-batch holds for backward
-    (:func:`teraio.workload.models.micro_batch_bytes`: activations, attention probabilities,
-    three logits-sized buffers). An estimate: the measured peak of a run is in its row
-    (Ideal's ``peak_allocated_bytes``, TeraIO's ``unoffloaded_peak_bytes``).
+    CUDA, on one GPU: :func:`teraio.workload.models.pipeline_estimate` with one stage and one
+    micro-batch in flight (FP32 weights, gradients and AdamW's two states, 16 bytes per
+    distinct parameter, plus the micro-batch's activations, attention probabilities and
+    logits). An estimate: the measured peak of a run is in its row (Ideal's
+    ``peak_allocated_bytes``, TeraIO's ``unoffloaded_peak_bytes``).
     """
-    from teraio.workload.models import (STATE_BYTES_PER_PARAMETER, build_meta_model, count_parameters,
-                                        ffn_hidden, micro_batch_bytes)
+    from teraio.workload.models import pipeline_estimate
 
-    net = build_meta_model(model, workload.seq_len)
-    return (STATE_BYTES_PER_PARAMETER * count_parameters(net)
-            + micro_batch_bytes(model, ffn_hidden(net), workload.micro_batch_size, workload.seq_len, model.n_layers))
+    (one,) = pipeline_estimate(model, workload.micro_batch_size, workload.seq_len, n_micro=1, stages=1)
+    return one["peak_bytes"]
 
 
 def capacity_for_pressure(model: DictConfig, workload: DictConfig, m_percent: float | None) -> int | None:

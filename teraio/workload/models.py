@@ -174,3 +174,57 @@ def logits_bytes(cfg: ModelConfig, tokens: int) -> int:
 def count_parameters(model: nn.Module) -> int:
     """Number of distinct parameter elements (tied weights counted once)."""
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def stage_of(name: str, n_layers: int, stages: int) -> int:
+    """The pipeline stage holding parameter ``name`` (``layers.<i>.…``, ``tok_embeddings.…``,
+    ``norm.…``, ``output.…``); blocks split evenly, earlier stages taking the remainder."""
+    if name.startswith("layers."):
+        i, end = int(name.split(".")[1]), 0
+        for s in range(stages):
+            end += n_layers // stages + (s < n_layers % stages)
+            if i < end:
+                return s
+        raise ValueError(f"stage_of: {name} is past the model's {n_layers} blocks")
+    return 0 if name.startswith("tok_embeddings.") else stages - 1
+
+
+def pipeline_estimate(cfg: ModelConfig, micro_batch_size: int, seq_len: int, n_micro: int,
+                      stages: int = 2) -> list[dict]:
+    """The estimated peak device memory of each GPU of a pipeline of ``stages`` stages run
+    1F1B (paper §4.1: two GPUs, one stage each), nothing offloaded.
+
+    A stage holds its share of the blocks (the first also the embedding, the last also the
+    final norm and the output layer), at :data:`STATE_BYTES_PER_PARAMETER` per distinct
+    parameter (a weight tied across stages, Granite's embedding and output, is held by both;
+    within one stage once), and at its peak what ``min(stages - stage, n_micro)`` micro-batches
+    in flight hold for backward (:func:`micro_batch_bytes`, the logits on the last stage only).
+
+    Returns:
+        Per stage ``{"stage", "layers", "parameters_count", "parameters", "gradients",
+        "optimizer state", "activations", "temporaries", "peak_bytes"}``, in bytes
+        (temporaries 0: not estimated).
+
+    Raises:
+        ValueError: fewer blocks than stages, or no micro-batch.
+    """
+    if not 1 <= stages <= cfg.n_layers or n_micro < 1:
+        raise ValueError(f"stages={stages} must be in 1..n_layers={cfg.n_layers} and n_micro={n_micro} >= 1")
+    net = build_meta_model(cfg, seq_len)
+    held: list[dict[int, int]] = [{} for _ in range(stages)]
+    for name, p in net.named_parameters(remove_duplicate=False):
+        held[stage_of(name, cfg.n_layers, stages)][id(p)] = p.numel()
+    ffn = ffn_hidden(net)
+    out = []
+    for s in range(stages):
+        count = sum(held[s].values())
+        layers = cfg.n_layers // stages + (s < cfg.n_layers % stages)
+        in_flight = min(stages - s, n_micro)
+        groups = {"parameters": 4 * count, "gradients": 4 * count,
+                  "optimizer state": 8 * count,  # AdamW's two FP32 states
+                  "activations": in_flight * micro_batch_bytes(cfg, ffn, micro_batch_size, seq_len, layers,
+                                                               logits=s == stages - 1),
+                  "temporaries": 0}
+        out.append({"stage": s, "layers": layers, "parameters_count": count, **groups,
+                    "peak_bytes": sum(groups.values())})
+    return out
