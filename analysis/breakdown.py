@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from teraio.config import ModelConfig
-from teraio.workload.models import attention_bytes, pipeline_estimate
+from teraio.workload.models import pipeline_estimate, softmax_working_bytes
 from teraio.core.trace import Trace
 
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -53,6 +53,14 @@ def persistent_share(groups: dict) -> float:
     """Parameters, gradients and optimizer state as a fraction of all ``groups``' bytes."""
     total = sum(groups.values())
     return sum(groups.get(g, 0) for g in PERSISTENT) / total if total else float("nan")
+
+
+def estimated_share(stage: dict) -> float:
+    """The persistent share of an estimate (a stage of :func:`pipeline_estimate`) with its
+    temporaries left out: what persists against what is saved for backward, the split the
+    scaled points are matched on; the temporaries (one attention softmax's transient bytes
+    where they exceed the logits) set the peak, not the split."""
+    return persistent_share({g: stage[g] for g in GROUPS if g != "temporaries"})
 
 
 def paper_micro_batch(model: ModelConfig, batch_size: int, seq_len: int, paper_m: float,
@@ -113,11 +121,10 @@ def paper_frame(conf_dir: Path = CONF_DIR, stages: int = 2) -> pd.DataFrame:
         for point, p in by_point.items():
             n_micro = p["batch_size"] // p["micro_batch_size"]
             for st in pipeline_estimate(model, p["micro_batch_size"], p["seq_len"], n_micro, stages):
-                groups = {g: st[g] for g in GROUPS}
                 rows.append({"model": name, "point": point, "batch_size": p["batch_size"],
                              "micro_batch_size": p["micro_batch_size"], "seq_len": p["seq_len"],
                              "paper_m": p["paper_m"], **st, "estimated_m": 100 * st["peak_bytes"] / capacity,
-                             "persistent_share": persistent_share(groups)})
+                             "persistent_share": estimated_share(st)})
     return pd.DataFrame(rows)
 
 
@@ -146,7 +153,7 @@ def one_gpu_estimate(model: ModelConfig, micro_batch_size: int, seq_len: int) ->
     with one stage (the whole model, one micro-batch in flight, the logits), and its
     persistent share."""
     (one,) = pipeline_estimate(model, micro_batch_size, seq_len, 1, stages=1)
-    return one, persistent_share({g: one[g] for g in GROUPS})
+    return one, estimated_share(one)
 
 
 SEQUENCE_FACTORS = (1.0, 1.25, 1.5, 1.75, 2.0)
@@ -180,9 +187,9 @@ def scaled_frame(experiment: str = "fig7_h200", conf_dir: Path = CONF_DIR) -> pd
     flight, the logits) — its peak and persistent share — beside the paper configuration's M and
     the persistent share estimated for each stage of its 2-stage pipeline (:func:`paper_frame`),
     and ``distance``: the larger of the two gaps, in points of percentage. ``largest_op_share``:
-    one attention op's scores and probabilities (two
-    :func:`teraio.workload.models.attention_bytes` of one layer) over the capacity the point
-    is capped at (peak / M): where it nears 1, no plan can hold that op's tensors on the GPU;
+    what one attention softmax holds at once
+    (:func:`teraio.workload.models.softmax_working_bytes`) over the capacity the point is capped
+    at (peak / M): above the capacity TeraIO keeps usable no schedule can run that op;
     ``paper_largest_op_share``: the same at the paper configuration on its GPU."""
     import yaml
 
@@ -202,10 +209,10 @@ def scaled_frame(experiment: str = "fig7_h200", conf_dir: Path = CONF_DIR) -> pd
                          "peak_bytes": one["peak_bytes"], "paper_m": p["paper_m"], "persistent_share": share,
                          "paper_persistent_stage0": stage[0], "paper_persistent_stage1": stage[1],
                          "distance": 100 * max(abs(share - v) for v in stage.values()),
-                         "largest_op_share": 2 * attention_bytes(model, p["micro_batch_size"], p["seq_len"], 1)
+                         "largest_op_share": softmax_working_bytes(model, p["micro_batch_size"], p["seq_len"])
                          / (one["peak_bytes"] / (p["paper_m"] / 100)),
-                         "paper_largest_op_share": 2 * attention_bytes(
-                             model, int(est["micro_batch_size"].iloc[0]), int(est["seq_len"].iloc[0]), 1)
+                         "paper_largest_op_share": softmax_working_bytes(
+                             model, int(est["micro_batch_size"].iloc[0]), int(est["seq_len"].iloc[0]))
                          / paper_capacity})
     return pd.DataFrame(rows)
 

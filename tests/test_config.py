@@ -84,11 +84,13 @@ def test_fig7_h200_caps_each_point_at_the_papers_pressure(hydra_conf, experiment
         m = p.fig7.points[r.model.name][p.fig7.point].paper_m
         peak = composition.estimate_unoffloaded_peak_bytes(r.model, r.workload)
         assert r.hardware.gpu_capacity_bytes == int(peak / (m / 100))
-        # Ideal fits the H200 (139.8 GiB), with room for what the estimate leaves out, but at the
-        # Llama3-70B cut's longest sequence (the experiment file says so)
-        too_big = (r.model.name, p.fig7.point) == ("llama3_70b_4l", "seq_long") and experiment == "fig7_h200"
-        assert (peak > 139.8 * 2**30) if too_big else (peak < 0.9 * 139.8 * 2**30)
-        assert r.model.n_layers == 4 and r.model.name.endswith("_4l")
+        # Ideal fits the H200 (139.8 GiB), with room for what the estimate leaves out (it is up
+        # to 4.2 % below Ideal's measured peaks: tests/test_breakdown.py), but at the longest
+        # sequences of the Granite-8B and Llama3-70B cuts (the experiment file says so)
+        too_big = experiment == "fig7_h200" and (r.model.name, p.fig7.point) in {
+            ("llama3_70b_4l", "seq_long"), ("granite_8b_8l", "seq_long")}
+        assert (peak > 139.8 * 2**30) if too_big else (peak < 0.95 * 139.8 * 2**30)
+        assert r.model.n_layers in (4, 8) and r.model.name.endswith(f"_{r.model.n_layers}l")
 
 
 def test_fig7_h200_full_llama3_8b_point_runs_under_the_gpus_own_capacity(hydra_conf):
@@ -311,7 +313,7 @@ def test_zero_micro_batch_is_the_largest_divisor_whose_activations_fit_half_the_
 def test_fig7_h200_zero_baselines_train_with_the_micro_batch_that_fits(hydra_conf):
     smaller = []
     for p in [p for s in ("zero_offload", "zero_infinity")
-              for p in points("fig7_h200", "trial=0", f"system={s}", "model=granite_8b_4l")]:
+              for p in points("fig7_h200", "trial=0", f"system={s}", "model=granite_8b_8l")]:
         r = sweep.run_config(p)
         mb = r.system.options["micro_batch_size"]
         assert mb == composition.zero_micro_batch(p.model, p.workload, r.hardware.gpu_capacity_bytes)

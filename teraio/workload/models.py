@@ -155,6 +155,15 @@ def attention_bytes(cfg: ModelConfig, micro_batch_size: int, seq_len: int, n_lay
     return micro_batch_size * cfg.n_heads * seq_len * seq_len * 4 * n_layers
 
 
+def softmax_working_bytes(cfg: ModelConfig, micro_batch_size: int, seq_len: int) -> int:
+    """Bytes one layer's attention softmax holds at once while it runs, over one micro-batch
+    on CUDA in FP32: torch's ``aten._safe_softmax`` keeps its input scores, the softmax before
+    masking, a bool mask of the same shape and its result (the probabilities
+    :func:`attention_bytes` counts) alive together, 13/4 of one layer's probabilities. No
+    schedule can run that op with less resident."""
+    return attention_bytes(cfg, micro_batch_size, seq_len, 1) * 13 // 4
+
+
 def micro_batch_bytes(cfg: ModelConfig, ffn: int, micro_batch_size: int, seq_len: int, n_layers: int,
                       logits: bool = True) -> int:
     """What one micro-batch in flight holds for backward: :func:`activation_bytes` and
@@ -199,11 +208,13 @@ def pipeline_estimate(cfg: ModelConfig, micro_batch_size: int, seq_len: int, n_m
     parameter (a weight tied across stages, Granite's embedding and output, is held by both;
     within one stage once), and at its peak what ``min(stages - stage, n_micro)`` micro-batches
     in flight hold for backward (:func:`micro_batch_bytes`, the logits on the last stage only).
+    The step peaks either at the logits or inside an attention softmax, whichever holds more:
+    temporaries are what :func:`softmax_working_bytes` holds beyond the probabilities it saves
+    and the stage's logits.
 
     Returns:
         Per stage ``{"stage", "layers", "parameters_count", "parameters", "gradients",
-        "optimizer state", "activations", "temporaries", "peak_bytes"}``, in bytes
-        (temporaries 0: not estimated).
+        "optimizer state", "activations", "temporaries", "peak_bytes"}``, in bytes.
 
     Raises:
         ValueError: fewer blocks than stages, or no micro-batch.
@@ -220,11 +231,13 @@ def pipeline_estimate(cfg: ModelConfig, micro_batch_size: int, seq_len: int, n_m
         count = sum(held[s].values())
         layers = cfg.n_layers // stages + (s < cfg.n_layers % stages)
         in_flight = min(stages - s, n_micro)
+        logits = logits_bytes(cfg, micro_batch_size * seq_len) if s == stages - 1 else 0
         groups = {"parameters": 4 * count, "gradients": 4 * count,
                   "optimizer state": 8 * count,  # AdamW's two FP32 states
                   "activations": in_flight * micro_batch_bytes(cfg, ffn, micro_batch_size, seq_len, layers,
                                                                logits=s == stages - 1),
-                  "temporaries": 0}
+                  "temporaries": max(0, softmax_working_bytes(cfg, micro_batch_size, seq_len)
+                                     - attention_bytes(cfg, micro_batch_size, seq_len, 1) - logits)}
         out.append({"stage": s, "layers": layers, "parameters_count": count, **groups,
                     "peak_bytes": sum(groups.values())})
     return out
