@@ -156,3 +156,31 @@ def test_a_pagers_copy_is_handed_to_the_host_tier_without_a_second_buffer():
     assert pager.buffers.free_bytes == 0 and pager.buffers.in_use_bytes == 0
     pager.close()
     tier.close()
+
+
+def test_an_op_out_of_memory_beyond_its_outputs_is_retried_after_evicting_and_fails_only_with_nothing_left():
+    """An op may allocate inside more than its outputs (torch's _safe_softmax holds its scores,
+    the softmax and a mask beside its result): the pager evicts and retries until the op runs,
+    never evicting the op's inputs, and gives up only when nothing else is left to evict."""
+    old = [torch.full((1024,), float(i)) for i in range(3)]  # 4 KiB each, evictable
+    x = torch.ones(1024)
+    pager = Pager(64 * KB, CPU, old + [x])
+    fails = {"n": 0}
+
+    def op():  # out of memory until the other storages are gone
+        if pager.evicted_bytes < 12 * KB:
+            fails["n"] += 1
+            raise torch.OutOfMemoryError("out of memory (scripted)")
+        return x * 2
+    keys = pager.admit(torch.ops.aten.mul.Tensor, (x, 2), {})
+    assert torch.equal(pager.run(op, keys), torch.full((1024,), 2.0))
+    assert fails["n"] == pager.stats.oom_retries == 1 and pager.evicted_bytes == 12 * KB
+    assert x.untyped_storage().nbytes() == 4 * KB  # the input stayed
+    pager.restore_all()
+    assert all(torch.equal(t, torch.full((1024,), float(i))) for i, t in enumerate(old))
+
+    def never():
+        raise torch.OutOfMemoryError("out of memory (scripted)")
+    with pytest.raises(torch.OutOfMemoryError, match="scripted"):
+        pager.run(never, keys)
+    assert pager.evicted_bytes == 12 * KB and x.untyped_storage().nbytes() == 4 * KB

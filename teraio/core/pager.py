@@ -19,8 +19,8 @@ Resident bytes are counted two ways: the *accounted* bytes, the sum of the resid
 storages the pager tracks (every storage an op touched or allocated, and every storage it
 was given up front), which is all there is on a CPU device; and on CUDA the caching
 allocator's ``memory_allocated``, which also sees workspaces and rounding. The pager keeps
-both, plus the op's estimated fresh outputs, at or below ``limit_bytes``; on CUDA an op that
-still runs out of memory is retried after evicting more (:meth:`Pager.call`).
+both, plus the op's estimated fresh outputs, at or below ``limit_bytes``; an op that still
+runs out of memory is retried after evicting more (:meth:`Pager.run`).
 
 A storage's death is seen through a weak reference to its ``UntypedStorage`` object (PyTorch
 keeps that object alive exactly as long as the storage), so a dead storage's host copy and
@@ -505,20 +505,28 @@ class Pager:
             self._track(t.untyped_storage())
         self._note_accounted()
 
-    def run(self, op: Callable[[], object], in_keys: set[int], retries: int = 3):
-        """``op()``, the admitted op. On CUDA an out-of-memory error (workspaces,
-        fragmentation) evicts more, frees the allocator's cached blocks and retries, up
-        to ``retries`` times; an op fails at allocation, before it writes anything."""
-        for attempt in range(retries + 1):
+    def run(self, op: Callable[[], object], in_keys: set[int]):
+        """``op()``, the admitted op. An out-of-memory error (workspaces, fragmentation, or
+        what an op allocates inside beyond its outputs, as ``aten._safe_softmax`` holds its
+        scores, the softmax and a mask beside its result) evicts more and retries, asking for
+        twice the free bytes each time (from ``max(limit / 16, 1 GiB)``), until nothing but the
+        op's inputs is left to evict; an op fails at allocation, before it writes anything.
+
+        Raises:
+            torch.OutOfMemoryError: the op does not fit with every other storage evicted.
+        """
+        want = max(self.limit_bytes // 16, 1 << 30)
+        while True:
             try:
                 return op()
             except torch.OutOfMemoryError:
-                if self.device.type != "cuda" or attempt == retries or not self._lru:
+                if not any(k not in in_keys for k in self._lru):
                     raise
                 self.stats.oom_retries += 1
-                self.make_room(max(self.limit_bytes // 16, 1 << 30) * (attempt + 1), protect=in_keys,
-                               strict=False)
-                torch.cuda.empty_cache()
+                self.make_room(want, protect=in_keys, strict=False)
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                want *= 2
 
     def call(self, func, args: tuple, kwargs: dict | None):
         """One op under the pager: :meth:`admit`, :meth:`run`, :meth:`settle`."""
