@@ -190,7 +190,10 @@ def scaled_frame(experiment: str = "fig7_h200", conf_dir: Path = CONF_DIR) -> pd
     what one attention softmax holds at once
     (:func:`teraio.workload.models.softmax_working_bytes`) over the capacity the point is capped
     at (peak / M): above the capacity TeraIO keeps usable no schedule can run that op;
-    ``paper_largest_op_share``: the same at the paper configuration on its GPU."""
+    ``paper_largest_op_share``: the same at the paper configuration on its GPU.
+    ``zero_sequence_share``: what one sequence holds for backward (activations, attention
+    probabilities, logits) over that capacity: the ZeRO baselines keep it on the GPU (no
+    activation checkpointing, paper §4.1), so above 1 their rows end ``oom``."""
     import yaml
 
     paper = paper_frame(conf_dir)
@@ -202,6 +205,8 @@ def scaled_frame(experiment: str = "fig7_h200", conf_dir: Path = CONF_DIR) -> pd
             if p.get("paper_m") is None:
                 continue
             one, share = one_gpu_estimate(model, p["micro_batch_size"], p["seq_len"])
+            capacity = one["peak_bytes"] / (p["paper_m"] / 100)
+            sequence, _ = one_gpu_estimate(model, 1, p["seq_len"])
             est = paper[(paper["model"] == name.rsplit("_", 1)[0]) & (paper["point"] == point)]
             stage = {int(e["stage"]): float(e["persistent_share"]) for _, e in est.iterrows()}
             rows.append({"model": name, "point": point, "batch_size": p["batch_size"],
@@ -210,10 +215,11 @@ def scaled_frame(experiment: str = "fig7_h200", conf_dir: Path = CONF_DIR) -> pd
                          "paper_persistent_stage0": stage[0], "paper_persistent_stage1": stage[1],
                          "distance": 100 * max(abs(share - v) for v in stage.values()),
                          "largest_op_share": softmax_working_bytes(model, p["micro_batch_size"], p["seq_len"])
-                         / (one["peak_bytes"] / (p["paper_m"] / 100)),
+                         / capacity,
                          "paper_largest_op_share": softmax_working_bytes(
                              model, int(est["micro_batch_size"].iloc[0]), int(est["seq_len"].iloc[0]))
-                         / paper_capacity})
+                         / paper_capacity,
+                         "zero_sequence_share": sequence["activations"] / capacity})
     return pd.DataFrame(rows)
 
 

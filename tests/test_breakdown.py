@@ -148,6 +148,15 @@ def test_fig7_h200_points_match_the_papers_memory_makeup_and_its_file_quotes_the
     quoted = [line[2:] for line in (CONF_DIR / "experiment" / "fig7_h200.yaml").read_text().splitlines()
               if line.startswith("# |")]
     assert quoted == scaled_table_lines("fig7_h200")
+    # the points where one sequence's activations exceed the capacity, which the experiment
+    # file names as those where ZeRO (activations on the GPU) cannot fit a micro-batch
+    over = f[f["zero_sequence_share"] > 1]
+    assert sorted(zip(over["model"], over["point"])) == sorted(
+        [("llama3_8b_4l", "seq_long"), ("granite_8b_8l", "bs_small"), ("granite_8b_8l", "bs_mid"),
+         ("granite_8b_8l", "bs_large"), ("granite_8b_8l", "seq_long")]
+        + [("llama3_70b_4l", p) for p in ("bs_small", "bs_mid", "bs_large", "seq_short", "seq_long")])
+    # ZeRO-Offload's committed rows (one sequence per micro-batch) ran where one sequence takes 46 %
+    assert f.set_index(["model", "point"]).loc[("llama3_8b_4l", "bs_small"), "zero_sequence_share"] < 0.5
     # the points that match M only are more than 10 points from the paper's make-up
     assert (scaled_frame("fig7_h200_m_only")["distance"] > 10).all()
     # the Llama3-8B cut's parameters, as ae_README.md (§7) states them: 1.05 B of 1.92 B are
