@@ -157,8 +157,7 @@ def paper_breakdown_table(paper: pd.DataFrame) -> pd.DataFrame:
     d["estimated M %"] = paper["estimated_m"].map(lambda v: fmt(v, 2))
     d["peak GiB"] = (paper["peak_bytes"] / GIB).map(fmt)
     for g in bd.GROUPS:
-        if g != "temporaries":
-            d[f"{g} GiB"] = (paper[g] / GIB).map(fmt)
+        d[f"{g} GiB"] = (paper[g] / GIB).map(fmt)
     d["persistent %"] = (100 * paper["persistent_share"]).map(lambda v: fmt(v, 1))
     return d
 
@@ -251,6 +250,8 @@ def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
                          ["16 B per parameter of the stage (FP32 weight, gradient, two AdamW "
                           "states); activations of the micro-batches in flight at the stage's "
                           "peak (2 on stage 0, 1 on stage 1), about (12·dim + 4·ffn) floats per "
-                          "token per layer, and the logits on the last stage. Micro-batch sizes "
-                          "are not in the paper: those of conf/experiment/fig7.yaml."])
+                          "token per layer, and the logits on the last stage; temporaries: what "
+                          "one attention softmax holds beyond its saved output and the stage's "
+                          "logits, left out of the persistent %. Micro-batch sizes are not in the "
+                          "paper: those of conf/experiment/fig7.yaml."])
     return paths

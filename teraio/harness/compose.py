@@ -20,7 +20,8 @@ def estimate_unoffloaded_peak_bytes(model: ModelConfig, workload: WorkloadConfig
     CUDA, on one GPU: :func:`teraio.workload.models.pipeline_estimate` with one stage and one
     micro-batch in flight (FP32 weights, gradients and AdamW's two states, 16 bytes per
     distinct parameter, plus the micro-batch's activations, attention probabilities and
-    logits). An estimate: the measured peak of a run is in its row (Ideal's
+    logits, and one attention softmax's transient bytes where they exceed the logits). An
+    estimate: the measured peak of a run is in its row (Ideal's
     ``peak_allocated_bytes``, TeraIO's ``unoffloaded_peak_bytes``).
     """
     from teraio.workload.models import pipeline_estimate

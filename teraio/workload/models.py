@@ -231,11 +231,12 @@ def pipeline_estimate(cfg: ModelConfig, micro_batch_size: int, seq_len: int, n_m
         count = sum(held[s].values())
         layers = cfg.n_layers // stages + (s < cfg.n_layers % stages)
         in_flight = min(stages - s, n_micro)
-        logits = logits_bytes(cfg, micro_batch_size * seq_len) if s == stages - 1 else 0
+        last = s == stages - 1
+        logits = logits_bytes(cfg, micro_batch_size * seq_len) if last else 0
         groups = {"parameters": 4 * count, "gradients": 4 * count,
                   "optimizer state": 8 * count,  # AdamW's two FP32 states
                   "activations": in_flight * micro_batch_bytes(cfg, ffn, micro_batch_size, seq_len, layers,
-                                                               logits=s == stages - 1),
+                                                               logits=last),
                   "temporaries": max(0, softmax_working_bytes(cfg, micro_batch_size, seq_len)
                                      - attention_bytes(cfg, micro_batch_size, seq_len, 1) - logits)}
         out.append({"stage": s, "layers": layers, "parameters_count": count, **groups,
