@@ -24,7 +24,7 @@ class ModelBuilt(Exception):
 def open_tiers(plan, tmp_path, host_tier=None) -> dict:
     """The CPU tiers ``plan`` needs, under ``tmp_path`` (which must exist): an SSD tier over
     two directories and a host tier (``host_tier``: its class, default ``HostTier``), each
-    with a slot per tensor the plan places there."""
+    with the slots the plan gives the tensors it places there."""
     from teraio.core.storage import HostTier, SSDTier
     slots = {"ssd": {}, "host": {}}
     for m in plan.migrations:
@@ -34,10 +34,11 @@ def open_tiers(plan, tmp_path, host_tier=None) -> dict:
         dirs = [tmp_path / "ssd0", tmp_path / "ssd1"]
         for d in dirs:
             d.mkdir()
-        tiers["ssd"] = SSDTier([str(d) for d in dirs], slots["ssd"])
+        tiers["ssd"] = SSDTier([str(d) for d in dirs], slots["ssd"], shares=plan.shared_slots("ssd"))
     if slots["host"]:
         tiers["host"] = (host_tier or HostTier)(sum(slots["host"].values()) + 4096 * len(slots["host"]),
-                                                slots["host"], torch.device("cpu"))
+                                                slots["host"], torch.device("cpu"),
+                                                shares=plan.shared_slots("host"))
     return tiers
 
 

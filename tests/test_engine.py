@@ -8,6 +8,7 @@ import dataclasses
 import errno
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,6 +17,7 @@ from teraio.core.engine import ExecutionDivergedError, MigrationEngine, PlanDrif
 from teraio.workload.models import build_model
 from teraio.core.plan import Migration, MigrationPlan, cyclic_between
 from teraio.core.profiler import persistent_tensors, profile_step
+from teraio.core.slots import SlotBins
 from teraio.workload.step import make_batch, make_optimizer, train_step
 from teraio.core.storage import HostTier, TierIOError, Transfer
 from conftest import open_tiers
@@ -101,6 +103,33 @@ def test_every_gap_offloaded_is_bit_exact(tmp_path, mixed):
     # what prime() offloaded), so in steady state each step moves the same both ways.
     for h in eng.history[1:]:
         assert h.bytes_prefetched == h.bytes_offloaded
+
+
+def share_slots(plan):
+    """``plan`` with each tier's slots shared wherever periods allow (teraio.core.slots),
+    placed in plan order as the planner places them."""
+    n, out = plan.n_ops, list(plan.migrations)
+    for tier in ("ssd", "host"):
+        idx = [i for i, m in enumerate(out) if m.tier == tier]
+        ms = [out[i] for i in idx]
+        b = [m.needed_by + n * (m.needed_by <= m.offload_after) for m in ms]
+        bins = SlotBins(n, np.array([m.tid for m in ms]), np.array([m.offload_after for m in ms]), np.array(b))
+        names = {m.tid: m.name for m in ms}
+        for i, m in zip(idx, ms):
+            out[i] = dataclasses.replace(m, slot=names[bins.place(m.tid, m.nbytes)])
+    return dataclasses.replace(plan, migrations=out)
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["ssd", "mixed"])
+def test_shared_slots_are_bit_exact(tmp_path, mixed):
+    # Every gap offloaded, and tensors whose periods never overlap write into one slot: each
+    # read gets the bytes of its own tensor (a tier refuses a read of a slot overwritten since).
+    model, opt, losses, trace = profiled()
+    plan = share_slots(every_gap_plan(trace, alternate_tiers if mixed else (lambda i: "ssd")))
+    for tier in {m.tier for m in plan.migrations}:
+        assert len(plan.shared_slots(tier)) > len({m.name for m in plan.migrations if m.tier == tier}) / 4
+    eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), open_tiers(plan, tmp_path), CPU)
+    train_bit_exact(eng, model, opt, losses, n_steps=6)
 
 
 def test_unplanned_use_is_fetched_urgently(tmp_path):

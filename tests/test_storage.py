@@ -35,16 +35,17 @@ def make_tier(request, tmp_path):
     with 4 KiB stripes, so every tensor over 4 KiB spans several stripes and files."""
     made = []
 
-    def make(slots, n_dirs=1):
+    def make(slots, n_dirs=1, shares=None):
         if request.param == "host":
-            tier = HostTier(sum(slots.values()) + 64 * len(slots), slots, DEVICE)
+            tier = HostTier(sum(slots.values()) + 64 * len(slots), slots, DEVICE, shares=shares)
         else:
             dirs = [tmp_path / f"drive{i}" for i in range(n_dirs)]
             for d in dirs:
                 d.mkdir()
             backend = "buffered" if request.param == "ssd-buffered" else "auto"
             stripe = 4096 if request.param == "ssd-striped" else 8 << 20
-            tier = SSDTier([str(d) for d in dirs], slots, backend=backend, threads=4, stripe_bytes=stripe)
+            tier = SSDTier([str(d) for d in dirs], slots, backend=backend, threads=4, stripe_bytes=stripe,
+                           shares=shares)
         made.append(tier)
         return tier
 
@@ -198,6 +199,61 @@ def test_bad_names_and_sizes_are_rejected(make_tier):
     tier.close()  # idempotent
     with pytest.raises(RuntimeError, match="closed"):
         tier.write("a", s)
+
+
+def test_a_shared_slot_holds_the_tensor_written_last(make_tier):
+    # y uses x's slot (their periods never overlap, teraio.core.slots); z has its own.
+    slots = {"x": 12_000, "y": 9_000, "z": 100}
+    tier = make_tier(slots, n_dirs=2, shares={"y": "x"})
+    data = {n: torch.randint(0, 256, (b,), dtype=torch.uint8, device=DEVICE) for n, b in slots.items()}
+
+    def read(name):
+        out = torch.empty(slots[name], dtype=torch.uint8, device=DEVICE)
+        tier.read(name, out.untyped_storage()).wait()
+        return out
+
+    for name in ("x", "z", "y"):
+        tier.write(name, data[name].untyped_storage()).wait()
+    assert torch.equal(read("y"), data["y"]) and torch.equal(read("z"), data["z"])
+    with pytest.raises(ValueError, match="slot 'x' now holds 'y', written after 'x'"):
+        read("x")
+    tier.write("x", data["x"].untyped_storage()).wait()
+    assert torch.equal(read("x"), data["x"])
+    if isinstance(tier, HostTier):  # only the owners' slots take memory
+        assert tier.nbytes == 12_032 + 128 and tier.can_take_over("x") is False
+    else:
+        x = {(st.path, st.offset) for st in tier.placement["x"]}
+        assert {(st.path, st.offset) for st in tier.placement["y"]} <= x
+        assert sum(st.nbytes for st in tier.placement["y"]) == 9_000
+        assert not x & {(st.path, st.offset) for st in tier.placement["z"]}
+
+
+@pytest.mark.parametrize("shares, message", [
+    ({"w": "x"}, "'w' is not a slot name"),
+    ({"y": "v"}, "'y' -> 'v', which is no slot of its own"),
+    ({"y": "x", "z": "y"}, "'z' -> 'y', which is no slot of its own"),
+    ({"x": "y"}, r"'x' \(12000 B\) does not fit in 'y'\'s slot \(9000 B\)"),
+])
+def test_bad_shares_are_refused_before_anything_is_allocated(tmp_path, shares, message):
+    slots = {"x": 12_000, "y": 9_000, "z": 100}
+    with pytest.raises(ValueError, match=message):
+        HostTier(1 << 20, slots, DEVICE, shares=shares)
+    (tmp_path / "d").mkdir()
+    with pytest.raises(ValueError, match=message):
+        SSDTier([str(tmp_path / "d")], slots, shares=shares)
+    assert os.listdir(tmp_path / "d") == []
+
+
+def test_host_take_over_only_where_the_slot_is_the_tensors_own_size():
+    tier = HostTier(1 << 20, {"x": 1000, "y": 600}, "cpu", shares={"y": "x"})
+    assert tier.can_take_over("x") and not tier.can_take_over("y") and not tier.can_take_over("q")
+    buf = torch.arange(1024, dtype=torch.int64).to(torch.uint8)
+    tier.take_over("x", buf)
+    assert not tier.can_take_over("x")
+    out = torch.empty(1000, dtype=torch.uint8)
+    tier.read("x", out.untyped_storage())
+    assert torch.equal(out, buf[:1000])
+    tier.close()
 
 
 # --- SSD tier: files, placement, validation, failures -------------------------------------

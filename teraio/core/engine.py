@@ -225,7 +225,7 @@ class MigrationEngine(TorchDispatchMode):
             t.tier = m.tier
             if held(m) and away[m.tid]:
                 take_over = getattr(tier, "take_over", None)
-                if take_over is not None and not tier.has_slot_buffer(t.name):
+                if take_over is not None and tier.can_take_over(t.name):
                     transfer = take_over(t.name, pager.hand_over(t.storage))
                 else:
                     transfer = tier.write(t.name, pager.host_copy(t.storage).untyped_storage())

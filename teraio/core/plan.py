@@ -47,6 +47,10 @@ class Migration:
         nbytes: bytes moved each way.
         tier: ``"ssd"`` or ``"host"``.
         offload_after, free_before, prefetch_before, needed_by: op indices, see module doc.
+        slot: the name of the tensor whose tier slot holds the bytes: ``name`` itself, or
+            another tensor's whose periods never overlap this tensor's
+            (``teraio.core.slots``); empty in plans made before slots were shared (each
+            tensor then has its own).
     """
 
     tid: int
@@ -57,6 +61,7 @@ class Migration:
     free_before: int
     prefetch_before: int
     needed_by: int
+    slot: str = ""
 
     def __post_init__(self) -> None:
         if self.tier not in TIERS:
@@ -104,6 +109,13 @@ class MigrationPlan:
     @property
     def feasible(self) -> bool:
         return self.shortfall_bytes == 0
+
+    def shared_slots(self, tier: str) -> dict[str, str]:
+        """Tensor name -> the name of the slot's owner, for ``tier``'s tensors that use
+        another tensor's slot (the argument ``shares`` of the tiers in
+        ``teraio.core.storage``)."""
+        return {m.name: m.slot for m in self.migrations
+                if m.tier == tier and m.slot and m.slot != m.name}
 
     def bytes_per_tier(self) -> dict[str, int]:
         out = {t: 0 for t in TIERS}

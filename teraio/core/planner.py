@@ -59,11 +59,12 @@ timelines: SSD (``ssd_write`` / ``ssd_read``) and, when ``host_cap_bytes > 0``, 
 memory (``host_d2h`` / ``host_h2d``). Host memory is used only when its window gives a
 strictly larger benefit than the SSD window, which happens when the SSD timeline is
 saturated around the period (its offload completes later / its prefetch must start
-earlier), and only if the host copy fits: the host tier is one pinned pool allocated up
-front with a fixed slot per tensor (``teraio.core.storage.HostTier``), so the bytes of the
-distinct tensors placed on host memory never exceed ``host_cap_bytes`` (a tensor's later
-periods reuse its slot). TeraIO-SSD is ``host_cap_bytes=0``; TeraIO-Mixed a
-positive cap. ``use_ssd=False`` plans for host memory only.
+earlier), and only if the host copy fits: each tier's slots are shared by tensors whose
+periods never overlap (``teraio.core.slots``; each migration names its slot's owner in
+``Migration.slot``), and the host slots, pinned buffers allocated once
+(``teraio.core.storage.HostTier``), never hold more than ``host_cap_bytes`` in all.
+TeraIO-SSD is ``host_cap_bytes=0``; TeraIO-Mixed a positive cap. ``use_ssd=False`` plans
+for host memory only.
 
 When memory cannot fit
 ----------------------
@@ -93,6 +94,7 @@ import time
 import numpy as np
 
 from teraio.core.plan import Migration, MigrationPlan
+from teraio.core.slots import HOST_ALIGN, SlotBins
 from teraio.core.trace import Trace
 
 BENEFITS: tuple[str, ...] = ("pressure", "formula")
@@ -265,7 +267,6 @@ class _Planner:
                  benefit: str, use_ssd: bool, periods: Periods, shared_ssd: bool):
         self.n = trace.n_ops
         self.capacity = capacity
-        self.host_cap = host_cap
         self.benefit = benefit
         self.tiers = [t for t, on in (("ssd", use_ssd), ("host", host_cap > 0)) if on]
         self.channels, self.scale = _channels(tiers, trace.op_seconds, shared_ssd)
@@ -274,12 +275,11 @@ class _Planner:
         self.live = trace.required_bytes().astype(np.int64)
         self.live2 = np.concatenate([self.live, self.live])
         self.tau2 = np.concatenate([trace.op_seconds, trace.op_seconds])
-        # The host tier is one pinned pool with a fixed slot per tensor, allocated up front
-        # (teraio.core.storage.HostTier), so host bytes are held for the whole run: one slot per
-        # distinct tensor, whatever its periods.
-        self.host_tids: set[int] = set()
-        self.host_held = 0
         self.s, self.a, self.b, self.p_tid = periods.nbytes, periods.a, periods.b, periods.tid
+        # Slots shared by tensors whose periods never overlap (teraio.core.slots): the host
+        # tier's bins stay under the cap; the SSD tier's only set the size of its files.
+        self.bins = {"host": SlotBins(self.n, self.p_tid, self.a, self.b, host_cap, align=HOST_ALIGN),
+                     "ssd": SlotBins(self.n, self.p_tid, self.a, self.b)}
         self._prefix_cache: dict[int, np.ndarray] = {}
 
     # ---- scoring (vectorized over candidates) -------------------------------------------
@@ -342,21 +342,19 @@ class _Planner:
             self.live[lo:hi] -= s
             self.live2[lo:hi] -= s
             self.live2[lo + self.n:hi + self.n] -= s
-        if tier == "host":
-            self.hold_on_host(c)
+        self.bins[tier].place(int(self.p_tid[c]), s)
         self._prefix_cache.clear()
         return f, p
 
     def host_room(self, idx: np.ndarray) -> np.ndarray:
-        """bool per candidate: its tensor has a host slot already, or one still fits the cap."""
-        has_slot = np.isin(self.p_tid[idx], np.fromiter(self.host_tids, dtype=np.int64))
-        return has_slot | (self.host_held + self.s[idx] <= self.host_cap)
+        """bool per candidate: its tensor has a host slot already, shares a free one, or a
+        new one still fits the cap."""
+        return self.bins["host"].room(self.p_tid[idx], self.s[idx])
 
-    def hold_on_host(self, c: int) -> None:
-        tid = int(self.p_tid[c])
-        if tid not in self.host_tids:
-            self.host_tids.add(tid)
-            self.host_held += int(self.s[c])
+    def slot_of(self, c: int, tier: str, trace: Trace) -> str:
+        """The name of the owner of the ``tier`` slot that candidate c's tensor was placed in."""
+        bins = self.bins[tier]
+        return trace.tensors[bins.owner[bins.bin_of[int(self.p_tid[c])]]].name
 
     def _overlapping(self, c: int) -> np.ndarray:
         """Candidates whose inactive period shares an op with candidate c's: the only ones
@@ -407,7 +405,7 @@ class _Planner:
             migrations.append(Migration(
                 tid=t.tid, name=t.name, nbytes=t.nbytes, tier=tier,
                 offload_after=int(self.a[c]), free_before=f % self.n, prefetch_before=p % self.n,
-                needed_by=int(self.b[c]) % self.n))
+                needed_by=int(self.b[c]) % self.n, slot=self.slot_of(c, tier, trace)))
             alive[c] = False
             self.taken[c] = True
             fresh &= ~self._overlapping(c)
@@ -488,13 +486,13 @@ class _Planner:
                 n_widened += 1
                 continue
             name = "host" if tier[c] == 1 else "ssd"
-            if name == "host":
-                self.hold_on_host(c)
+            self.bins[name].place(int(self.p_tid[c]), int(s[c]))
             alive[c] = False
             t = trace.tensors[int(self.p_tid[c])]
             migrations.append(Migration(tid=t.tid, name=t.name, nbytes=t.nbytes, tier=name,
                                         offload_after=int(self.a[c]), free_before=fc % n,
-                                        prefetch_before=pc % n, needed_by=int(b[c]) % n))
+                                        prefetch_before=pc % n, needed_by=int(b[c]) % n,
+                                        slot=self.slot_of(c, name, trace)))
         return migrations, n_widened
 
 
@@ -508,9 +506,9 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
         trace: the profiled iteration.
         capacity_bytes: GPU memory available to the tensors of the trace, bytes.
         tiers: migration bandwidths, GB/s.
-        host_cap_bytes: most host memory the plan may use, bytes: the sum of the host slots
-            of the distinct tensors it places there (0: SSD only, TeraIO-SSD; > 0:
-            TeraIO-Mixed).
+        host_cap_bytes: most host memory the plan may use, bytes: the sum of its host
+            slots, each shared by tensors whose periods never overlap (0: SSD only,
+            TeraIO-SSD; > 0: TeraIO-Mixed).
         benefit: ``"pressure"`` (default, the paper's prose) or ``"formula"`` (Algorithm 1
             as printed); see the module docstring.
         min_tensor_bytes: smaller tensors are never migrated, bytes.
@@ -565,6 +563,7 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
         "shared_ssd": shared_ssd,
         "n_exposed": 0, "n_widened": 0,
         "shortfall_bytes": max(0, predicted - capacity_bytes), **stats,
+        "slot_bytes": {t: planner.bins[t].held_bytes for t in ("ssd", "host")},
         "compile_seconds": time.perf_counter() - t0,
     }
     return MigrationPlan(n_ops=trace.n_ops, capacity_bytes=capacity_bytes, baseline_peak_bytes=baseline,

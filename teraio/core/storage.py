@@ -6,7 +6,8 @@ offloads a storage, frees it with ``storage.resize_(0)``, later re-allocates it 
 ``storage.resize_(nbytes)`` and reads the bytes back (as FSDP does), so every tensor
 viewing that storage (non-contiguous views, several tensors sharing one storage) is
 restored bit-exactly. Every tensor name gets a fixed slot of known size up front (from
-the migration plan), so no tier allocates after construction.
+the migration plan), its own or shared with tensors whose periods never overlap its
+(``shares``, ``teraio.core.slots``), so no tier allocates after construction.
 
 Bytes are moved through a fresh ``uint8`` tensor ``set_`` on the storage: writing
 through it bumps only that tensor's autograd version counter, never the counter of a
@@ -14,8 +15,9 @@ tensor saved for backward (``h.detach().copy_()`` would, and backward then fails
 "modified by an inplace operation").
 
 Transfers are futures in the kvikio style (:class:`Transfer`: ``done()``, ``wait()``).
-Transfers of the same name run in the order they were issued (a read issued after a
-write returns the written bytes); transfers of different names may overlap.
+Transfers of the same slot run in the order they were issued (a read issued after a
+write returns the written bytes; a write to a shared slot waits for the read of the
+tensor before it); transfers of different slots may overlap.
 """
 from __future__ import annotations
 
@@ -33,8 +35,10 @@ from dataclasses import dataclass
 
 import torch
 
+from teraio.core.slots import HOST_ALIGN
+
 _FILE_ALIGN = 4096  # GDS needs 4 KiB-aligned file offsets (kvikio CuFile.pwrite notes)
-_HOST_ALIGN = 64  # cache line; also the CPU allocator's alignment
+_HOST_ALIGN = HOST_ALIGN  # also the CPU allocator's alignment
 BACKENDS: tuple[str, ...] = ("auto", "direct", "buffered", "kvikio")
 
 
@@ -175,6 +179,32 @@ def _check_slots(slots: dict[str, int]) -> None:
             raise ValueError(f"slot {name!r}: {nbytes!r} — slots must map str names to int byte counts >= 0")
 
 
+def _slot_keys(slots: dict[str, int], shares: dict[str, str] | None) -> dict[str, str]:
+    """Tensor name -> the name of the slot it uses (its own, or its owner's in
+    ``shares``), after checking that every owner is a slot of its own at least as large."""
+    shares = dict(shares or {})
+    for name, owner in shares.items():
+        if name not in slots:
+            raise ValueError(f"shares: {name!r} is not a slot name (known: {len(slots)} names from the plan)")
+        if owner not in slots or owner in shares:
+            raise ValueError(f"shares: {name!r} -> {owner!r}, which is no slot of its own; "
+                             "an owner must be a slot name that shares nothing")
+        if slots[name] > slots[owner]:
+            raise ValueError(f"shares: {name!r} ({slots[name]} B) does not fit in {owner!r}'s slot "
+                             f"({slots[owner]} B)")
+    return {n: shares.get(n, n) for n in slots}
+
+
+def _check_holder(tier: str, holders: dict[str, str], key: str, name: str) -> None:
+    """Refuse to read ``name`` from slot ``key`` unless it was the last tensor written there."""
+    holder = holders.get(key)
+    if holder is None:
+        raise ValueError(f"{tier}: tensor {name!r} was never written, nothing to read")
+    if holder != name:
+        raise ValueError(f"{tier}: slot {key!r} now holds {holder!r}, written after {name!r}: "
+                         "the plan shares it between overlapping periods")
+
+
 def _check_storage(tier: str, slots: dict[str, int], name: str, storage: torch.UntypedStorage) -> int:
     if name not in slots:
         raise ValueError(f"{tier}: tensor {name!r} has no slot (known: {len(slots)} names from the plan)")
@@ -253,8 +283,8 @@ class Stripe:
 
 class SSDTier:
     """The SSD tier: one preallocated file per directory (one directory per drive), each
-    tensor name a fixed slot striped over all of them (RAID-0 style): its bytes are cut
-    into ``stripe_bytes`` pieces dealt round-robin over the files, so one large tensor
+    slot (a tensor name's, or shared: ``shares``) striped over all of them (RAID-0 style):
+    its bytes are cut into ``stripe_bytes`` pieces dealt round-robin over the files, so one large tensor
     moves at the drives' summed bandwidth. The paper (§3.3) moves tensors between HBM and
     SSDs with GPUDirect Storage through cuFile and leaves the file layout unstated; kvikio
     is the cuFile binding used where GDS is present, and the fixed slots mean no
@@ -269,6 +299,9 @@ class SSDTier:
     Args:
         dirs: directories, one per drive.
         slots: tensor name -> storage size in bytes, from the migration plan.
+        shares: tensor name -> the name whose slot it uses instead of its own (from
+            ``MigrationPlan.shared_slots``: tensors whose periods never overlap); a write
+            to a shared slot waits for the slot's previous transfer.
         backend: ``"direct"`` (``O_DIRECT`` through bounce buffers; a directory whose
             filesystem refuses ``O_DIRECT`` is an error), ``"buffered"`` (the same path
             through the page cache), ``"kvikio"`` (``kvikio.CuFile`` on device memory: GDS,
@@ -291,7 +324,7 @@ class SSDTier:
     """
 
     def __init__(self, dirs: list[str], slots: dict[str, int], backend: str = "auto", threads: int = 4,
-                 stripe_bytes: int = 8 << 20):
+                 stripe_bytes: int = 8 << 20, shares: dict[str, str] | None = None):
         if not dirs:
             raise ValueError("SSDTier needs at least one offload directory, got none")
         if backend not in BACKENDS:
@@ -307,8 +340,10 @@ class SSDTier:
         if backend == "auto" and torch.cuda.is_available() and _gds_available():
             backend = "kvikio"
         self._slots = dict(slots)
+        self._key = _slot_keys(slots, shares)
         dirs = [os.path.abspath(d) for d in dirs]
-        layout, share = _stripe_layout(slots, len(dirs), stripe_bytes)
+        layout, share = _stripe_layout({n: b for n, b in slots.items() if self._key[n] == n},
+                                       len(dirs), stripe_bytes)
         for d, need in zip(dirs, share):
             if not os.path.exists(d):
                 raise ValueError(f"offload dir {d!r} does not exist (the plan needs {need} bytes there)")
@@ -334,8 +369,9 @@ class SSDTier:
             for path, need in zip(self._paths, share):
                 self._allocate(path, need)
             self.placement: dict[str, list[Stripe]] = {
-                name: [Stripe(self._paths[f], off, start, n) for f, off, start, n in pieces]
-                for name, pieces in layout.items()}
+                name: [Stripe(self._paths[f], off, start, max(0, min(n, slots[name] - start)))
+                       for f, off, start, n in layout[self._key[name]] if start < slots[name] or start == 0]
+                for name in slots}
             if backend == "kvikio":
                 import kvikio
                 import kvikio.defaults
@@ -359,8 +395,9 @@ class SSDTier:
         self._pool = concurrent.futures.ThreadPoolExecutor(threads * len(dirs), thread_name_prefix="teraio-ssd")
         self._workers = concurrent.futures.ThreadPoolExecutor(threads * len(dirs), thread_name_prefix="teraio-ssd-io")
         self._local = threading.local()  # per worker: bounce buffer, CUDA stream
-        self._last: dict[str, concurrent.futures.Future] = {}  # last transfer per name
-        self._last_write: dict[str, concurrent.futures.Future] = {}
+        self._last: dict[str, concurrent.futures.Future] = {}  # last transfer per slot
+        self._last_write: dict[str, concurrent.futures.Future] = {}  # per name
+        self._holder: dict[str, str] = {}  # slot -> the name last written there
 
     @staticmethod
     def _check_free_space(dirs: list[str], share: list[int]) -> None:
@@ -405,10 +442,11 @@ class SSDTier:
         memory may have just been reused by the caching allocator).
 
         Raises:
-            ValueError: ``name`` was never written to this tier.
+            ValueError: ``name`` was never written to this tier, or another tensor was
+                written to its slot since.
         """
-        if name not in self._last_write:
-            raise ValueError(f"SSD tier: tensor {name!r} was never written, nothing to read")
+        if name in self._slots:
+            _check_holder("SSD tier", self._holder, self._key[name], name)
         return self._submit("read", name, storage)
 
     def _submit(self, kind: str, name: str, storage: torch.UntypedStorage) -> Transfer:
@@ -422,11 +460,13 @@ class SSDTier:
         what = (f"SSD {kind} of {name!r} ({nbytes} B) {where} {path}"
                 + (f" at offset {stripes[0].offset}" if len(stripes) == 1 else f" in {len(stripes)} stripes"))
         view = byte_view(storage)
+        key = self._key[name]
         future = self._pool.submit(self._run, kind, view, stripes, _ready_event(storage),
-                                   self._last.get(name), self._last_write.get(name))
-        self._last[name] = future
+                                   self._last.get(key), self._last_write.get(name))
+        self._last[key] = future
         if kind == "write":
             self._last_write[name] = future
+            self._holder[key] = name
         return Transfer(name, path, what, nbytes, future=future)
 
     def _run(self, kind: str, view: torch.Tensor, stripes: list[Stripe], ready, previous, last_write) -> int:
@@ -565,9 +605,10 @@ def _unregister(buffers: dict) -> None:
 
 
 class HostTier:
-    """The host-memory tier: one buffer per tensor name, of its slot's size, never more
-    than ``cap_bytes`` in all (paper §3.2: host memory is used under a capacity limit once
-    the SSD bandwidth is exhausted).
+    """The host-memory tier: one buffer per slot, of its owner's size, never more than
+    ``cap_bytes`` in all (paper §3.2: host memory is used under a capacity limit once the
+    SSD bandwidth is exhausted). A slot is a tensor name's own, or shared by several
+    tensors whose periods never overlap (``shares``).
 
     A slot's buffer is allocated at its first write, so that host memory fills only as
     tensors arrive (the steps before the plan may still hold other copies in host memory,
@@ -582,33 +623,39 @@ class HostTier:
         cap_bytes: host-memory cap for offloaded tensors, bytes.
         slots: tensor name -> storage size in bytes, from the migration plan.
         device: the training device (``"cuda"``, ``"cuda:1"``, ``"cpu"``).
+        shares: tensor name -> the name whose slot it uses instead of its own (from
+            ``MigrationPlan.shared_slots``); a copy into a shared slot waits for the slot's
+            previous copy.
 
     Attributes:
         nbytes: bytes the slots take once all are written (each rounded up to 64 B).
         pinned: whether the buffers are page-locked.
 
     Raises:
-        ValueError: the slots need more than ``cap_bytes`` (message names both).
+        ValueError: the slots need more than ``cap_bytes`` (message names both), or a bad
+            ``shares`` entry.
     """
 
-    def __init__(self, cap_bytes: int, slots: dict[str, int], device):
+    def __init__(self, cap_bytes: int, slots: dict[str, int], device, shares: dict[str, str] | None = None):
         _check_slots(slots)
         self._slots = dict(slots)
+        self._key = _slot_keys(slots, shares)
         self._device = torch.device(device)
-        total = sum(_align(nbytes, _HOST_ALIGN) for nbytes in slots.values())
+        owners = [n for n in slots if self._key[n] == n]
+        total = sum(_align(slots[n], _HOST_ALIGN) for n in owners)
         if total > cap_bytes:
-            raise ValueError(f"host tier: the plan's {len(slots)} host slots need {total} bytes, "
+            raise ValueError(f"host tier: the plan's {len(owners)} host slots need {total} bytes, "
                              f"above host_mem_cap_bytes={cap_bytes}")
         self.nbytes = total
         self.pinned = self._device.type == "cuda"
-        self._buffers: dict[str, torch.Tensor] = {}  # the registered ones, on CUDA
-        self._slot_buffers: dict[str, torch.Tensor] = {}
+        self._buffers: dict[str, torch.Tensor] = {}  # per slot, the registered ones, on CUDA
+        self._slot_buffers: dict[str, torch.Tensor] = {}  # per slot
         self._closed = weakref.finalize(self, _unregister, self._buffers)
         if self._device.type == "cuda":
             self._d2h = torch.cuda.Stream(self._device)
             self._h2d = torch.cuda.Stream(self._device)
-        self._last: dict[str, torch.cuda.Event] = {}  # last transfer per name (CUDA)
-        self._written: set[str] = set()
+        self._last: dict[str, torch.cuda.Event] = {}  # last transfer per slot (CUDA)
+        self._holder: dict[str, str] = {}  # slot -> the name last written there
 
     @property
     def allocated_bytes(self) -> int:
@@ -626,7 +673,7 @@ class HostTier:
         pool.settle()
         adopted = 0
         for name, nbytes in self._slots.items():
-            if name in self._slot_buffers:
+            if self._key[name] != name or name in self._slot_buffers:
                 continue
             buf = pool.take_free(_align(nbytes, _HOST_ALIGN))
             if buf is None and nbytes % _HOST_ALIGN:
@@ -647,53 +694,59 @@ class HostTier:
 
         Raises:
             ValueError: ``name`` is no slot, its slot is already allocated, or ``buf`` is
-                too small.
+                smaller than the slot.
         """
-        nbytes = self._slots.get(name)
-        if nbytes is None:
+        if name not in self._slots:
             raise ValueError(f"host tier: {name!r} has no slot in the plan")
-        if name in self._slot_buffers:
-            raise ValueError(f"host tier: slot {name!r} is already allocated; write() to it instead")
+        key = self._key[name]
+        nbytes = self._slots[key]
+        if key in self._slot_buffers:
+            raise ValueError(f"host tier: slot {key!r} is already allocated; write() to it instead")
         if buf.dtype != torch.uint8 or buf.dim() != 1 or buf.numel() < nbytes:
-            raise ValueError(f"host tier: slot {name!r} needs a uint8 buffer of at least {nbytes} B, "
+            raise ValueError(f"host tier: slot {key!r} needs a uint8 buffer of at least {nbytes} B, "
                              f"got {buf.dtype} of {buf.numel()} elements")
-        self._slot_buffers[name] = buf
+        self._slot_buffers[key] = buf
         if self.pinned:
-            self._buffers[name] = buf  # unlocked at close
-        self._written.add(name)
-        return Transfer(name, "host pool", f"host take-over of {name!r} ({nbytes} B)", nbytes)
+            self._buffers[key] = buf  # unlocked at close
+        self._holder[key] = name
+        return Transfer(name, "host pool", f"host take-over of {name!r} ({self._slots[name]} B)",
+                        self._slots[name])
 
-    def has_slot_buffer(self, name: str) -> bool:
-        """True once ``name``'s slot has its buffer (written, adopted or taken over)."""
-        return name in self._slot_buffers
+    def can_take_over(self, name: str) -> bool:
+        """True while ``name``'s slot has no buffer yet and is ``name``'s own size, so that
+        a buffer holding ``name``'s bytes can become it (:meth:`take_over`)."""
+        key = self._key.get(name)
+        return key is not None and key not in self._slot_buffers and self._slots[key] == self._slots[name]
 
     def _slot(self, name: str) -> torch.Tensor:
-        buf = self._slot_buffers.get(name)
+        key = self._key[name]
+        buf = self._slot_buffers.get(key)
         if buf is None:
-            size = _align(self._slots[name], _HOST_ALIGN)
+            size = _align(self._slots[key], _HOST_ALIGN)
             if self.pinned:
-                buf = pinned_empty(size, f"host tier slot {name!r}")
-                self._buffers[name] = buf
+                buf = pinned_empty(size, f"host tier slot {key!r}")
+                self._buffers[key] = buf
             else:
                 buf = torch.empty(size, dtype=torch.uint8)
-            self._slot_buffers[name] = buf
+            self._slot_buffers[key] = buf
         return buf
 
     def write(self, name: str, storage: torch.UntypedStorage) -> Transfer:
         """Copy all bytes of ``storage`` into ``name``'s slot (after the ops queued so far
         on the current stream). ``storage`` must not be freed until the transfer is done."""
         transfer = self._copy("write", name, storage)
-        self._written.add(name)
+        self._holder[self._key[name]] = name
         return transfer
 
     def read(self, name: str, storage: torch.UntypedStorage) -> Transfer:
         """Copy ``name``'s slot into ``storage`` (already ``resize_``-d to its slot size).
 
         Raises:
-            ValueError: ``name`` was never written to this tier.
+            ValueError: ``name`` was never written to this tier, or another tensor was
+                written to its slot since.
         """
-        if name not in self._written:
-            raise ValueError(f"host tier: tensor {name!r} was never written, nothing to read")
+        if name in self._slots:
+            _check_holder("host tier", self._holder, self._key[name], name)
         return self._copy("read", name, storage)
 
     def _copy(self, kind: str, name: str, storage: torch.UntypedStorage) -> Transfer:
@@ -709,14 +762,15 @@ class HostTier:
             return Transfer(name, "host pool", what, nbytes)
         stream = self._d2h if kind == "write" else self._h2d
         stream.wait_stream(torch.cuda.current_stream(storage.device))
-        if name in self._last:
-            stream.wait_event(self._last[name])
+        key = self._key[name]
+        if key in self._last:
+            stream.wait_event(self._last[key])
         with torch.cuda.stream(stream):
             dst.copy_(src, non_blocking=True)
             event = torch.cuda.Event()
             event.record(stream)
         view.record_stream(stream)  # the caching allocator keeps the memory until the copy ran
-        self._last[name] = event
+        self._last[key] = event
         return Transfer(name, "host pool", what, nbytes, event=event, references=(view,))
 
     def close(self) -> None:

@@ -135,18 +135,21 @@ def tier_bandwidth(cfg: RunConfig, device: torch.device | None = None, io_thread
 
 
 def open_tiers(plan, cfg: RunConfig, device: torch.device, io_threads: int = 4) -> dict:
-    """The tiers the plan uses, with one slot per migrated tensor. The SSD tier puts one
-    uniquely named file in each drive's directory, so concurrent runs never collide, and
-    refuses a missing, unwritable or too small directory, naming it and the bytes needed.
+    """The tiers the plan uses, with a slot per migrated tensor or shared as the plan says
+    (``MigrationPlan.shared_slots``). The SSD tier puts one uniquely named file in each
+    drive's directory, so concurrent runs never collide, and refuses a missing, unwritable
+    or too small directory, naming it and the bytes needed.
     """
     slots: dict[str, dict[str, int]] = {"ssd": {}, "host": {}}
     for m in plan.migrations:
         slots[m.tier][m.name] = m.nbytes
     tiers = {}
     if slots["ssd"]:
-        tiers["ssd"] = SSDTier(list(cfg.hardware.ssd_dirs), slots["ssd"], threads=io_threads)
+        tiers["ssd"] = SSDTier(list(cfg.hardware.ssd_dirs), slots["ssd"], threads=io_threads,
+                               shares=plan.shared_slots("ssd"))
     if slots["host"]:
-        tiers["host"] = HostTier(cfg.hardware.host_mem_cap_bytes, slots["host"], device)
+        tiers["host"] = HostTier(cfg.hardware.host_mem_cap_bytes, slots["host"], device,
+                                 shares=plan.shared_slots("host"))
     return tiers
 
 

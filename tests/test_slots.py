@@ -1,0 +1,63 @@
+"""Slot sharing in the offload tiers (teraio.core.slots): tensors share a slot only where
+no period of one meets a period of another, a tensor keeps one slot for all its periods,
+and the cap bounds the bytes of the slots."""
+import numpy as np
+import pytest
+
+from teraio.core.slots import SlotBins
+
+
+def bins(periods, n_ops=10, cap=None, align=1):
+    """SlotBins over ``periods``: [(tid, a, b)], b unrolled."""
+    tid, a, b = (np.array(x) for x in zip(*periods))
+    return SlotBins(n_ops, tid, a, b, cap, align)
+
+
+def test_disjoint_periods_share_and_overlapping_ones_do_not():
+    sb = bins([(0, 0, 3), (1, 3, 6), (2, 2, 4)])
+    assert sb.place(0, 100) == 0
+    assert sb.place(1, 100) == 0            # [3, 6) after [0, 3): same slot
+    assert sb.place(2, 100) == 2            # [2, 4) meets both: a slot of its own
+    assert sb.size == [100, 100] and sb.held_bytes == 200
+
+
+def test_a_tensor_reserves_all_its_periods_in_its_slot():
+    # Tensor 0 is off over [0, 3) and [6, 9); tensor 1's [5, 7) meets the second period only.
+    sb = bins([(0, 0, 3), (0, 6, 9), (1, 5, 7), (2, 3, 6)])
+    sb.place(0, 64)
+    assert sb.place(1, 64) == 1
+    assert sb.place(2, 64) == 0             # [3, 6) fits between tensor 0's periods
+    assert sb.place(0, 64) == 0             # placed again: its own slot, nothing new
+    assert sb.held_bytes == 128
+
+
+def test_best_fit_and_size():
+    sb = bins([(0, 0, 2), (1, 0, 2), (2, 4, 6)])
+    sb.place(0, 1000)
+    sb.place(1, 300)
+    assert sb.place(2, 200) == 1            # the smallest free slot that holds it
+    sb2 = bins([(0, 0, 2), (1, 4, 6)])
+    sb2.place(0, 100)
+    assert sb2.place(1, 101) == 1           # larger than the free slot: a new one
+
+
+def test_wrapping_periods():
+    # n_ops 10: tensor 0 is off from op 8 to op 2 of the next iteration, [8, 12).
+    sb = bins([(0, 8, 12), (1, 0, 2), (2, 2, 5)])
+    sb.place(0, 8)
+    assert sb.place(1, 8) == 1              # [0, 2) lies inside [8, 12) mod 10
+    assert sb.place(2, 8) == 0
+
+
+def test_cap_bounds_the_slots():
+    sb = bins([(0, 0, 3), (1, 1, 4), (2, 5, 8)], cap=128, align=64)
+    assert sb.room(np.array([0, 1, 2]), np.array([10, 10, 10])).all()
+    sb.place(0, 10)
+    sb.place(1, 10)                         # overlaps tensor 0: a second 64 B slot
+    assert sb.held_bytes == 128
+    assert sb.room(np.array([2]), np.array([64])).tolist() == [True]    # shares a free slot
+    assert sb.room(np.array([2]), np.array([65])).tolist() == [False]   # too big for one, no room for more
+    with pytest.raises(ValueError, match="above the cap of 128 B"):
+        sb.place(2, 65)
+    with pytest.raises(ValueError, match="tensor 7 has no candidate period"):
+        sb.place(7, 1)
