@@ -1,0 +1,93 @@
+"""Re-plan committed TeraIO runs with the current planner, on CPU: for each job directory
+(its ``trace.json[.gz]`` and ``plan.json[.gz]``), plan the trace again at the plan's own
+capacity, bandwidths, host cap and options, and replay both plans through the simulator.
+
+    python benchmarks/replan.py JOB_DIR [JOB_DIR ...] --out FILE.json
+
+Per job it reports, for the committed plan and the new one: bytes moved per tier and
+iteration, the bytes of each tier's slots (a plan without shared slots, made before
+``teraio.core.slots``, needs one slot per tensor name), the exposed migrations, and the
+simulated iteration and stall seconds (``teraio.core.simulator.simulate``, FIFO).
+The file ``--out`` is replaced atomically.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shlex
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from teraio.core.plan import MigrationPlan  # noqa: E402
+from teraio.core.planner import TierBandwidth, plan_migrations  # noqa: E402
+from teraio.core.simulator import simulate  # noqa: E402
+from teraio.core.trace import Trace  # noqa: E402
+from teraio.files import write_atomic  # noqa: E402
+
+
+def _load(job: Path, stem: str) -> dict:
+    for path, opener in ((job / f"{stem}.json", open), (job / f"{stem}.json.gz", gzip.open)):
+        if path.exists():
+            with opener(path, "rt") as f:
+                return json.load(f)
+    raise ValueError(f"{job}: no {stem}.json or {stem}.json.gz")
+
+
+def slot_bytes(plan: MigrationPlan) -> dict[str, int]:
+    """Bytes of each tier's slots: one per owner, or one per tensor name in a plan
+    without shared slots (host slots rounded up to 64 B, as the host tier allocates)."""
+    out = {}
+    for tier, align in (("ssd", 1), ("host", 64)):
+        owners = {m.name: m.nbytes for m in plan.migrations if m.tier == tier and m.slot in ("", m.name)}
+        out[tier] = sum(-(-b // align) * align for b in owners.values())
+    return out
+
+
+def summary(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth) -> dict:
+    sim = simulate(trace, plan, tiers)
+    return {"migrations": len(plan.migrations), "exposed": plan.meta.get("n_exposed", 0),
+            "bytes_per_tier": plan.bytes_per_tier(), "slot_bytes": slot_bytes(plan),
+            "predicted_peak_bytes": plan.predicted_peak_bytes,
+            "simulated_iteration_s": sim.iteration_seconds, "simulated_stall_s": sim.stall_seconds}
+
+
+def replan(job: Path) -> dict:
+    """The committed plan of ``job`` and the current planner's, side by side.
+
+    Raises:
+        ValueError: ``job`` lacks its trace or plan.
+    """
+    trace = Trace.from_dict(_load(job, "trace"))
+    old = MigrationPlan.from_dict(_load(job, "plan"))
+    meta = old.meta
+    tiers = TierBandwidth(**meta["tiers_gbps"])
+    new = plan_migrations(trace, old.capacity_bytes, tiers, host_cap_bytes=meta["host_cap_bytes"],
+                          benefit=meta["benefit"], min_tensor_bytes=meta["min_tensor_bytes"],
+                          use_ssd=meta["use_ssd"], allow_stalls=meta["allow_stalls"],
+                          shared_ssd=meta["shared_ssd"])
+    return {"job": str(job), "capacity_bytes": old.capacity_bytes, "host_cap_bytes": meta["host_cap_bytes"],
+            "tiers_gbps": meta["tiers_gbps"], "ideal_s": float(trace.op_seconds.sum()),
+            "committed": summary(trace, old, tiers), "replanned": summary(trace, new, tiers)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("jobs", nargs="+", type=Path, help="job directories with trace and plan")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    rows = [replan(j) for j in args.jobs]
+    write_atomic(args.out, json.dumps({"command": shlex.join(["python", "benchmarks/replan.py", *sys.argv[1:]]),
+                                       "jobs": rows}, indent=1).encode())
+    for r in rows:
+        print(r["job"])
+        for k in ("committed", "replanned"):
+            s = r[k]
+            print(f"  {k}: slots {s['slot_bytes']} B, moved {s['bytes_per_tier']} B, "
+                  f"simulated {s['simulated_iteration_s']:.1f} s/iteration (Ideal {r['ideal_s']:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()
