@@ -327,9 +327,10 @@ def test_a_row_whose_trace_is_kept_gzipped_has_its_breakdown(tmp_path):
 
 def test_the_capacity_estimate_tracks_ideals_measured_peaks_on_the_h200():
     """The one-GPU estimate behind each fig7_h200 capacity against the peak Ideal measured on the
-    H200 at the same shape (every committed ok Ideal row of fig7_h200 and its first runs): within
-    5 % below. At the Granite cut's 2 x 5,120 tokens the step peaks inside an attention softmax
-    (its temporaries); without them the estimate would be 14.7 % low."""
+    H200 at the same shape (every committed ok Ideal row of fig7_h200 and its first runs): from
+    3 % above to 5 % below. At the Granite cut's 2 x 5,120 tokens the step peaks inside an
+    attention softmax (its temporaries); without them the 4-layer estimate would be 14.7 % low.
+    The 8-layer Granite cut's estimate is the one above its measured peak, by 2.7 % at 4 x 2,560."""
     import json
     from pathlib import Path
 
@@ -339,15 +340,17 @@ def test_the_capacity_estimate_tracks_ideals_measured_peaks_on_the_h200():
     rows = [json.loads(f.read_text()) for d in ("fig7_h200", "fig7_h200_first_estimate", "fig7_h200_granite_4l")
             for f in sorted((root / d).glob("*-ideal-*/result.json"))]
     rows = [r for r in rows if r["status"] == "ok"]
-    assert len(rows) == 13
+    assert len(rows) == 17
     gaps = {}
     for r in rows:
         p = r["point"]
         (est,) = pipeline_estimate(load_model(p["model"]), p["micro_batch_size"], p["seq_len"], 1, stages=1)
         gap = 1 - est["peak_bytes"] / r["peak_allocated_bytes"]
-        assert 0 <= gap <= 0.05, (p, gap)
+        assert -0.03 <= gap <= 0.05, (p, gap)
         gaps[p["model"], p["micro_batch_size"], p["seq_len"]] = (
             gap, 1 - (est["peak_bytes"] - est["temporaries"]) / r["peak_allocated_bytes"])
     granite = gaps["granite_8b_4l", 2, 5120]
     assert (round(100 * granite[1], 1), round(100 * granite[0], 1)) == (14.7, 3.2)
     assert round(100 * max(g for g, _ in gaps.values()), 1) == 4.2  # as tests/test_config.py allows for
+    assert [k for k, (g, _) in gaps.items() if g < 0] == [("granite_8b_8l", 4, 2560), ("granite_8b_8l", 2, 5120)]
+    assert round(100 * min(g for g, _ in gaps.values()), 1) == -2.7

@@ -270,6 +270,14 @@ def test_plan_json_round_trip(tmp_path):
     again = MigrationPlan.load(path)
     assert again == plan
     assert (predicted_live_bytes(tr, again) == predicted_live_bytes(tr, plan)).all()
+    assert all(m.slot for m in plan.migrations)
+    # A plan saved before slots were shared has no "slot" fields: every tensor its own slot.
+    d = plan.to_dict()
+    for m in d["migrations"]:
+        del m["slot"]
+    old = MigrationPlan.from_dict(d)
+    assert {m.slot for m in old.migrations} == {""}
+    assert old.shared_slots("host") == old.shared_slots("ssd") == {}
 
 
 def test_benefit_variants_rank_differently():
