@@ -1,8 +1,9 @@
 """Re-plan committed TeraIO runs with the current planner, on CPU: for each job directory
 (its ``trace.json[.gz]`` and ``plan.json[.gz]``), plan the trace again at the plan's own
-capacity, bandwidths, host cap and options, and replay both plans through the simulator.
+capacity, bandwidths, host cap (or ``--host-cap-bytes``: 0 plans TeraIO-SSD) and options,
+and replay both plans through the simulator.
 
-    python benchmarks/replan.py JOB_DIR [JOB_DIR ...] --out FILE.json
+    python benchmarks/replan.py JOB_DIR [JOB_DIR ...] [--host-cap-bytes N] --out FILE.json
 
 Per job it reports, for the committed plan and the new one: bytes moved per tier and
 iteration, the bytes of each tier's slots (a plan without shared slots, made before
@@ -54,21 +55,26 @@ def summary(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth) -> dict:
             "simulated_iteration_s": sim.iteration_seconds, "simulated_stall_s": sim.stall_seconds}
 
 
-def replan(job: Path) -> dict:
-    """The committed plan of ``job`` and the current planner's, side by side.
+def replan(job: Path, host_cap_bytes: int | None = None) -> dict:
+    """The committed plan of ``job`` and the current planner's, side by side; the new plan
+    at ``host_cap_bytes`` if given, else at the committed plan's host cap.
 
     Raises:
-        ValueError: ``job`` lacks its trace or plan.
+        ValueError: ``job`` lacks its trace or plan, or ``host_cap_bytes`` < 0.
     """
+    if host_cap_bytes is not None and host_cap_bytes < 0:
+        raise ValueError(f"host_cap_bytes={host_cap_bytes}; must be >= 0 (0: TeraIO-SSD)")
     trace = Trace.from_dict(_load(job, "trace"))
     old = MigrationPlan.from_dict(_load(job, "plan"))
     meta = old.meta
     tiers = TierBandwidth(**meta["tiers_gbps"])
-    new = plan_migrations(trace, old.capacity_bytes, tiers, host_cap_bytes=meta["host_cap_bytes"],
+    host_cap = meta["host_cap_bytes"] if host_cap_bytes is None else host_cap_bytes
+    new = plan_migrations(trace, old.capacity_bytes, tiers, host_cap_bytes=host_cap,
                           benefit=meta["benefit"], min_tensor_bytes=meta["min_tensor_bytes"],
                           use_ssd=meta["use_ssd"], allow_stalls=meta["allow_stalls"],
                           shared_ssd=meta["shared_ssd"])
     return {"job": str(job), "capacity_bytes": old.capacity_bytes, "host_cap_bytes": meta["host_cap_bytes"],
+            "replanned_host_cap_bytes": host_cap,
             "tiers_gbps": meta["tiers_gbps"], "ideal_s": float(trace.op_seconds.sum()),
             "committed": summary(trace, old, tiers), "replanned": summary(trace, new, tiers)}
 
@@ -76,10 +82,13 @@ def replan(job: Path) -> dict:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("jobs", nargs="+", type=Path, help="job directories with trace and plan")
+    ap.add_argument("--host-cap-bytes", type=int, default=None,
+                    help="host cap of the new plans, bytes (default: each committed plan's; 0: TeraIO-SSD)")
     ap.add_argument("--out", type=Path, required=True)
+    argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
-    rows = [replan(j) for j in args.jobs]
-    write_atomic(args.out, json.dumps({"command": shlex.join(["python", "benchmarks/replan.py", *sys.argv[1:]]),
+    rows = [replan(j, args.host_cap_bytes) for j in args.jobs]
+    write_atomic(args.out, json.dumps({"command": shlex.join(["python", "benchmarks/replan.py", *argv]),
                                        "jobs": rows}, indent=1).encode())
     for r in rows:
         print(r["job"])

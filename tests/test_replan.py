@@ -30,3 +30,18 @@ def test_the_committed_replan_is_reproduced():
 def test_a_job_without_its_trace_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"no trace.json or trace.json.gz"):
         replan.replan(tmp_path)
+    with pytest.raises(ValueError, match=r"host_cap_bytes=-1; must be >= 0"):
+        replan.replan(ROOT / "no-such-job", host_cap_bytes=-1)
+
+
+def test_ssd_only_replan_writes_its_command(tmp_path):
+    job = "runs/reference/h200/fig7_h200/llama3_8b_4l-teraio_mixed-h200-bs8-mb2-seq3072-t0"
+    out = tmp_path / "r.json"
+    replan.main([str(ROOT / job), "--host-cap-bytes", "0", "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert doc["command"].endswith(f"--host-cap-bytes 0 --out {out}")
+    (row,) = doc["jobs"]
+    assert row["replanned_host_cap_bytes"] == 0 and row["host_cap_bytes"] == 64 * 10**9
+    new = row["replanned"]
+    assert new["slot_bytes"]["host"] == new["bytes_per_tier"]["host"] == 0 < new["bytes_per_tier"]["ssd"]
+    assert new["simulated_iteration_s"] > 10 * row["committed"]["simulated_iteration_s"]
