@@ -76,12 +76,14 @@ def paper_micro_batch(model: ModelConfig, batch_size: int, seq_len: int, paper_m
 
 
 def measured_frame(runs: pd.DataFrame, root: Path) -> pd.DataFrame:
-    """One row per ok run with a trace: its point, the un-offloaded peak, each group's bytes at
-    that peak and the persistent share there and over the iteration."""
+    """One row per run with a trace: its point and status, the un-offloaded peak, each group's
+    bytes at that peak and the persistent share there and over the iteration. A TeraIO run
+    saves the trace of its profiled, un-offloaded step before it plans, so a run that failed
+    later (its status says how) still measured its make-up."""
     rows = []
-    for _, r in runs[(~runs["failed"]) & runs["trace_path"].notna()].iterrows():
+    for _, r in runs[runs["trace_path"].notna()].iterrows():
         b = trace_breakdown(Trace.load(root / r["trace_path"]))
-        rows.append({**{k: r[k] for k in ("model", "system", "config", "micro_batch_size", "trial")},
+        rows.append({**{k: r[k] for k in ("model", "system", "config", "micro_batch_size", "trial", "status")},
                      "peak_bytes": b["peak_bytes"], **b["at_peak"],
                      "persistent_at_peak": persistent_share(b["at_peak"]),
                      "persistent_mean": persistent_share(b["mean"])})
@@ -225,8 +227,9 @@ def scaled_frame(experiment: str = "fig7_h200", conf_dir: Path = CONF_DIR) -> pd
 
 def point_comparison(runs: pd.DataFrame, measured: pd.DataFrame, paper: pd.DataFrame,
                      conf_dir: Path = CONF_DIR) -> pd.DataFrame:
-    """Per measured point (model, batch, micro-batch, sequence): M and the persistent share
-    at the un-offloaded peak as measured (medians over the ok runs with a trace) beside the
+    """Per measured point (model, batch, micro-batch, sequence): M (median over the ok runs)
+    and the persistent share at the un-offloaded peak (median over the runs with a trace,
+    :func:`measured_frame`) as measured, beside the
     paper's M and the persistent share estimated for the paper configuration the point
     stands for (:func:`paper_point_of`; both stages of :func:`paper_frame`)."""
     keys = ["model", "batch_size", "micro_batch_size", "seq_len"]

@@ -141,8 +141,8 @@ def memory_table(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def memory_breakdown_table(measured: pd.DataFrame) -> pd.DataFrame:
-    d = measured[["model", "system", "config", "micro_batch_size", "trial"]].rename(
-        columns={"micro_batch_size": "µbatch"}).astype(str)
+    d = measured[["model", "system", "config", "micro_batch_size", "trial", "status"]].rename(
+        columns={"micro_batch_size": "µbatch", "status": "run status"}).astype(str)
     d["peak GiB"] = (measured["peak_bytes"] / GIB).map(fmt)
     for g in (*bd.GROUPS, bd.ALLOCATOR):
         d[f"{g} GiB"] = (measured[g] / GIB).map(fmt)
@@ -227,8 +227,10 @@ def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
     if len(measured):
         paths += write_table(memory_breakdown_table(measured), out_dir / "memory_breakdown",
                              f"What the un-offloaded step's memory is made of (paper Fig. 10(1)) — {who}",
-                             ["From each ok run's profiled trace: bytes live at the op where the "
-                              "un-offloaded step peaks, by tensor kind; allocator: what a CUDA "
+                             ["From each run's profiled trace: bytes live at the op where the "
+                              "un-offloaded step peaks, by tensor kind (a TeraIO run traces that "
+                              "step before it plans, so a run that failed later has one too: "
+                              "'run status' says how it ended); allocator: what a CUDA "
                               "profile's allocator held beyond the tensors. Persistent = "
                               "parameters, gradients and optimizer state; 'mean' weighs each op "
                               "by its time. The paper's configurations, estimated: "
@@ -241,7 +243,7 @@ def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
                              f"paper's — {who}",
                              ["M: un-offloaded peak ÷ capacity (median over ok runs); persistent: "
                               "parameters, gradients and optimizer state at the un-offloaded peak "
-                              "(median over the ok runs' traces). Paper: M from its Fig. 7 tables; "
+                              "(median over the runs' traces, memory_breakdown). Paper: M from its Fig. 7 tables; "
                               "persistent share estimated for the configuration the point stands "
                               "for, per stage of its 2-stage pipeline (memory_breakdown_paper_configs)."])
     paths += write_table(paper_breakdown_table(paper), out_dir / "memory_breakdown_paper_configs",

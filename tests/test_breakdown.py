@@ -325,6 +325,36 @@ def test_a_row_whose_trace_is_kept_gzipped_has_its_breakdown(tmp_path):
     assert (m["peak_bytes"], m["parameters"], m["optimizer state"]) == (400, 100, 200)
 
 
+def test_a_run_that_failed_after_its_profile_still_measures_the_makeup(tmp_path):
+    # TeraIO traces the un-offloaded step before it plans; a run that ended in error after
+    # that (its tiers would not open) has measured the point's make-up all the same, and the
+    # per-point comparison takes its M from the ok Ideal row.
+    import pandas as pd
+
+    from analysis.breakdown import measured_frame, point_comparison
+    from analysis.load import load_sweep
+    from teraio.result import result_row, write_result
+
+    point = {"model": "tiny", "hardware": "cpu", "batch_size": 2, "micro_batch_size": 1, "seq_len": 8, "trial": 0}
+    for system, status in (("teraio_mixed", "error"), ("ideal", "ok")):
+        job = tmp_path / "sweep" / system
+        job.mkdir(parents=True)
+        row = result_row({**point, "system": system}, {"hardware": {"prices": {}, "ssd_dirs": ["/ssd"], "n_gpus": 1}})
+        row.update(status=status, memory_pressure=2.0)
+        if status == "ok":
+            row.update(tokens_per_s=10.0, iterations=[{"step": 2, "seconds": 1.0, "tokens": 16,
+                                                       "tokens_per_s": 16.0, "loss": 1.0}])
+        else:
+            hand_trace().save(job / "trace.json")
+            row.update(error="ValueError: offload dir has too little free space", artifacts={"trace": "trace.json"})
+        write_result(job / "result.json", row)
+    sweep = load_sweep(tmp_path / "sweep")
+    measured = measured_frame(sweep.runs, sweep.root)
+    assert measured[["system", "status"]].values.tolist() == [["teraio_mixed", "error"]]
+    (c,) = point_comparison(sweep.runs, measured, pd.DataFrame(columns=["model", "point"])).to_dict("records")
+    assert c["measured_m"] == 200.0 and c["measured_persistent"] == measured["persistent_at_peak"].iloc[0]
+
+
 def test_the_capacity_estimate_tracks_ideals_measured_peaks_on_the_h200():
     """The one-GPU estimate behind each fig7_h200 capacity against the peak Ideal measured on the
     H200 at the same shape (every committed ok Ideal row of fig7_h200 and its first runs): from
