@@ -77,8 +77,10 @@ charges those waits, which is what bends the roofline (Fig. 3) down at low bandw
 Speed
 -----
 Lazy greedy: every candidate's score (benefit / cost) can only fall as the plan grows
-(``M'`` only falls, windows only shrink as bandwidth fills, host room only shrinks), so a
-score computed earlier is an upper bound. Accepting a migration changes state only inside
+(``M'`` only falls, windows only shrink as bandwidth fills, host room only shrinks: a slot's
+busy ops only grow, and a new slot a candidate could share opens only while one of the
+candidate's own size would still fit the cap), so a score computed earlier is an upper
+bound. Accepting a migration changes state only inside
 its own inactive period, so only candidates whose periods overlap it go stale. Each round
 re-scores stale candidates in vectorized batches, highest bound first, until none can
 beat the best fresh score; ties go to the lowest candidate index, so the result is the
