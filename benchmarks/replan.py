@@ -1,9 +1,9 @@
 """Re-plan committed TeraIO runs with the current planner, on CPU: for each job directory
 (its ``trace.json[.gz]`` and ``plan.json[.gz]``), plan the trace again at the plan's own
-capacity, bandwidths, host cap (or ``--host-cap-bytes``: 0 plans TeraIO-SSD) and options,
-and replay both plans through the simulator.
+capacity, bandwidths, host cap (or at each of ``--host-cap-bytes``: 0 plans TeraIO-SSD) and
+options, and replay both plans through the simulator.
 
-    python benchmarks/replan.py JOB_DIR [JOB_DIR ...] [--host-cap-bytes N] --out FILE.json
+    python benchmarks/replan.py JOB_DIR [JOB_DIR ...] [--host-cap-bytes N [N ...]] --out FILE.json
 
 Per job it reports, for the committed plan and the new one: bytes moved per tier and
 iteration, the bytes of each tier's slots (a plan without shared slots, made before
@@ -82,16 +82,17 @@ def replan(job: Path, host_cap_bytes: int | None = None) -> dict:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("jobs", nargs="+", type=Path, help="job directories with trace and plan")
-    ap.add_argument("--host-cap-bytes", type=int, default=None,
-                    help="host cap of the new plans, bytes (default: each committed plan's; 0: TeraIO-SSD)")
+    ap.add_argument("--host-cap-bytes", type=int, nargs="+", default=[None],
+                    help="host caps of the new plans, bytes, one row per job and cap "
+                         "(default: each committed plan's; 0: TeraIO-SSD)")
     ap.add_argument("--out", type=Path, required=True)
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
-    rows = [replan(j, args.host_cap_bytes) for j in args.jobs]
+    rows = [replan(j, cap) for j in args.jobs for cap in args.host_cap_bytes]
     write_atomic(args.out, json.dumps({"command": shlex.join(["python", "benchmarks/replan.py", *argv]),
                                        "jobs": rows}, indent=1).encode())
     for r in rows:
-        print(r["job"])
+        print(r["job"], f"(host cap of the new plan: {r['replanned_host_cap_bytes']} B)")
         for k in ("committed", "replanned"):
             s = r[k]
             print(f"  {k}: slots {s['slot_bytes']} B, moved {s['bytes_per_tier']} B, "

@@ -34,13 +34,15 @@ def test_a_job_without_its_trace_is_refused(tmp_path):
         replan.replan(ROOT / "no-such-job", host_cap_bytes=-1)
 
 
-def test_ssd_only_replan_writes_its_command(tmp_path):
+def test_one_row_per_host_cap_and_the_command_beside_them(tmp_path):
     job = "runs/reference/h200/fig7_h200/llama3_8b_4l-teraio_mixed-h200-bs8-mb2-seq3072-t0"
     out = tmp_path / "r.json"
-    replan.main([str(ROOT / job), "--host-cap-bytes", "0", "--out", str(out)])
+    replan.main([str(ROOT / job), "--host-cap-bytes", "0", str(64 * 10**9), "--out", str(out)])
     doc = json.loads(out.read_text())
-    assert doc["command"].endswith(f"--host-cap-bytes 0 --out {out}")
-    (row,) = doc["jobs"]
+    assert doc["command"].endswith(f"--host-cap-bytes 0 {64 * 10**9} --out {out}")
+    row, same_cap = doc["jobs"]
+    (committed,) = [e for e in json.loads(RESULT.read_text())["jobs"] if e["job"] == job]
+    assert same_cap["replanned"]["slot_bytes"] == committed["replanned"]["slot_bytes"]
     assert row["replanned_host_cap_bytes"] == 0 and row["host_cap_bytes"] == 64 * 10**9
     new = row["replanned"]
     assert new["slot_bytes"]["host"] == new["bytes_per_tier"]["host"] == 0 < new["bytes_per_tier"]["ssd"]
