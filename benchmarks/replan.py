@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from teraio.core.plan import MigrationPlan  # noqa: E402
 from teraio.core.planner import TierBandwidth, plan_migrations  # noqa: E402
 from teraio.core.simulator import simulate  # noqa: E402
+from teraio.core.slots import HOST_ALIGN, align_up  # noqa: E402
 from teraio.core.trace import Trace  # noqa: E402
 from teraio.files import write_atomic  # noqa: E402
 
@@ -39,11 +40,11 @@ def _load(job: Path, stem: str) -> dict:
 
 def slot_bytes(plan: MigrationPlan) -> dict[str, int]:
     """Bytes of each tier's slots: one per owner, or one per tensor name in a plan
-    without shared slots (host slots rounded up to 64 B, as the host tier allocates)."""
+    without shared slots (host slots rounded up as the host tier allocates them)."""
     out = {}
-    for tier, align in (("ssd", 1), ("host", 64)):
+    for tier, align in (("ssd", 1), ("host", HOST_ALIGN)):
         owners = {m.name: m.nbytes for m in plan.migrations if m.tier == tier and m.slot in ("", m.name)}
-        out[tier] = sum(-(-b // align) * align for b in owners.values())
+        out[tier] = sum(align_up(b, align) for b in owners.values())
     return out
 
 

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import numpy as np
 
-HOST_ALIGN = 64  # bytes: the host tier rounds each slot up to a cache line
+HOST_ALIGN = 64  # bytes: the host tier rounds each slot up to a cache line (the CPU allocator's alignment)
 
 
-def _align(n: int, a: int) -> int:
+def align_up(n, a: int):
+    """``n`` (an int or an int array) rounded up to a multiple of ``a``."""
     return (n + a - 1) // a * a
 
 
@@ -59,9 +60,6 @@ class SlotBins:
         self._busy = np.zeros((0, len(self._tids)), dtype=bool)  # [bins, tensors]: a period meets the bin's
         self.bin_of: dict[int, int] = {}      # tensor id -> bin
 
-    def _periods_of(self, tid: int) -> np.ndarray:
-        return np.flatnonzero(self._tids[self._tix] == tid)
-
     def _mask(self, periods: np.ndarray) -> np.ndarray:
         occ = np.zeros(self.n, dtype=bool)
         for lo, hi in zip(self._a[periods], self._b[periods]):
@@ -80,11 +78,10 @@ class SlotBins:
         """bool per candidate (tensor ids ``tid``, sizes ``nbytes``): its tensor has a bin
         here already, fits a free bin, or a new bin of its size fits under the cap."""
         tid, nbytes = np.asarray(tid, np.int64), np.asarray(nbytes, np.int64)
-        placed = np.fromiter(self.bin_of, dtype=np.int64, count=len(self.bin_of))
-        ok = np.isin(tid, placed)
         if self.cap is None:
             return np.ones(len(tid), dtype=bool)
-        ok |= self.held_bytes + (nbytes + self.align - 1) // self.align * self.align <= self.cap
+        placed = np.fromiter(self.bin_of, dtype=np.int64, count=len(self.bin_of))
+        ok = np.isin(tid, placed) | (self.held_bytes + align_up(nbytes, self.align) <= self.cap)
         if self.size:
             col = np.searchsorted(self._tids, tid)
             fits = (np.asarray(self.size)[:, None] >= nbytes[None, :]) & ~self._busy[:, col]
@@ -105,13 +102,13 @@ class SlotBins:
         if col >= len(self._tids) or self._tids[col] != tid:
             raise ValueError(f"tensor {tid} has no candidate period")
         free = [j for j, s in enumerate(self.size) if s >= nbytes and not self._busy[j, col]]
-        occ = self._mask(self._periods_of(tid))
+        occ = self._mask(np.flatnonzero(self._tix == col))
         if free:
             j = min(free, key=lambda j: (self.size[j], j))
             self._occ[j] |= occ
             self._busy[j] = self._busy_row(self._occ[j])
         else:
-            size = _align(int(nbytes), self.align)
+            size = align_up(int(nbytes), self.align)
             if self.cap is not None and self.held_bytes + size > self.cap:
                 raise ValueError(f"no bin of >= {nbytes} B is free over tensor {tid}'s periods and a new "
                                  f"one would hold {self.held_bytes + size} B, above the cap of {self.cap} B")

@@ -35,10 +35,9 @@ from dataclasses import dataclass
 
 import torch
 
-from teraio.core.slots import HOST_ALIGN
+from teraio.core.slots import HOST_ALIGN, align_up
 
 _FILE_ALIGN = 4096  # GDS needs 4 KiB-aligned file offsets (kvikio CuFile.pwrite notes)
-_HOST_ALIGN = HOST_ALIGN  # also the CPU allocator's alignment
 BACKENDS: tuple[str, ...] = ("auto", "direct", "buffered", "kvikio")
 
 
@@ -167,10 +166,6 @@ def _host_buffer(t: torch.Tensor) -> memoryview:
     (``t.numpy()`` would do, but marks the storage non-resizable for good, and the engine
     must ``resize_`` it.) The caller keeps ``t`` alive while the view is used."""
     return memoryview((ctypes.c_uint8 * t.numel()).from_address(t.data_ptr())).cast("B")
-
-
-def _align(n: int, a: int) -> int:
-    return (n + a - 1) // a * a
 
 
 def _check_slots(slots: dict[str, int]) -> None:
@@ -498,7 +493,7 @@ class SSDTier:
                 raise OSError(errno.EIO, f"kvikio moved {moved} of {st.nbytes} bytes at file offset {st.offset}")
             return
         bounce, stream = self._worker_state(part.device)
-        span = _align(st.nbytes, _FILE_ALIGN)
+        span = align_up(st.nbytes, _FILE_ALIGN)
         if kind == "write":
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                 bounce[:st.nbytes].copy_(part, non_blocking=stream is not None)
@@ -562,7 +557,7 @@ def _stripe_layout(slots: dict[str, int], n_files: int, stripe: int):
             f = (first + j) % n_files
             count = len(range(j, n_stripes, n_files))
             base[f] = fill[f]
-            fill[f] += count * stripe if count > 1 else _align(min(stripe, nbytes), _FILE_ALIGN)
+            fill[f] += count * stripe if count > 1 else align_up(min(stripe, nbytes), _FILE_ALIGN)
         pieces = []
         for j in range(n_stripes):
             f = (first + j) % n_files
@@ -642,7 +637,7 @@ class HostTier:
         self._key = _slot_keys(slots, shares)
         self._device = torch.device(device)
         owners = [n for n in slots if self._key[n] == n]
-        total = sum(_align(slots[n], _HOST_ALIGN) for n in owners)
+        total = sum(align_up(slots[n], HOST_ALIGN) for n in owners)
         if total > cap_bytes:
             raise ValueError(f"host tier: the plan's {len(owners)} host slots need {total} bytes, "
                              f"above host_mem_cap_bytes={cap_bytes}")
@@ -675,8 +670,8 @@ class HostTier:
         for name, nbytes in self._slots.items():
             if self._key[name] != name or name in self._slot_buffers:
                 continue
-            buf = pool.take_free(_align(nbytes, _HOST_ALIGN))
-            if buf is None and nbytes % _HOST_ALIGN:
+            buf = pool.take_free(align_up(nbytes, HOST_ALIGN))
+            if buf is None and nbytes % HOST_ALIGN:
                 buf = pool.take_free(nbytes)
             if buf is None:
                 continue
@@ -722,7 +717,7 @@ class HostTier:
         key = self._key[name]
         buf = self._slot_buffers.get(key)
         if buf is None:
-            size = _align(self._slots[key], _HOST_ALIGN)
+            size = align_up(self._slots[key], HOST_ALIGN)
             if self.pinned:
                 buf = pinned_empty(size, f"host tier slot {key!r}")
                 self._buffers[key] = buf
