@@ -93,13 +93,14 @@ def config_label(batch_size, seq_len, pipeline_stages: int = 1) -> str:
 def _artifact(root: Path, job_rel: Path, artifacts: dict, name: str) -> str | None:
     """The side file ``name`` of a row, relative to the sweep dir ``root``: as the row names
     it, or its gzip-compressed copy (``<file>.gz``, as committed reference rows keep large
-    side files) where only that exists."""
+    side files) where only that exists; None where the row names none or neither exists
+    (a side file lost with its attempt: the row stays, without it)."""
     rel = (artifacts or {}).get(name)
     if not rel:
         return None
     path = job_rel / rel
     packed = path.with_name(path.name + ".gz")
-    return str(packed if not (root / path).exists() and (root / packed).exists() else path)
+    return next((str(p) for p in (path, packed) if (root / p).exists()), None)
 
 
 NON_FINITE = "non-finite"

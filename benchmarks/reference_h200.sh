@@ -2,7 +2,8 @@
 # The H200 reference rows, runs/reference/h200/<EXP>/: one chunk of a sweep per run of the script.
 # The sweep resumes from the rows already committed there (it skips every ok row), stops
 # starting runs after BUDGET_S seconds, and the job dirs whose row this call wrote are packed
-# into OUT/<TAG>.tar.gz (trace, plan, oplog and transfers gzipped), to unpack into
+# into OUT/<TAG>.tar.gz (trace, plan, oplog and transfers gzipped; a retried point's earlier
+# attempts in attempt.<n>/, teraio.sweep), to unpack into
 # runs/reference/h200/<EXP>/ and commit.
 #   EXP=fig7_h200|fig9_h200 (default fig7_h200)
 #   ARGS="model=llama3_8b_4l fig7.point=bs_small system=ideal,teraio_mixed trial=0,1,2"
@@ -33,10 +34,13 @@ for d in */; do
   d=${d%/}
   [ "$d" = analysis ] && continue
   [ -n "$(find "$d" -maxdepth 1 -name 'result*.json' -newer "$marker")" ] || continue
-  mkdir -p "$stage/$d"
-  for f in "$d"/*; do
+  # every file of the job dir, earlier attempts' (attempt.<n>/) included; a side file is
+  # packed gzipped, and a .gz beside its fresh uncompressed file is skipped (stale)
+  find "$d" -type f ! -name .owner.lock | while read -r f; do
+    mkdir -p "$stage/$(dirname "$f")"
     case $f in
       *trace.json|*plan.json|*oplog.csv|*transfers.csv) gzip -c "$f" > "$stage/$f.gz";;
+      *.gz) [ -e "${f%.gz}" ] || cp "$f" "$stage/$f";;
       *) cp "$f" "$stage/$f";;
     esac
   done

@@ -9,8 +9,9 @@ Then, per point (:func:`run_point_job`), in ``<runs_dir>/<name>/<point>/`` — a
 named after the point keys, so a rerun finds it:
 
 * ``result.json`` already ``ok``: skipped (resume), never overwritten;
-* an earlier failed ``result.json`` (oom, error, timeout) is kept as ``result.<n>.json``
-  and the point runs again;
+* an earlier failed ``result.json`` (oom, error, timeout) is kept as ``result.<n>.json``,
+  the side files of that attempt (trace, plan, logs of the run, ``resolved.yaml``) move to
+  ``attempt.<n>/`` (:func:`keep_attempt`), and the point runs again;
 * ``resolved.yaml`` is written and ``python -m teraio.harness.run resolved.yaml`` runs as a
   subprocess (``torchrun`` for ``hardware.n_gpus`` > 1), its output streamed to the
   terminal and appended to ``worker.log``; past ``timeout_s`` its process group is killed
@@ -71,6 +72,30 @@ def history_path(result_path: Path) -> Path:
     return p
 
 
+KEPT_IN_PLACE = ("result.json", "worker.log", ".owner.lock")
+
+
+def keep_attempt(job_dir: Path, kept_result: Path) -> Path | None:
+    """Move the side files of the attempt whose row was kept as ``kept_result``
+    (``result.<n>.json``) into ``job_dir/attempt.<n>/``, so that a rerun writes its own
+    beside an empty slate and never overwrites them; returns that directory, or None when
+    there was nothing to move. Stays in place: the rows (``result.json``,
+    ``result.<m>.json``), ``worker.log`` (appended to by every attempt), the point's lock and
+    earlier ``attempt.<m>/`` directories."""
+    n = kept_result.name.split(".")[1]
+    dest = job_dir / f"attempt.{n}"
+    moved = False
+    for entry in sorted(job_dir.iterdir()):
+        name = entry.name
+        if name in KEPT_IN_PLACE or (name.startswith("result.") and name.endswith(".json")) \
+                or (name.startswith("attempt.") and entry.is_dir()):
+            continue
+        dest.mkdir(exist_ok=True)
+        entry.rename(dest / name)
+        moved = True
+    return dest if moved else None
+
+
 def config_diff(a: Any, b: Any, prefix: str = "") -> list[str]:
     """Dotted keys whose values differ between two nested dicts."""
     if isinstance(a, dict) and isinstance(b, dict):
@@ -125,7 +150,9 @@ def _run_owned_point(cfg: DictConfig, job_dir: Path) -> str:
                                        "move its job dir away to run it again" if changed else ""))
         return "skip"
     if result_path.exists():
-        result_path.rename(history_path(result_path))
+        kept = history_path(result_path)
+        result_path.rename(kept)
+        keep_attempt(job_dir, kept)
     try:
         validate(run, check_device=cfg.sweep.check_device, make_ssd_dirs=cfg.sweep.make_ssd_dirs,
                  runs_dir=cfg.sweep.runs_dir)

@@ -325,6 +325,28 @@ def test_a_row_whose_trace_is_kept_gzipped_has_its_breakdown(tmp_path):
     assert (m["peak_bytes"], m["parameters"], m["optimizer state"]) == (400, 100, 200)
 
 
+def test_a_row_whose_side_files_are_missing_loads_without_them(tmp_path):
+    from analysis.breakdown import measured_frame
+    from analysis.load import load_sweep
+    from teraio.result import result_row, write_result
+
+    point = {"model": "tiny", "system": "teraio_mixed", "hardware": "cpu", "batch_size": 2,
+             "micro_batch_size": 1, "seq_len": 8, "trial": 0}
+    for trial, keep in ((0, True), (1, False)):
+        job = tmp_path / "sweep" / f"t{trial}"
+        job.mkdir(parents=True)
+        if keep:
+            hand_trace().save(job / "trace.json")
+        row = result_row({**point, "trial": trial}, {"hardware": {"prices": {}, "ssd_dirs": ["/ssd"], "n_gpus": 1}})
+        row.update(status="oom", error="torch.OutOfMemoryError", artifacts={"trace": "trace.json", "oplog": "oplog.csv"})
+        write_result(job / "result.json", row)
+    sweep = load_sweep(tmp_path / "sweep")
+    runs = sweep.runs.sort_values("trial")
+    assert runs["trace_path"].iloc[0] == "t0/trace.json" and runs["trace_path"].isna().iloc[1]
+    assert runs["oplog_path"].isna().all()
+    assert measured_frame(sweep.runs, sweep.root)["trial"].tolist() == [0]
+
+
 def test_a_run_that_failed_after_its_profile_still_measures_the_makeup(tmp_path):
     # TeraIO traces the un-offloaded step before it plans; a run that ended in error after
     # that (its tiers would not open) has measured the point's make-up all the same, and the

@@ -34,6 +34,7 @@ cfg = load_run_config(resolved)
 (resolved.parent / "pid").write_text(str(os.getpid()))
 with open(resolved.parent / "calls", "a") as f:
     f.write("call\\n")
+(resolved.parent / "trace.json").write_text(json.dumps({"attempt_of": os.environ.get("FAKE_PLAN")}))
 action = json.loads(os.environ["FAKE_PLAN"]).get(str(cfg.trial), "ok")
 print(f"fake worker trial {cfg.trial}: {action}", flush=True)
 print("[2026-12-01 00:00:00,000] [WARNING] [lib.py:1:f] noise from a library", flush=True)
@@ -85,8 +86,10 @@ def job_dir(runs: Path, trial: int) -> Path:
 
 
 def calls(runs: Path, trial: int) -> int:
-    p = job_dir(runs, trial) / "calls"
-    return len(p.read_text().splitlines()) if p.exists() else 0
+    """Worker calls of a point, over its attempts (a rerun moves the last one's files to
+    ``attempt.<n>/``)."""
+    d = job_dir(runs, trial)
+    return sum(len(p.read_text().splitlines()) for p in [d / "calls", *d.glob("attempt.*/calls")] if p.exists())
 
 
 def row(runs: Path, trial: int) -> dict:
@@ -127,6 +130,13 @@ def test_failed_points_become_rows_and_rerun_resumes_without_overwriting(tmp_pat
     for t in (1, 2, 3):  # the earlier failure is kept as history, the new row is ok
         assert row(runs, t)["status"] == "ok"
         assert (job_dir(runs, t) / "result.1.json").read_bytes() == failed[t]
+    for t in (1, 3):  # and its side files, beside which the rerun wrote its own
+        d = job_dir(runs, t)
+        assert json.loads((d / "attempt.1" / "trace.json").read_text()) == {"attempt_of": json.dumps(plan)}
+        assert json.loads((d / "trace.json").read_text()) == {"attempt_of": json.dumps({})}
+        assert load_run_config(d / "attempt.1" / "resolved.yaml").trial == t
+        assert "fake worker trial %d: ok" % t in (d / "worker.log").read_text()  # one log, appended
+    assert not (job_dir(runs, 0) / "attempt.1").exists()
 
     p = run_sweep(runs, {}, fake_worker, "trial=0,1,2,3")
     assert p.stdout.count("skip (ok)") == 4 and [calls(runs, t) for t in range(4)] == [1, 2, 2, 2]
