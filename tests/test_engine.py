@@ -287,10 +287,60 @@ def test_out_of_memory_in_an_op_names_the_op_and_the_planned_bytes(tmp_path):
         eng.run_step(step_fn(model, opt, 2), 2)
     accounted = int(eng.required_bytes[k_fail]) - eng._away_bytes  # nothing moved since
     eng.close()
-    assert info.value.__notes__ == [
+    (note,) = info.value.__notes__
+    assert note.startswith(
         f"TeraIO: out of memory at op {k_fail} ({trace.op_names[k_fail]}) of step 2; the plan "
         f"accounts {accounted} B resident there (planned peak {plan.predicted_peak_bytes} B for a "
-        f"capacity of {plan.capacity_bytes} B)"]
+        f"capacity of {plan.capacity_bytes} B); ")
+    assert " intermediates alive past their profiled last use hold " in note
+
+
+def lingering_at_failure(tmp_path, stash: bool) -> tuple[dict, str, list]:
+    """Run the engine's first step to an out-of-memory error injected before the optimizer's
+    first op: (what ``lingering`` named there, name -> (bytes, last use); the error's note;
+    layer 0's outputs a forward hook kept, where ``stash``)."""
+    tmp_path.mkdir()
+    model, opt, _, trace = profiled()
+    plan = every_gap_plan(trace)
+    eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), open_tiers(plan, tmp_path), CPU)
+    eng.prime()
+    kept = []
+    if stash:
+        model.layers["0"].register_forward_hook(lambda mod, inp, out: kept.append(out))
+    k_fail = trace.meta["optimizer_ops"][0]
+    seen, check = {}, eng._check_op
+
+    def check_or_fail(k, func):
+        if k == k_fail:
+            seen.update({name: (nbytes, last) for name, nbytes, last in eng.lingering(k)})
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        check(k, func)
+
+    eng._check_op = check_or_fail
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        eng.run_step(step_fn(model, opt, 2), 2)
+    assert eng.lingering(k_fail) == []  # outside the audited step
+    eng.close()
+    (note,) = info.value.__notes__
+    return seen, note, kept
+
+
+def test_the_first_step_names_intermediates_alive_past_their_last_use(tmp_path):
+    # A reference the profiled step did not have (a forward hook keeping layer 0's output,
+    # one per micro-batch) holds those outputs past their last use: an out-of-memory error
+    # in the engine's first step names them with their bytes, beside what autograd holds
+    # anyway (the same run without the hook).
+    base, base_note, _ = lingering_at_failure(tmp_path / "a", stash=False)
+    held, note, kept = lingering_at_failure(tmp_path / "b", stash=True)
+    extra = {name: v for name, v in held.items() if name not in base}
+    out_bytes = kept[0].untyped_storage().nbytes()
+    assert len(kept) == 2 and sorted(b for b, _ in extra.values()) == [out_bytes, out_bytes]
+    assert set(base) <= set(held)
+    for seen, text in ((base, base_note), (held, note)):
+        assert (f"; {len(seen)} intermediates alive past their profiled last use hold "
+                f"{sum(b for b, _ in seen.values())} B") in text
+    largest = max(held.items(), key=lambda kv: (kv[1][0], kv[0]))
+    assert f"{largest[0]} ({largest[1][0]} B, last use op {largest[1][1]})" in note
 
 
 class _FinishedEvent:
@@ -372,3 +422,39 @@ def test_without_release_grads_the_step_holds_every_gradient(tmp_path):
     held = grad_bytes_at_step_end(model, opt)
     train_bit_exact(eng, model, opt, losses, n_steps=3)
     assert held == [sum(t.nbytes for t in trace.tensors if t.kind == "grad")]
+
+
+def test_the_first_step_names_the_first_op_after_which_the_allocator_overran_the_plan(tmp_path):
+    # The allocator's bytes after each op against what the plan accounts there (CUDA only;
+    # here a stand-in allocator count): 1 % of the capacity below the account is not an
+    # overrun; the first op past it, and the op furthest past it, are named.
+    model, opt, _, trace = profiled()
+    plan = dataclasses.replace(every_gap_plan(trace), capacity_bytes=trace.peak_bytes())
+    eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), open_tiers(plan, tmp_path), CPU)
+    eng.prime()
+    k_over, k_most, k_fail = 10, 20, 30
+    slack = plan.capacity_bytes // 100
+    extra = {k_over: slack + 1, k_most: 5 * slack}
+    ops = []
+
+    def stand_in():  # called once per op, after it, with the engine's account of that op
+        k = len(ops)
+        ops.append(k)
+        return int(eng.required_bytes[k]) - eng._away_bytes + extra.get(k, slack)
+
+    eng._allocator_bytes = stand_in
+    check = eng._check_op
+
+    def check_or_fail(k, func):
+        if k == k_fail:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        check(k, func)
+
+    eng._check_op = check_or_fail
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        eng.run_step(step_fn(model, opt, 2), 2)
+    eng.close()
+    (note,) = info.value.__notes__
+    assert note.endswith(f"; the allocator held more than the plan accounts first after op {k_over} "
+                         f"({slack + 1} B over), most after op {k_most} ({5 * slack} B over)")
+    assert ops == list(range(k_fail))

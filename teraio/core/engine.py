@@ -33,6 +33,13 @@ use (its parameter's update inside ``optimizer.step``) instead of leaving it to
 the step, bytes the plan can neither move nor free (``Trace.held_grad_bytes``). Plan with
 ``Trace.with_released_grads`` then.
 
+The first step an engine runs is audited: it keeps a weak reference to every storage an op
+allocates, and on CUDA the allocator's bytes after each op, so that an out-of-memory error in
+that step names the intermediates still alive past their profiled last use
+(:meth:`MigrationEngine.lingering`) and the first op after which the allocator held more
+than the plan accounts there (:meth:`MigrationEngine.overrun`). Later steps skip the
+bookkeeping.
+
 Everything is per engine instance (per process, per GPU): no module-level state.
 """
 from __future__ import annotations
@@ -45,6 +52,7 @@ from typing import Callable
 
 import numpy as np
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from teraio.core.plan import Migration, MigrationPlan, cyclic_between
@@ -185,6 +193,13 @@ class MigrationEngine(TorchDispatchMode):
                     self.grad_produced_at.setdefault(k, []).append((j, rec.tid))
                     self.grad_free_after.setdefault(rec.uses[-1], []).append(rec.tid)
 
+        # The audited first step: every intermediate's profiled last use, and (name, bytes,
+        # weak reference) of each storage an op allocated in that step.
+        self._last_use = {rec.name: rec.uses[-1] for rec in trace.tensors if not rec.persistent}
+        self._allocated: list[tuple[str, int, StorageWeakRef]] | None = None
+        # ... and (op, bytes) of the first and of the largest overrun of the accounted bytes
+        self._allocator_bytes = (lambda: torch.cuda.memory_allocated(device)) if device.type == "cuda" else None
+        self._overrun: dict[str, tuple[int, int]] = {}
         self._away: dict[int, int] = {}  # storage key -> tid, for storages freed right now
         self._away_bytes = 0
         self._k = 0
@@ -269,12 +284,15 @@ class MigrationEngine(TorchDispatchMode):
         self._op_stall[:] = 0.0
         self._step_t0 = time.perf_counter()
         first_transfer = len(self.transfers)
+        self._allocated = [] if not self.history else None
+        self._overrun = {}
         self._in_step = True
         try:
             with self:
                 out = step_fn()
         finally:
             self._in_step = False
+            self._allocated = None
         self._settle_device_stalls()
         if self._k != self.n_ops:
             raise ExecutionDivergedError(
@@ -378,9 +396,31 @@ class MigrationEngine(TorchDispatchMode):
         self._k = k + 1
         return out
 
+    def lingering(self, k: int) -> list[tuple[str, int, int]]:
+        """Intermediates of the audited (first) step still alive at op ``k`` past their
+        profiled last use: ``(name, bytes when allocated, last use)``, largest first. The
+        lifetime count frees their bytes after the last use; a reference that outlives it
+        (autograd, the step's own code) holds them on the device all the same, and only
+        where the profiled step held them as long did its allocator peak
+        (``Trace.op_allocated_bytes``) count them. Empty outside the audited step."""
+        if self._allocated is None:
+            return []
+        alive = [(name, nbytes, self._last_use[name]) for name, nbytes, ref in self._allocated
+                 if self._last_use[name] < k and not ref.expired()]
+        return sorted(alive, key=lambda x: (-x[1], x[0]))
+
+    def overrun(self) -> dict[str, tuple[int, int]]:
+        """Of the audited step's ops so far, on CUDA: ``{"first": (op, bytes), "largest": (op,
+        bytes)}``, where bytes is how far the allocator's bytes after the op exceeded what the
+        plan accounts during it (``required_bytes`` less what is off the device, a peak that
+        bounds the bytes after the op), counted above 1 % of the planned capacity (allocator
+        rounding stays below it). Empty where no op overran so, and off CUDA."""
+        return dict(self._overrun)
+
     def _memory_note(self, k: int) -> str:
         """What the plan and the allocator hold at op ``k``: the numbers that tell a plan
-        that did not fit from memory the plan never saw (fragmentation, workspaces)."""
+        that did not fit from memory the plan never saw (fragmentation, workspaces, tensors
+        alive past their profiled last use)."""
         accounted = int(self.required_bytes[k]) - self._away_bytes
         note = (f"TeraIO: out of memory at op {k} ({self.op_names[k]}) of step {self.step_index}; "
                 f"the plan accounts {accounted} B resident there (planned peak "
@@ -388,6 +428,16 @@ class MigrationEngine(TorchDispatchMode):
         if self.device.type == "cuda":
             note += (f"; the caching allocator holds {torch.cuda.memory_allocated(self.device)} B "
                      f"allocated, {torch.cuda.memory_reserved(self.device)} B reserved")
+        if self._allocated is not None:
+            alive = self.lingering(k)
+            largest = ", ".join(f"{name} ({nbytes} B, last use op {last})" for name, nbytes, last in alive[:5])
+            note += (f"; {len(alive)} intermediates alive past their profiled last use hold "
+                     f"{sum(a[1] for a in alive)} B" + (f", the largest: {largest}" if alive else ""))
+            if self._allocator_bytes is not None:
+                over = self.overrun()
+                note += ("; the allocator held more than the plan accounts first after op {} ({} B "
+                         "over), most after op {} ({} B over)".format(*over["first"], *over["largest"])
+                         if over else "; no earlier op of the step overran the plan's account")
         return note
 
     def _check_op(self, k: int, func) -> None:
@@ -428,8 +478,14 @@ class MigrationEngine(TorchDispatchMode):
 
     def _after(self, k: int, args, kwargs, out) -> None:
         produced, grads = self.produced_at.get(k), self.grad_produced_at.get(k)
-        if produced or grads:
+        if produced or grads or self._allocated is not None:
             fresh = fresh_outputs(out, {storage_key(x) for x in iter_tensors(args, kwargs)})
+            if self._allocated is not None:
+                for j, x in enumerate(fresh):
+                    name = f"op{k}:out{j}"
+                    if name in self._last_use:
+                        s = x.untyped_storage()
+                        self._allocated.append((name, s.nbytes(), StorageWeakRef(s)))
             for j, tid in produced or ():
                 self.tensors[tid].storage = fresh[j].untyped_storage()
             for j, tid in grads or ():
@@ -445,6 +501,12 @@ class MigrationEngine(TorchDispatchMode):
             if t.status != RESIDENT:
                 self._make_resident(tid, t, urgent=True, k=k)
             t.storage = None
+        if self._allocated is not None and self._allocator_bytes is not None:
+            over = self._allocator_bytes() - (int(self.required_bytes[k]) - self._away_bytes)
+            if over > self.plan.capacity_bytes // 100:  # allocator rounding stays below
+                self._overrun.setdefault("first", (k, over))
+                if over > self._overrun.get("largest", (k, 0))[1]:
+                    self._overrun["largest"] = (k, over)
 
     # ---- transfers --------------------------------------------------------------
     def _submit(self, t: _Tensor, tier: str, direction: str, k: int) -> None:
