@@ -11,6 +11,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from teraio.config import ModelConfig, WorkloadConfig
 from teraio.core.engine import ExecutionDivergedError, MigrationEngine, PlanDriftError
@@ -458,3 +459,76 @@ def test_the_first_step_names_the_first_op_after_which_the_allocator_overran_the
     assert note.endswith(f"; the allocator held more than the plan accounts first after op {k_over} "
                          f"({slack + 1} B over), most after op {k_most} ({5 * slack} B over)")
     assert ops == list(range(k_fail))
+
+
+class FailingOp(TorchDispatchMode):
+    """Below the engine's mode: the ``nth`` call (from 0) of aten op ``name`` raises an
+    out-of-memory error its first ``times`` attempts, as an op that does not fit would."""
+
+    def __init__(self, name: str, nth: int, times: int):
+        super().__init__()
+        self.name, self.nth, self.times = name, nth, times
+        self.calls = self.failed = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func) == self.name:
+            if self.calls == self.nth and self.failed < self.times:
+                self.failed += 1
+                raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+            self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+COMPUTE_OPS = ("aten.mul.Tensor", "aten.mul_.Tensor", "aten.add_.Tensor")  # none of them a tier's
+
+
+def prefetched_ahead_at(trace, plan, k):
+    """Migrations whose read runs over op ``k`` for a later use, on a tensor op ``k`` does not touch."""
+    return [m for m in plan.migrations if cyclic_between(k, m.prefetch_before, m.needed_by, trace.n_ops)
+            and k not in trace.tensors[m.tid].uses]
+
+
+@pytest.mark.parametrize("mixed,shared", [(False, False), (True, False), (True, True)],
+                         ids=["ssd", "mixed", "mixed-shared-slots"])
+def test_an_op_out_of_memory_drops_tensors_prefetched_ahead_and_runs_again(tmp_path, mixed, shared):
+    # An op that does not fit (memory the plan never saw) frees the tensors read ahead for
+    # later ops, one per attempt, and runs again: training stays bit-exact, each dropped
+    # tensor is read again at its use (from a slot no other tensor has written since, where
+    # slots are shared), and the step counts the retries and bytes.
+    model, opt, losses, trace = profiled()
+    plan = every_gap_plan(trace, alternate_tiers if mixed else (lambda i: "ssd"))
+    plan = share_slots(plan) if shared else plan
+    k_fail = next(k for k, name in enumerate(trace.op_names)
+                  if name in COMPUTE_OPS and len(prefetched_ahead_at(trace, plan, k)) >= 2)
+    ahead, name = prefetched_ahead_at(trace, plan, k_fail), trace.op_names[k_fail]
+    nth = trace.op_names[:k_fail].count(name)
+    eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), open_tiers(plan, tmp_path), CPU)
+    ref_losses, ref_params = reference(5)
+    eng.prime()
+    for s in range(2, 5):
+        with FailingOp(name, nth, len(ahead) if s == 3 else 0):
+            losses.append(eng.run_step(step_fn(model, opt, s), s))
+    eng.close()
+    assert losses == ref_losses
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref_params))
+    quiet, failed = eng.history[0], eng.history[1]
+    assert (quiet.oom_retries, quiet.dropped_bytes) == (0, 0)
+    assert (failed.oom_retries, failed.dropped_bytes) == (len(ahead), sum(m.nbytes for m in ahead))
+    assert sum(failed.bytes_prefetched.values()) == sum(quiet.bytes_prefetched.values()) + failed.dropped_bytes
+
+
+def test_an_op_out_of_memory_with_nothing_left_to_drop_fails_with_its_note(tmp_path):
+    model, opt, _, trace = profiled()
+    plan = every_gap_plan(trace)
+    k_fail = next(k for k, name in enumerate(trace.op_names)
+                  if name in COMPUTE_OPS and prefetched_ahead_at(trace, plan, k))
+    ahead, name = prefetched_ahead_at(trace, plan, k_fail), trace.op_names[k_fail]
+    eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), open_tiers(plan, tmp_path), CPU)
+    eng.prime()
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        with FailingOp(name, trace.op_names[:k_fail].count(name), len(ahead) + 1):
+            eng.run_step(step_fn(model, opt, 2), 2)
+    assert eng.stats.oom_retries == len(ahead)
+    eng.close()
+    (note,) = info.value.__notes__
+    assert note.startswith(f"TeraIO: out of memory at op {k_fail} ({name}) of step 2;")

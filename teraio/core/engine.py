@@ -11,6 +11,13 @@ op k of the profiled trace. Around each op k:
   not planned is fetched at once ("urgent", paper §3.2) and counted.
 * after k: register the storages of planned intermediates that op k allocated, and launch
   the offloads whose ``offload_after`` is k.
+* an out-of-memory error in op k (memory the plan does not see: workspaces, fragmentation,
+  tensors held past their profiled last use) frees again the tensor prefetched ahead whose
+  use is furthest from k (its read finished first; its tier slot still holds its bytes until
+  its use, ``teraio.core.slots``) and runs op k again, until the op fits or no such tensor is
+  left; each dropped tensor comes back at its use, as an urgent fetch. An op fails at
+  allocation, before it writes anything. Counted per step (``oom_retries``,
+  ``dropped_bytes``).
 
 Tensor objects and the autograd graph stay intact (the FSDP technique): only the storage's
 bytes come and go. Reads write through a fresh tensor set on the storage (inside the tier),
@@ -100,6 +107,8 @@ class StepStats:
     bytes_prefetched: dict = field(default_factory=lambda: {"ssd": 0, "host": 0})
     migration_seconds: float = 0.0
     max_accounted_bytes: int = 0
+    oom_retries: int = 0  # ops run again after an out-of-memory error (``MigrationEngine``)
+    dropped_bytes: int = 0  # bytes of prefetched tensors freed again for those retries
 
 
 class MigrationEngine(TorchDispatchMode):
@@ -384,7 +393,7 @@ class MigrationEngine(TorchDispatchMode):
             self._check_op(k, func)
             self._op_t[k] = time.perf_counter() - self._step_t0
             self._before(k, args, kwargs)
-            out = func(*args, **(kwargs or {}))
+            out = self._run_op(k, func, args, kwargs)
             self._after(k, args, kwargs, out)
         except torch.OutOfMemoryError as e:
             self._failed = True
@@ -395,6 +404,43 @@ class MigrationEngine(TorchDispatchMode):
             raise
         self._k = k + 1
         return out
+
+    def _run_op(self, k: int, func, args, kwargs):
+        """Op ``k``; on an out-of-memory error, drop one tensor prefetched ahead and run it
+        again (module docstring) until it fits; the error propagates when none is left."""
+        while True:
+            try:
+                return func(*args, **(kwargs or {}))
+            except torch.OutOfMemoryError:
+                if not self._drop_prefetched(k, {storage_key(x) for x in iter_tensors(args, kwargs)}):
+                    raise
+                self.stats.oom_retries += 1
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+
+    def _drop_prefetched(self, k: int, in_keys: set[int]) -> bool:
+        """Free the device copy of the tensor prefetched for the use furthest after op ``k``
+        (none of op ``k``'s inputs), once its read has finished; False when there is none."""
+        best, best_gap = None, -1
+        for m in self.plan.migrations:
+            t = self.tensors[m.tid]
+            if (t.status != PREFETCHING or t.storage is None or storage_id(t.storage) in in_keys
+                    or not cyclic_between(k, m.prefetch_before, m.needed_by, self.n_ops)):
+                continue
+            gap = (m.needed_by - k) % self.n_ops
+            if gap > best_gap:
+                best, best_gap = m, gap
+        if best is None:
+            return False
+        t = self.tensors[best.tid]
+        if self._stream_ordered(t):
+            t.handle.wait()  # the host waits: the memory is reused at once
+            self._mark_done(t, k)
+        else:
+            self._wait(t, k)
+        self._free(best.tid, t)
+        self.stats.dropped_bytes += t.nbytes
+        return True
 
     def lingering(self, k: int) -> list[tuple[str, int, int]]:
         """Intermediates of the audited (first) step still alive at op ``k`` past their
