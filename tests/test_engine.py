@@ -296,6 +296,20 @@ def test_out_of_memory_in_an_op_names_the_op_and_the_planned_bytes(tmp_path):
     assert " intermediates alive past their profiled last use hold " in note
 
 
+def fail_op(eng, k_fail: int, before=lambda k: None) -> None:
+    """Make op ``k_fail`` of ``eng``'s steps raise an out-of-memory error before it runs,
+    after calling ``before(k_fail)``."""
+    check = eng._check_op
+
+    def check_or_fail(k, func):
+        if k == k_fail:
+            before(k)
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        check(k, func)
+
+    eng._check_op = check_or_fail
+
+
 def lingering_at_failure(tmp_path, stash: bool) -> tuple[dict, str, list]:
     """Run the engine's first step to an out-of-memory error injected before the optimizer's
     first op: (what ``lingering`` named there, name -> (bytes, last use); the error's note;
@@ -308,16 +322,8 @@ def lingering_at_failure(tmp_path, stash: bool) -> tuple[dict, str, list]:
     kept = []
     if stash:
         model.layers["0"].register_forward_hook(lambda mod, inp, out: kept.append(out))
-    k_fail = trace.meta["optimizer_ops"][0]
-    seen, check = {}, eng._check_op
-
-    def check_or_fail(k, func):
-        if k == k_fail:
-            seen.update({name: (nbytes, last) for name, nbytes, last in eng.lingering(k)})
-            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
-        check(k, func)
-
-    eng._check_op = check_or_fail
+    k_fail, seen = trace.meta["optimizer_ops"][0], {}
+    fail_op(eng, k_fail, lambda k: seen.update({name: (nbytes, last) for name, nbytes, last in eng.lingering(k)}))
     with pytest.raises(torch.OutOfMemoryError) as info:
         eng.run_step(step_fn(model, opt, 2), 2)
     assert eng.lingering(k_fail) == []  # outside the audited step
@@ -444,14 +450,7 @@ def test_the_first_step_names_the_first_op_after_which_the_allocator_overran_the
         return int(eng.required_bytes[k]) - eng._away_bytes + extra.get(k, slack)
 
     eng._allocator_bytes = stand_in
-    check = eng._check_op
-
-    def check_or_fail(k, func):
-        if k == k_fail:
-            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
-        check(k, func)
-
-    eng._check_op = check_or_fail
+    fail_op(eng, k_fail)
     with pytest.raises(torch.OutOfMemoryError) as info:
         eng.run_step(step_fn(model, opt, 2), 2)
     eng.close()
