@@ -531,3 +531,32 @@ def test_an_op_out_of_memory_with_nothing_left_to_drop_fails_with_its_note(tmp_p
     eng.close()
     (note,) = info.value.__notes__
     assert note.startswith(f"TeraIO: out of memory at op {k_fail} ({name}) of step 2;")
+
+
+def test_a_first_step_that_ends_well_keeps_its_audit(tmp_path):
+    # The overruns of the audited step and what lingered at the largest travel with its
+    # statistics (the iteration row's ``audit``); later steps are not audited.
+    model, opt, losses, trace = profiled()
+    plan = dataclasses.replace(every_gap_plan(trace), capacity_bytes=trace.peak_bytes())
+    eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), open_tiers(plan, tmp_path), CPU)
+    eng.prime()
+    slack = plan.capacity_bytes // 100
+    k_over, k_most = 10, trace.n_ops // 2
+    extra, ops, at_most = {k_over: slack + 1, k_most: 5 * slack}, [], {}
+
+    def stand_in():
+        k = len(ops) % trace.n_ops
+        ops.append(k)
+        if k == k_most:
+            at_most["lingering"] = [list(x) for x in eng.lingering(k + 1)[:5]]
+        return int(eng.required_bytes[k]) - eng._away_bytes + extra.get(k, 0)
+
+    eng._allocator_bytes = stand_in
+    for s in (2, 3):
+        losses.append(eng.run_step(step_fn(model, opt, s), s))
+    eng.close()
+    assert len(ops) == trace.n_ops  # the second step asks the allocator nothing
+    first, second = eng.history
+    assert at_most["lingering"]  # autograd holds some outputs past their last use
+    assert first.audit == {"first": [k_over, slack + 1], "largest": [k_most, 5 * slack], **at_most}
+    assert second.audit is None

@@ -44,7 +44,8 @@ The first step an engine runs is audited: it keeps a weak reference to every sto
 allocates, and on CUDA the allocator's bytes after each op, so that an out-of-memory error in
 that step names the intermediates still alive past their profiled last use
 (:meth:`MigrationEngine.lingering`) and the first op after which the allocator held more
-than the plan accounts there (:meth:`MigrationEngine.overrun`). Later steps skip the
+than the plan accounts there (:meth:`MigrationEngine.overrun`); a step that ends well keeps
+the overruns and what lingered at the largest (``StepStats.audit``). Later steps skip the
 bookkeeping.
 
 Everything is per engine instance (per process, per GPU): no module-level state.
@@ -109,6 +110,10 @@ class StepStats:
     max_accounted_bytes: int = 0
     oom_retries: int = 0  # ops run again after an out-of-memory error (``MigrationEngine``)
     dropped_bytes: int = 0  # bytes of prefetched tensors freed again for those retries
+    # the audited (first) step on CUDA: ``MigrationEngine.overrun`` as ``{"first": [op, bytes],
+    # "largest": [op, bytes]}`` (empty: none) and ``lingering`` at the largest overrun's op (at
+    # most 5, ``[name, bytes, last use]``); None in other steps and off CUDA
+    audit: dict | None = None
 
 
 class MigrationEngine(TorchDispatchMode):
@@ -209,6 +214,7 @@ class MigrationEngine(TorchDispatchMode):
         # ... and (op, bytes) of the first and of the largest overrun of the accounted bytes
         self._allocator_bytes = (lambda: torch.cuda.memory_allocated(device)) if device.type == "cuda" else None
         self._overrun: dict[str, tuple[int, int]] = {}
+        self._overrun_lingering: list[tuple[str, int, int]] = []  # at the largest overrun
         self._away: dict[int, int] = {}  # storage key -> tid, for storages freed right now
         self._away_bytes = 0
         self._k = 0
@@ -294,13 +300,16 @@ class MigrationEngine(TorchDispatchMode):
         self._step_t0 = time.perf_counter()
         first_transfer = len(self.transfers)
         self._allocated = [] if not self.history else None
-        self._overrun = {}
+        self._overrun, self._overrun_lingering = {}, []
         self._in_step = True
         try:
             with self:
                 out = step_fn()
         finally:
             self._in_step = False
+            if self._allocated is not None and self._allocator_bytes is not None:
+                self.stats.audit = {**{key: list(v) for key, v in self._overrun.items()},
+                                    "lingering": [list(x) for x in self._overrun_lingering]}
             self._allocated = None
         self._settle_device_stalls()
         if self._k != self.n_ops:
@@ -553,6 +562,7 @@ class MigrationEngine(TorchDispatchMode):
                 self._overrun.setdefault("first", (k, over))
                 if over > self._overrun.get("largest", (k, 0))[1]:
                     self._overrun["largest"] = (k, over)
+                    self._overrun_lingering = self.lingering(k + 1)[:5]
 
     # ---- transfers --------------------------------------------------------------
     def _submit(self, t: _Tensor, tier: str, direction: str, k: int) -> None:
