@@ -75,16 +75,13 @@ def history_path(result_path: Path) -> Path:
 KEPT_IN_PLACE = ("result.json", "worker.log", ".owner.lock")
 
 
-def keep_attempt(job_dir: Path, kept_result: Path) -> Path | None:
+def keep_attempt(job_dir: Path, kept_result: Path) -> None:
     """Move the side files of the attempt whose row was kept as ``kept_result``
-    (``result.<n>.json``) into ``job_dir/attempt.<n>/``, so that a rerun writes its own
-    beside an empty slate and never overwrites them; returns that directory, or None when
-    there was nothing to move. Stays in place: the rows (``result.json``,
-    ``result.<m>.json``), ``worker.log`` (appended to by every attempt), the point's lock and
-    earlier ``attempt.<m>/`` directories."""
-    n = kept_result.name.split(".")[1]
-    dest = job_dir / f"attempt.{n}"
-    moved = False
+    (``result.<n>.json``) into ``job_dir/attempt.<n>/`` (made only when there is one), so
+    that a rerun writes its own beside an empty slate and never overwrites them. Stays in
+    place: the rows (``result.json``, ``result.<m>.json``), ``worker.log`` (appended to by
+    every attempt), the point's lock and earlier ``attempt.<m>/`` directories."""
+    dest = job_dir / f"attempt.{kept_result.name.split('.')[1]}"
     for entry in sorted(job_dir.iterdir()):
         name = entry.name
         if name in KEPT_IN_PLACE or (name.startswith("result.") and name.endswith(".json")) \
@@ -92,8 +89,6 @@ def keep_attempt(job_dir: Path, kept_result: Path) -> Path | None:
             continue
         dest.mkdir(exist_ok=True)
         entry.rename(dest / name)
-        moved = True
-    return dest if moved else None
 
 
 def config_diff(a: Any, b: Any, prefix: str = "") -> list[str]:

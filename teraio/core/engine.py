@@ -472,11 +472,16 @@ class MigrationEngine(TorchDispatchMode):
         rounding stays below it). Empty where no op overran so, and off CUDA."""
         return dict(self._overrun)
 
+    def _accounted(self, k: int) -> int:
+        """Bytes the plan accounts on the device during op ``k`` as things stand: the op's
+        un-offloaded need less what is off the device now."""
+        return int(self.required_bytes[k]) - self._away_bytes
+
     def _memory_note(self, k: int) -> str:
         """What the plan and the allocator hold at op ``k``: the numbers that tell a plan
         that did not fit from memory the plan never saw (fragmentation, workspaces, tensors
         alive past their profiled last use)."""
-        accounted = int(self.required_bytes[k]) - self._away_bytes
+        accounted = self._accounted(k)
         note = (f"TeraIO: out of memory at op {k} ({self.op_names[k]}) of step {self.step_index}; "
                 f"the plan accounts {accounted} B resident there (planned peak "
                 f"{self.plan.predicted_peak_bytes} B for a capacity of {self.plan.capacity_bytes} B)")
@@ -527,7 +532,7 @@ class MigrationEngine(TorchDispatchMode):
                 tid = self._away.get(storage_key(x))
                 if tid is not None:
                     self._make_resident(tid, self.tensors[tid], urgent=True, k=k)
-        accounted = int(self.required_bytes[k]) - self._away_bytes
+        accounted = self._accounted(k)
         if accounted > self.stats.max_accounted_bytes:
             self.stats.max_accounted_bytes = accounted
 
@@ -557,7 +562,7 @@ class MigrationEngine(TorchDispatchMode):
                 self._make_resident(tid, t, urgent=True, k=k)
             t.storage = None
         if self._allocated is not None and self._allocator_bytes is not None:
-            over = self._allocator_bytes() - (int(self.required_bytes[k]) - self._away_bytes)
+            over = self._allocator_bytes() - self._accounted(k)
             if over > self.plan.capacity_bytes // 100:  # allocator rounding stays below
                 self._overrun.setdefault("first", (k, over))
                 if over > self._overrun.get("largest", (k, 0))[1]:
