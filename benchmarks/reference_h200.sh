@@ -36,7 +36,7 @@ for d in */; do
   [ -n "$(find "$d" -maxdepth 1 -name 'result*.json' -newer "$marker")" ] || continue
   # every file of the job dir, earlier attempts' (attempt.<n>/) included; a side file is
   # packed gzipped, and a .gz beside its fresh uncompressed file is skipped (stale)
-  find "$d" -type f ! -name .owner.lock | while read -r f; do
+  find "$d" -type f ! -name '.*.lock' | while read -r f; do
     mkdir -p "$stage/$(dirname "$f")"
     case $f in
       *trace.json|*plan.json|*oplog.csv|*transfers.csv) gzip -c "$f" > "$stage/$f.gz";;

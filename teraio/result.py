@@ -59,6 +59,10 @@ and the runner-specific keys (:attr:`Measurements.extras`):
                       shortfall_bytes, migrations, bytes_per_tier}`` (also on a failed row
                       once the plan was made)
 ``final_params_sha256``  TeraIO: digest of the trained parameters (``teraio.systems.measure.param_digest``)
+``audits``            TeraIO on CUDA: per engine (one, and one more per re-plan), its first step's
+                      ``{step, first, largest, lingering}``: the first and largest overrun of the
+                      plan's account ``[op, bytes]`` and what lingered at the largest
+                      (``teraio.core.engine.StepStats.audit``); absent where no step ended well
 ``modeled_from``      Ideal, modeled row: the trace file its iteration time comes from
 ``zero_micro_batch_size``  ZeRO: the micro-batch it trained with (``system.options.micro_batch_size``,
                       else the point's)

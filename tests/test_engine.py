@@ -535,7 +535,7 @@ def test_an_op_out_of_memory_with_nothing_left_to_drop_fails_with_its_note(tmp_p
 
 def test_a_first_step_that_ends_well_keeps_its_audit(tmp_path):
     # The overruns of the audited step and what lingered at the largest travel with its
-    # statistics (the iteration row's ``audit``); later steps are not audited.
+    # statistics (the row's ``audits``); later steps are not audited.
     model, opt, losses, trace = profiled()
     plan = dataclasses.replace(every_gap_plan(trace), capacity_bytes=trace.peak_bytes())
     eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), open_tiers(plan, tmp_path), CPU)

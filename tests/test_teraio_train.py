@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import teraio.core.engine
 import teraio.core.storage
 import teraio.systems.teraio
 import teraio.workload.pipeline
@@ -191,6 +192,32 @@ def test_a_change_of_sequence_length_is_planned_anew_and_stays_bit_identical(tmp
                  options={"replan_on_drift": False}, **hw)
     with pytest.raises(PlanDriftError, match="step 5 drifted from the profiled step: seq_len 32 -> 16"):
         run_teraio(cfg, tmp_path / "strict")
+
+
+def test_each_engines_audit_is_kept_in_the_row_though_its_step_is_a_warm_up(tmp_path, monkeypatch):
+    # The allocator count stands in for CUDA's (off CUDA an engine audits nothing): 2 MiB more
+    # than the plan accounts after every op. Each engine's first step (2, and 6 and 11 after
+    # the re-plans) is audited; 2 and 6 are warm-up steps (no iteration row), and the row
+    # keeps all three audits.
+    init = teraio.core.engine.MigrationEngine.__init__
+
+    def with_allocator_count(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self._allocator_bytes = lambda: self._accounted(self._k) + (2 << 20)
+
+    monkeypatch.setattr(teraio.core.engine.MigrationEngine, "__init__", with_allocator_count)
+    workload = {**SCHEDULE, "warmup_steps": 7}
+    (tmp_path / "ssd").mkdir()
+    probe = run_teraio(config("teraio_ssd", tmp_path / "ssd", None, workload=workload), tmp_path / "probe")
+    capacity = int(probe["unoffloaded_peak_bytes"] * 0.45)
+    assert capacity // 100 < 2 << 20  # the overrun counts (above 1 % of the capacity)
+    result = run_teraio(config("teraio_ssd", tmp_path / "ssd", capacity, workload=workload), tmp_path / "job")
+
+    assert [it["step"] for it in result["iterations"]][0] == 7
+    assert [a["step"] for a in result["audits"]] == [2, 6, 11]
+    for a in result["audits"]:
+        assert a["first"] == [0, 2 << 20] and a["largest"] == [0, 2 << 20]
+    assert all("audit" not in it for it in result["iterations"])
 
 
 def test_bandwidth_starved_plan_stalls_but_fits(tmp_path, ref):

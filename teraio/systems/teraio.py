@@ -200,9 +200,10 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
 
     Steps 2 .. are run by the shared loop (``teraio.systems.loop.measure_steps``); each one's timed
     region covers making its batch and the engine's step. Extras of the row: ``plan`` (the
-    first plan's summary) and ``final_params_sha256``; each iteration adds ``urgent_count``,
-    ``max_accounted_bytes``, ``oom_retries``, ``dropped_bytes`` and ``audit`` (the first
-    engine step's, on CUDA; ``teraio.core.engine.StepStats``).
+    first plan's summary), ``final_params_sha256`` and, on CUDA, ``audits`` (each engine's first
+    step's ``teraio.core.engine.StepStats.audit`` with its ``step``: that step is usually a
+    warm-up one, which has no iteration row); each iteration adds ``urgent_count``,
+    ``max_accounted_bytes``, ``oom_retries`` and ``dropped_bytes``.
 
     With ``workload.pipeline_stages`` > 1 each process profiles, plans and migrates its own
     stage (``teraio.workload.pipeline``; paper §4.1: one plan per GPU) and writes its side
@@ -385,12 +386,13 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
         def engine_stats() -> StepStats:
             peaks.append(peak_memory(device))
             s = engine.stats
+            if s.audit is not None:  # an engine's first step, measured or warm-up
+                measured.extras.setdefault("audits", []).append({"step": s.step, **s.audit})
             return StepStats(stall_count=s.stall_count, stall_seconds=s.stall_seconds,
                              migration_seconds=s.migration_seconds, bytes_offloaded=s.bytes_offloaded,
                              bytes_prefetched=s.bytes_prefetched, note=f" stalls {s.stall_count}",
                              extra={"urgent_count": s.urgent_count, "max_accounted_bytes": s.max_accounted_bytes,
-                                    "oom_retries": s.oom_retries, "dropped_bytes": s.dropped_bytes,
-                                    "audit": s.audit})
+                                    "oom_retries": s.oom_retries, "dropped_bytes": s.dropped_bytes})
 
         with compute_stream(device):
             measure_steps(loop_step, w, device, first_step=2, progress=loud,
