@@ -71,8 +71,9 @@ def summarize_runs(runs: pd.DataFrame) -> pd.DataFrame:
     ``peak_reserved_bytes``, ``peak_host_rss_bytes`` (means over ok trials, bytes), ``capacity_bytes``,
     ``unoffloaded_peak_bytes``, ``memory_pressure`` (M as a fraction, from any trial
     that has it: M is a property of the model and workload, known even for an OOM),
-    ``peak_fraction`` (peak allocated ÷ capacity), ``transfers_path``/``oplog_path``/
-    ``job_dir`` of the first ok trial.
+    ``peak_fraction`` (peak allocated ÷ capacity), ``measured_steps`` (the measured
+    iterations of each ok trial, distinct counts joined by "/", e.g. ``"4"`` or ``"2/4"``;
+    empty with no ok trial), ``transfers_path``/``oplog_path``/``job_dir`` of the first ok trial.
     """
     rows = []
     for _, g in runs.groupby(GROUP_KEYS, dropna=False, sort=False):
@@ -87,6 +88,7 @@ def summarize_runs(runs: pd.DataFrame) -> pd.DataFrame:
             out[name] = ok[name].mean() if len(ok) else math.nan
         for name in ("capacity_bytes", "unoffloaded_peak_bytes", "memory_pressure"):
             out[name] = g[name].median()
+        out["measured_steps"] = "/".join(str(int(n)) for n in sorted(ok["n_iterations"].dropna().unique()))
         ok_sorted = ok.sort_values("trial", na_position="last")
         for name in ("job_dir", "transfers_path", "oplog_path"):
             out[name] = _first(ok_sorted[name])

@@ -266,4 +266,6 @@ def describe(sweep: Sweep) -> str:
     gpus = ", ".join(sorted(r["gpu_name"].dropna().unique()))
     return (f"sweep {sweep.name}: {len(r)} runs ({n_ok} ok, {len(r) - n_ok} failed), "
             f"{trial_text} trial(s) per point; hardware {hw or '?'}"
-            + (f" ({gpus})" if gpus else " (no GPU: a machinery check, not comparable with the paper)"))
+            + (f" ({gpus})" if gpus else " (modeled rows only: estimates, no run)"
+               if (r["measure"] == "modeled").all()
+               else " (no GPU: a machinery check, not comparable with the paper)"))

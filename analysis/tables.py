@@ -55,6 +55,7 @@ def throughput_table(summary: pd.DataFrame) -> pd.DataFrame:
     """``summary``: :func:`aggregate.add_pct_of_ideal` of :func:`aggregate.summarize_runs`."""
     d = pd.DataFrame(_key_columns(summary))
     d["n"] = summary["n"].astype(int).astype(str)
+    d["steps"] = summary["measured_steps"].replace("", NA)
     d["n failed"] = [str(int(n)) + (f" ({f})" if f else "")
                      for n, f in zip(summary["n_failed"], summary["failures"])]
     d["tokens/s (mean ± 95% CI)"] = [
@@ -185,7 +186,8 @@ def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
     its = agg.summarize_iterations(sweep.iterations)
     ci_note = ("mean ± 95% confidence interval over ok trials (Student t, n-1 degrees of "
                "freedom; no interval for n = 1); failed trials are excluded and counted in "
-               f"'n failed'; {FAILED} = every trial failed (oom, error or timeout).")
+               f"'n failed'; {FAILED} = every trial failed (oom, error or timeout); steps: measured "
+               "iterations per ok trial, after the warm-up ones.")
     paths = write_table(throughput_table(summary), out_dir / "throughput",
                         f"Training throughput (tokens/s) and % of Ideal — {who}",
                         [ci_note, "% of Ideal: ratio of means against Ideal of the same model, "

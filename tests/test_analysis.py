@@ -3,6 +3,7 @@ numbers; figures are written with the expected bars and lines; pandas 3 + seabor
 split grouped data correctly."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -197,6 +198,7 @@ def test_throughput_numbers_exact(sweep_dir):
     oom = row(s, system="zero_offload", batch_size=8)
     assert (oom["n"], oom["n_failed"], oom["failures"]) == (0, 2, "oom×2")
     assert math.isnan(oom["tokens_per_s_mean"]) and math.isnan(oom["pct_of_ideal"])
+    assert (mixed["measured_steps"], oom["measured_steps"]) == ("2", "")
     nokey = row(s, system="teraio_ssd", batch_size=8, micro_batch_size=None)
     assert nokey["n"] == 2 and nokey["tokens_per_s_mean"] == 125.0
     assert nokey["pct_of_ideal"] == pytest.approx(100 * 125 / 205)
@@ -255,13 +257,13 @@ def test_written_tables_show_values_failures_and_missing_keys(sweep_dir, tmp_pat
             "(no GPU: a machinery check, not comparable with the paper)") in md
     lines = {tuple(c.strip() for c in ln.strip("|").split("|")) for ln in md.splitlines()
              if ln.startswith("| tiny")}
-    assert ("tiny", "cpu_test", "bs4_seq64", "8.00", "2", "1", "TeraIO-Mixed", "measured", "3",
+    assert ("tiny", "cpu_test", "bs4_seq64", "8.00", "2", "1", "TeraIO-Mixed", "measured", "3", "2",
             "0", f"93.00 ± {T2 * math.sqrt(3):.2f}", "88.6", "measured") in lines
-    assert ("tiny", "cpu_test", "bs4_seq64", "8.00", "2", "1", "TeraIO-SSD", "measured", "2",
+    assert ("tiny", "cpu_test", "bs4_seq64", "8.00", "2", "1", "TeraIO-SSD", "measured", "2", "2",
             "1 (error)", f"82.00 ± {2 * T1:.2f}", f"{100 * 82 / 105:.1f}", "measured") in lines
-    assert ("tiny", "cpu_test", "bs8_seq64", "8.00", "2", "2", "ZeRO-Offload", "measured", "0",
+    assert ("tiny", "cpu_test", "bs8_seq64", "8.00", "2", "2", "ZeRO-Offload", "measured", "0", "n/a",
             "2 (oom×2)", "×", "×", "measured") in lines
-    assert ("tiny", "cpu_test", "bs8_seq64", "8.00", "2", "n/a", "TeraIO-SSD", "measured", "2",
+    assert ("tiny", "cpu_test", "bs8_seq64", "8.00", "2", "n/a", "TeraIO-SSD", "measured", "2", "2",
             "0", f"125.0 ± {T1 * 5 * math.sqrt(2) / math.sqrt(2):.2f}", f"{100 * 125 / 205:.1f}",
             "measured") in lines
     tex = paths["tables/throughput.tex"].read_text()
@@ -298,6 +300,9 @@ def test_modeled_ideal_is_labelled(tmp_path):
     ax = fig7_throughput(sweep).axes[0]
     hatched = {round(p.get_x() + p.get_width() / 2, 6): p.get_hatch() for p in gids(ax, "bar")}
     assert hatched == {round(slot(0, 0, 2), 6): None, round(slot(0, 1, 2), 6): "//"}
+    assert describe(sweep).endswith("(no GPU: a machinery check, not comparable with the paper)")
+    modeled_only = dataclasses.replace(sweep, runs=sweep.runs[sweep.runs["measure"] == "modeled"])
+    assert describe(modeled_only).endswith("hardware cpu_test (modeled rows only: estimates, no run)")
 
 
 def test_cli_names_a_bad_dir(tmp_path):
@@ -571,3 +576,16 @@ def test_the_committed_h200_slice_regenerates_its_tables_exactly(tmp_path):
     assert committed and {p.name for p in committed} <= {Path(k).name for k in paths if k.startswith("tables/")}
     for table in committed:
         assert (tmp_path / "out" / "tables" / table.name).read_text() == table.read_text(), table.name
+
+
+def test_trials_of_different_lengths_show_each_count_of_measured_steps(tmp_path):
+    cfg = dict(system="teraio_ssd", batch=4, seq=64, micro=2)
+    write_run(tmp_path, "t0", trial=0, tps=90.0, **cfg)
+    job = write_run(tmp_path, "t1", trial=1, tps=96.0, **cfg)
+    r = json.loads((job / "result.json").read_text())
+    r["iterations"] += [{**r["iterations"][-1], "step": k} for k in (5, 6)]
+    (job / "result.json").write_text(json.dumps(r))
+    (g,) = agg.summarize_runs(load_sweep(tmp_path).runs).to_dict("records")
+    assert g["measured_steps"] == "2/4"
+    from analysis.tables import throughput_table
+    assert throughput_table(agg.add_pct_of_ideal(agg.summarize_runs(load_sweep(tmp_path).runs)))["steps"].tolist() == ["2/4"]
