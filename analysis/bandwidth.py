@@ -137,6 +137,71 @@ def share_above(transfers: pd.DataFrame, t_start: float, t_end: float, step: int
     return float(np.diff(edges)[r > threshold_gbps * 1e9].sum() / (t_end - t_start))
 
 
+def busy_seconds(t0, t1) -> float:
+    """Length of the union of the intervals [``t0[i]``, ``t1[i]``] (seconds): the time at
+    least one of them is open. 0.0 for none."""
+    busy, end = 0.0, -np.inf
+    for a, b in sorted(zip(np.asarray(t0, float), np.asarray(t1, float))):
+        if a > end:
+            busy, end = busy + (b - a), b
+        elif b > end:
+            busy, end = busy + (b - end), b
+    return float(busy)
+
+
+def tier_rates(transfers: pd.DataFrame) -> pd.DataFrame:
+    """What each tier achieved over one run's logged steps (an engine logs its measured
+    steps), one row per tier, in tier order: ``steps`` (logged steps), ``offload_gb`` and
+    ``prefetch_gb`` (GB per step), ``busy_s`` (seconds per step during which at least one of
+    the tier's transfers is in flight, either direction), ``offload_gbps`` and
+    ``prefetch_gbps`` (a direction's bytes ÷ the time at least one of its transfers is in
+    flight, summed over steps; NaN with no such time) and ``gbps`` (both directions' bytes ÷
+    ``busy_s``). GB = 1e9 bytes.
+
+    Raises:
+        ValueError: an unknown direction.
+    """
+    bad = sorted(set(transfers["direction"].dropna()) - set(DIRECTIONS))
+    if bad:
+        raise ValueError(f"transfers: direction(s) {bad} not in {DIRECTIONS}")
+    n = transfers["step"].nunique()
+    rows = []
+    for tier, g in transfers.groupby("tier", sort=True):
+        busy = {d: sum(busy_seconds(x["t_issued_s"], x["t_done_s"])
+                       for _, x in g[g["direction"] == d].groupby("step")) for d in DIRECTIONS}
+        both = sum(busy_seconds(x["t_issued_s"], x["t_done_s"]) for _, x in g.groupby("step"))
+        moved = {d: float(g.loc[g["direction"] == d, "nbytes"].sum()) for d in DIRECTIONS}
+        rate = {d: moved[d] / busy[d] / 1e9 if busy[d] > 0 else np.nan for d in DIRECTIONS}
+        rows.append({"tier": tier, "steps": n, "offload_gb": moved["offload"] / n / 1e9,
+                     "prefetch_gb": moved["prefetch"] / n / 1e9, "busy_s": both / n,
+                     "offload_gbps": rate["offload"], "prefetch_gbps": rate["prefetch"],
+                     "gbps": sum(moved.values()) / both / 1e9 if both > 0 else np.nan})
+    return pd.DataFrame(rows, columns=["tier", "steps", "offload_gb", "prefetch_gb", "busy_s",
+                                       "offload_gbps", "prefetch_gbps", "gbps"])
+
+
+PLANNED_RATES = {"ssd": ("ssd_write_gbps", "ssd_read_gbps"), "host": ("host_d2h_gbps", "host_h2d_gbps")}
+
+
+def tier_rates_frame(runs: pd.DataFrame, root: Path) -> pd.DataFrame:
+    """:func:`tier_rates` of every ok run with a ``transfers_path`` (``analysis.load``'s
+    per-run frame; paths relative to the sweep dir ``root``), with the run's identity
+    (``model``, ``config``, ``system``, ``job_dir``) and the rates its plan assumed for the
+    tier (``planned_offload_gbps``, ``planned_prefetch_gbps``: the SSD's write and read, the
+    host link's D2H and H2D). Empty without such runs."""
+    frames = []
+    for _, r in runs[~runs["failed"] & runs["transfers_path"].notna()].iterrows():
+        rates = tier_rates(read_csv_checked(root / r["transfers_path"], TRANSFER_COLUMNS))
+        ident = {key: r[key] for key in ("model", "config", "system", "job_dir")}
+        planned = [PLANNED_RATES.get(t, (None, None)) for t in rates["tier"]]
+        rates = rates.assign(**ident,
+                             planned_offload_gbps=[r[w] if w else np.nan for w, _ in planned],
+                             planned_prefetch_gbps=[r[rd] if rd else np.nan for _, rd in planned])
+        frames.append(rates[[*ident, *rates.columns[:-len(ident) - 2], "planned_offload_gbps",
+                             "planned_prefetch_gbps"]])
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
 def run_bandwidth(root: Path, transfers_path: str, oplog_path: str,
                   step: int | None = None) -> tuple[pd.DataFrame, int, float]:
     """Load one run's side files (paths relative to the sweep dir ``root``) and return

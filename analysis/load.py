@@ -20,6 +20,8 @@ into two tidy pandas frames.
   ``unoffloaded_peak_bytes``, ``memory_pressure`` (M, a fraction: unoffloaded peak ÷
   capacity, computed from those two when the row leaves it null), ``peak_fraction``
   (peak allocated ÷ capacity);
+- the tier rates the run planned with (GB/s, the row's ``tier_gbps``; NaN for systems
+  without a plan): ``ssd_write_gbps``, ``ssd_read_gbps``, ``host_d2h_gbps``, ``host_h2d_gbps``;
 - one-time costs and facts: ``plan_compile_seconds``, ``profile_seconds``, ``ssd_io_mode``,
   ``gpu_name``, ``n_gpus``, ``wall_seconds``, ``started_at``, ``finished_at``;
 - side files: ``prices_json`` (the run config's ``hardware.prices`` as JSON, "{}" if none),
@@ -54,6 +56,7 @@ INT_KEYS = ("batch_size", "micro_batch_size", "seq_len", "trial", "host_mem_cap_
 TEXT_KEYS = ("sweep", "job_dir", "model", "system", "hardware", "config", "status", "error",
              "measure", "ssd_io_mode", "gpu_name", "started_at", "finished_at", "prices_json",
              "transfers_path", "oplog_path", "trace_path")
+TIER_RATE_KEYS = ("ssd_write_gbps", "ssd_read_gbps", "host_d2h_gbps", "host_h2d_gbps")
 ID_COLUMNS = ("sweep", "job_dir", *POINT_KEYS, "config", "host_mem_cap_bytes", "n_ssd", "pipeline_stages",
               "status", "error", "failed", "measure")
 
@@ -172,6 +175,7 @@ def _rows(result: dict, root: Path, job_rel: Path) -> tuple[dict, list[dict]]:
         "capacity_bytes": cap, "unoffloaded_peak_bytes": unoff,
         "memory_pressure": m if math.isfinite(m) else _div(unoff, cap),
         "peak_fraction": _div(peak, cap),
+        **{k: _num((result.get("tier_gbps") or {}).get(k)) for k in TIER_RATE_KEYS},
         "plan_compile_seconds": _num(result.get("plan_compile_seconds")),
         "profile_seconds": _num(result.get("profile_seconds")),
         # rows before the striped SSD tier name the same fact kvikio_mode
@@ -207,7 +211,7 @@ RUN_COLUMNS = list(ID_COLUMNS) + [
     "tokens_per_s", "n_iterations", "iteration_seconds", "stall_count", "stall_seconds",
     "stall_count_per_iter", "stall_seconds_per_iter", "bytes_ssd", "bytes_host",
     "peak_allocated_bytes", "peak_reserved_bytes", "peak_host_rss_bytes", "capacity_bytes",
-    "unoffloaded_peak_bytes", "memory_pressure", "peak_fraction", "plan_compile_seconds",
+    "unoffloaded_peak_bytes", "memory_pressure", "peak_fraction", *TIER_RATE_KEYS, "plan_compile_seconds",
     "profile_seconds", "ssd_io_mode", "gpu_name", "n_gpus", "wall_seconds", "started_at",
     "finished_at", "prices_json", "transfers_path", "oplog_path", "trace_path"]
 ITERATION_COLUMNS = list(ID_COLUMNS) + [

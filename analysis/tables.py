@@ -7,6 +7,8 @@ Which frame each table uses:
   ``result["tokens_per_s"]``, peaks, M), aggregated by :func:`aggregate.summarize_runs`.
 - ``stalls``, ``bytes``: the per-iteration frame, averaged per run first and then over
   trials by :func:`aggregate.summarize_iterations`.
+- ``tier_rates``: each ok run's transfer log (``transfers.csv``), per tier
+  (:func:`bandwidth.tier_rates_frame`).
 
 Every caption carries :func:`load.describe` (sweep, runs, trials, hardware). Units: tokens/s;
 seconds; memory in GiB (2^30 bytes); bytes moved in GB (1e9 bytes).
@@ -19,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import aggregate as agg
+from . import bandwidth as bw
 from . import breakdown as bd
 from .load import Sweep, describe
 from .render import FAILED, NA, fmt, fmt_ci, write_table
@@ -177,6 +180,19 @@ def point_comparison_table(comp: pd.DataFrame) -> pd.DataFrame:
     return d
 
 
+def tier_rate_table(rates: pd.DataFrame) -> pd.DataFrame:
+    """``rates``: :func:`analysis.bandwidth.tier_rates_frame`."""
+    return pd.DataFrame({
+        "Model": rates["model"], "Config": rates["config"], "System": rates["system"].map(agg.system_label),
+        "run": rates["job_dir"], "tier": rates["tier"], "steps": rates["steps"].astype(str),
+        "offload GB/step": rates["offload_gb"].map(fmt), "prefetch GB/step": rates["prefetch_gb"].map(fmt),
+        "busy s/step": rates["busy_s"].map(fmt),
+        "offload GB/s": rates["offload_gbps"].map(fmt), "prefetch GB/s": rates["prefetch_gbps"].map(fmt),
+        "both GB/s": rates["gbps"].map(fmt),
+        "planned offload / prefetch GB/s": [f"{fmt(a)} / {fmt(b)}" for a, b in
+                                            zip(rates["planned_offload_gbps"], rates["planned_prefetch_gbps"])]})
+
+
 def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
     """Write every table under ``out_dir`` (``<name>.md`` and ``<name>.tex``); return the
     paths written."""
@@ -218,6 +234,19 @@ def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
                              f"Bytes moved per tier per iteration (GB = 1e9 bytes) — {who}",
                              ["Per-iteration frame, means over ok trials. migration GB/s: all "
                               "bytes moved ÷ all iteration time."])
+    rates = bw.tier_rates_frame(sweep.runs, sweep.root)
+    if len(rates):
+        paths += write_table(tier_rate_table(rates), out_dir / "tier_rates",
+                             f"What each tier achieved, beside the rates its plan assumed — {who}",
+                             ["Per ok run with a transfer log (its measured steps; GB = 1e9 bytes). "
+                              "A transfer is in flight from its issue to its completion, time in "
+                              "the tier's queue included, so the rates are lower bounds on what "
+                              "the device can do. "
+                              "busy: time at least one of the tier's transfers is in flight; a "
+                              "direction's GB/s: its bytes ÷ the time at least one of its "
+                              "transfers is in flight; both: all bytes ÷ busy. Planned: the "
+                              "row's tier_gbps (SSD write / read, host D2H / H2D), which the "
+                              "planner and the simulator use."])
     paths += write_table(memory_table(summary), out_dir / "memory",
                          f"Peak GPU memory, memory pressure M and peak host memory — {who}",
                          ["M = peak live bytes without offloading ÷ emulated GPU capacity "

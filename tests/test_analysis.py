@@ -589,3 +589,37 @@ def test_trials_of_different_lengths_show_each_count_of_measured_steps(tmp_path)
     assert g["measured_steps"] == "2/4"
     from analysis.tables import throughput_table
     assert throughput_table(agg.add_pct_of_ideal(agg.summarize_runs(load_sweep(tmp_path).runs)))["steps"].tolist() == ["2/4"]
+
+
+def test_tier_rates_are_exact_on_a_hand_made_log():
+    from analysis.bandwidth import busy_seconds, tier_rates
+    # step 3, ssd: two offloads overlapping ([0, 1] and [0.5, 1.5]: 1.5 s busy) and a prefetch
+    # in [1, 3] (2 s; both directions: [0, 3]); step 4, ssd: one prefetch in [0, 0.5];
+    # host: one offload of zero length (no busy time).
+    log = pd.DataFrame({"step": [3, 3, 3, 4, 4], "tier": ["ssd", "ssd", "ssd", "ssd", "host"],
+                        "direction": ["offload", "offload", "prefetch", "prefetch", "offload"],
+                        "nbytes": [2e9, 1e9, 4e9, 1e9, 5e9],
+                        "t_issued_s": [0.0, 0.5, 1.0, 0.0, 2.0], "t_done_s": [1.0, 1.5, 3.0, 0.5, 2.0]})
+    assert busy_seconds([0.0, 0.5, 1.0, 4.0], [1.0, 1.5, 3.0, 4.5]) == 3.5 and busy_seconds([], []) == 0.0
+    host, ssd = tier_rates(log).to_dict("records")
+    assert (ssd["tier"], ssd["steps"], ssd["offload_gb"], ssd["prefetch_gb"]) == ("ssd", 2, 1.5, 2.5)
+    assert ssd["busy_s"] == (3.0 + 0.5) / 2
+    assert ssd["offload_gbps"] == 3 / 1.5 and ssd["prefetch_gbps"] == 5 / 2.5
+    assert ssd["gbps"] == pytest.approx(8 / 3.5, rel=1e-12)
+    assert host["offload_gb"] == 2.5 and math.isnan(host["offload_gbps"]) and math.isnan(host["gbps"])
+    with pytest.raises(ValueError, match=r"direction\(s\) \['sideways'\]"):
+        tier_rates(log.assign(direction="sideways"))
+
+
+def test_the_tier_rate_table_names_each_run_with_a_log_and_its_planned_rates(sweep_dir, tmp_path):
+    job = sweep_dir / "A_teraio_mixed_0"
+    r = json.loads((job / "result.json").read_text())
+    r["tier_gbps"] = {"ssd_write_gbps": 2.6, "ssd_read_gbps": 1.8, "host_d2h_gbps": 55.0, "host_h2d_gbps": 54.0}
+    (job / "result.json").write_text(json.dumps(r))
+    md = analyze(sweep_dir, tmp_path / "out")["tables/tier_rates.md"].read_text()
+    rows = [ln for ln in md.splitlines() if ln.startswith("| tiny")]
+    # write_engine_logs: steps 3 and 4; ssd moves 11 GB offloaded ([0, 1] in step 3, [0, 2] in
+    # step 4) and 1 GB prefetched at one instant; host 3 GB prefetched in [1.5, 3]
+    assert rows == [
+        "| tiny | bs4_seq64 | TeraIO-Mixed | A_teraio_mixed_0 | host | 2 | 0 | 1.50 | 0.75 | n/a | 2.00 | 2.00 | 55.00 / 54.00 |",
+        "| tiny | bs4_seq64 | TeraIO-Mixed | A_teraio_mixed_0 | ssd | 2 | 5.50 | 0.5 | 1.50 | 3.67 | n/a | 4.00 | 2.60 / 1.80 |"]
