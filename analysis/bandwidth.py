@@ -82,6 +82,14 @@ class _Rate:
                 - self._prefix(self.cum_rb, np.searchsorted(self.b, t, side="right")))
 
 
+def check_directions(transfers: pd.DataFrame) -> None:
+    """Raises:
+        ValueError: a transfer's direction is not one of ``DIRECTIONS`` (names them)."""
+    bad = sorted(set(transfers["direction"].dropna()) - set(DIRECTIONS))
+    if bad:
+        raise ValueError(f"transfers: direction(s) {bad} not in {DIRECTIONS}")
+
+
 def op_bins(oplog: pd.DataFrame, step: int) -> pd.DataFrame:
     """Ops of ``step`` sorted by index with their bin [``t0``, ``t1``) in seconds.
 
@@ -107,9 +115,7 @@ def op_bandwidth(transfers: pd.DataFrame, oplog: pd.DataFrame, step: int) -> pd.
     Raises:
         ValueError: an unknown direction, or a transfer that ends before it starts.
     """
-    bad = sorted(set(transfers["direction"].dropna()) - set(DIRECTIONS))
-    if bad:
-        raise ValueError(f"transfers: direction(s) {bad} not in {DIRECTIONS}")
+    check_directions(transfers)
     bins = op_bins(oplog, step)
     tr = transfers[transfers["step"] == step]
     width = (bins["t1"] - bins["t0"]).to_numpy()
@@ -161,9 +167,7 @@ def tier_rates(transfers: pd.DataFrame) -> pd.DataFrame:
     Raises:
         ValueError: an unknown direction.
     """
-    bad = sorted(set(transfers["direction"].dropna()) - set(DIRECTIONS))
-    if bad:
-        raise ValueError(f"transfers: direction(s) {bad} not in {DIRECTIONS}")
+    check_directions(transfers)
     n = transfers["step"].nunique()
     rows = []
     for tier, g in transfers.groupby("tier", sort=True):
@@ -192,13 +196,11 @@ def tier_rates_frame(runs: pd.DataFrame, root: Path) -> pd.DataFrame:
     frames = []
     for _, r in runs[~runs["failed"] & runs["transfers_path"].notna()].iterrows():
         rates = tier_rates(read_csv_checked(root / r["transfers_path"], TRANSFER_COLUMNS))
-        ident = {key: r[key] for key in ("model", "config", "system", "job_dir")}
         planned = [PLANNED_RATES.get(t, (None, None)) for t in rates["tier"]]
-        rates = rates.assign(**ident,
-                             planned_offload_gbps=[r[w] if w else np.nan for w, _ in planned],
-                             planned_prefetch_gbps=[r[rd] if rd else np.nan for _, rd in planned])
-        frames.append(rates[[*ident, *rates.columns[:-len(ident) - 2], "planned_offload_gbps",
-                             "planned_prefetch_gbps"]])
+        frames.append(pd.DataFrame({
+            **{key: r[key] for key in ("model", "config", "system", "job_dir")}, **rates.to_dict("series"),
+            "planned_offload_gbps": [r[w] if w else np.nan for w, _ in planned],
+            "planned_prefetch_gbps": [r[rd] if rd else np.nan for _, rd in planned]}))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 

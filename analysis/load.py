@@ -268,8 +268,11 @@ def describe(sweep: Sweep) -> str:
     trial_text = f"{tmax}" if tmin == tmax else f"{tmin}–{tmax}"
     hw = ", ".join(sorted(r["hardware"].dropna().unique()))
     gpus = ", ".join(sorted(r["gpu_name"].dropna().unique()))
+    if gpus:
+        where = f" ({gpus})"
+    elif (r["measure"] == "modeled").all():
+        where = " (modeled rows only: estimates, no run)"
+    else:
+        where = " (no GPU: a machinery check, not comparable with the paper)"
     return (f"sweep {sweep.name}: {len(r)} runs ({n_ok} ok, {len(r) - n_ok} failed), "
-            f"{trial_text} trial(s) per point; hardware {hw or '?'}"
-            + (f" ({gpus})" if gpus else " (modeled rows only: estimates, no run)"
-               if (r["measure"] == "modeled").all()
-               else " (no GPU: a machinery check, not comparable with the paper)"))
+            f"{trial_text} trial(s) per point; hardware {hw or '?'}{where}")
