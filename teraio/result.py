@@ -264,9 +264,14 @@ def _json_safe(x):
     return x
 
 
+def lock_path(path: Path) -> Path:
+    """The lock file beside ``path`` that :func:`write_result` holds while it writes it."""
+    return path.parent / f".{path.name}.lock"
+
+
 def write_result(path: str | Path, result: dict) -> None:
     """Write ``result`` to ``path`` atomically (temp file + rename) and exclusively (the
-    check for an ok row and the rename hold a lock file beside ``path``).
+    check for an ok row and the rename hold :func:`lock_path`).
 
     Raises:
         ValueError: status not in ``STATUSES``.
@@ -278,7 +283,7 @@ def write_result(path: str | Path, result: dict) -> None:
     def commit(tmp: str, path: Path) -> None:
         # The check and the rename under one lock: of two writers at the same instant,
         # the second sees the first's ok row.
-        with open(path.parent / f".{path.name}.lock", "a") as lock:
+        with open(lock_path(path), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if read_status(path) == "ok":
                 raise FileExistsError(f"{path} already holds an ok result; refusing to overwrite it")

@@ -55,9 +55,9 @@ from teraio import systems
 from teraio.harness.checks import validate
 from teraio.harness.compose import job_overrides, register_resolvers, run_config
 from teraio.config import RunConfig
-from teraio.harness.drive_lock import hold_drives, hold_point
+from teraio.harness.drive_lock import OWNER_LOCK, hold_drives, hold_point
 from teraio.harness.launch import console, launch_worker
-from teraio.result import read_status, result_row, write_result
+from teraio.result import lock_path, read_status, result_row, write_result
 from teraio.harness.run import iso_time
 
 
@@ -72,7 +72,7 @@ def history_path(result_path: Path) -> Path:
     return p
 
 
-KEPT_IN_PLACE = ("result.json", "worker.log", ".owner.lock")
+KEPT_IN_PLACE = ("result.json", lock_path(Path("result.json")).name, "worker.log", OWNER_LOCK)
 
 
 def keep_attempt(job_dir: Path, kept_result: Path) -> None:
@@ -80,7 +80,7 @@ def keep_attempt(job_dir: Path, kept_result: Path) -> None:
     (``result.<n>.json``) into ``job_dir/attempt.<n>/`` (made only when there is one), so
     that a rerun writes its own beside an empty slate and never overwrites them. Stays in
     place: the rows (``result.json``, ``result.<m>.json``), ``worker.log`` (appended to by
-    every attempt), the point's lock and earlier ``attempt.<m>/`` directories."""
+    every attempt), the point's lock and the row's, and earlier ``attempt.<m>/`` directories."""
     dest = job_dir / f"attempt.{kept_result.name.split('.')[1]}"
     for entry in sorted(job_dir.iterdir()):
         name = entry.name

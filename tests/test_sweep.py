@@ -135,6 +135,8 @@ def test_failed_points_become_rows_and_rerun_resumes_without_overwriting(tmp_pat
         assert json.loads((d / "attempt.1" / "trace.json").read_text()) == {"attempt_of": json.dumps(plan)}
         assert json.loads((d / "trace.json").read_text()) == {"attempt_of": json.dumps({})}
         assert load_run_config(d / "attempt.1" / "resolved.yaml").trial == t
+        # the row's lock stays with the row: it serialises every attempt's write of it
+        assert (d / ".result.json.lock").exists() and not (d / "attempt.1" / ".result.json.lock").exists()
         assert "fake worker trial %d: ok" % t in (d / "worker.log").read_text()  # one log, appended
     assert not (job_dir(runs, 0) / "attempt.1").exists()
 

@@ -29,11 +29,14 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 
+OWNER_LOCK = ".owner.lock"  # in a point's job dir (:func:`hold_point`)
+
+
 @contextlib.contextmanager
 def hold_point(job_dir: str | os.PathLike) -> Iterator[bool]:
     """Hold the job dir's owner lock for the ``with`` block; yields True, or False at once
     (holding nothing) when another process holds it."""
-    with open(Path(job_dir) / ".owner.lock", "a") as f:  # closing it releases the lock
+    with open(Path(job_dir) / OWNER_LOCK, "a") as f:  # closing it releases the lock
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
