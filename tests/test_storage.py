@@ -452,6 +452,37 @@ def test_restore_over_2_gib_is_bit_exact(kind, tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.gpu
+@gpu
+def test_host_tier_copies_hold_no_device_storage():
+    """A device storage whose owner lets it go while its host-tier copy is not yet waited on
+    is freed at once (the transfer does not keep it alive), and both copies still move the
+    right bytes: the caching allocator reuses the memory only after the copy ran."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    nbytes = 1 << 28
+    with HostTier(nbytes + 64, {"x": nbytes}, "cuda") as tier:
+        t = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device="cuda")
+        expected = t.cpu()
+        ref = StorageWeakRef(t.untyped_storage())
+        write = tier.write("x", t.untyped_storage())
+        del t
+        assert ref.expired()
+        overwrite = torch.full((nbytes,), 7, dtype=torch.uint8, device="cuda")
+        write.wait()
+        back = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        tier.read("x", back.untyped_storage()).wait()
+        assert torch.equal(back.cpu(), expected)
+
+        dropped = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        ref = StorageWeakRef(dropped.untyped_storage())
+        read = tier.read("x", dropped.untyped_storage())
+        del dropped
+        assert ref.expired()
+        read.wait()
+        assert int(overwrite[0]) == 7
+
+
 def test_slot_files_of_killed_runs_are_removed_by_the_next_run(tmp_path, capsys):
     import socket
     import subprocess

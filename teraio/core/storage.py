@@ -55,17 +55,18 @@ class Transfer:
     """Future of one tier transfer, in the style of kvikio's ``IOFuture``.
 
     Backed by a ``concurrent.futures.Future`` (SSD tier), a CUDA event (host tier on
-    CUDA), or nothing (already complete). ``references`` are kept alive until the
-    transfer is waited on, so a buffer is never freed under an in-flight copy.
+    CUDA), or nothing (already complete). It holds no reference to the device storage: the
+    SSD tier's I/O thread holds its view until the copy ran, and the host tier's copies are
+    guarded by the caching allocator (``record_stream``), so a storage whose last reference
+    its owner drops is freed at once, its memory reused only after the copy ran.
     """
 
     def __init__(self, name: str, path: str, what: str, nbytes: int, *,
                  future: concurrent.futures.Future | None = None,
-                 event: torch.cuda.Event | None = None, references: tuple = ()):
+                 event: torch.cuda.Event | None = None):
         self.name, self.path, self.nbytes = name, path, nbytes
         self._what = what
         self._future, self._event = future, event
-        self._references = references
 
     def done(self) -> bool:
         """True once the transfer finished (successfully or not); never blocks."""
@@ -106,7 +107,6 @@ class Transfer:
                 self._event.synchronize()
         except Exception as e:
             raise TierIOError(f"{self._what} failed: {e}", self.name, self.path) from e
-        self._references = ()
         return self.nbytes
 
 
@@ -764,9 +764,12 @@ class HostTier:
             dst.copy_(src, non_blocking=True)
             event = torch.cuda.Event()
             event.record(stream)
-        view.record_stream(stream)  # the caching allocator keeps the memory until the copy ran
+        # The caching allocator keeps the memory until the copy ran, so the transfer need not
+        # hold the storage: a tensor past its last use is freed when its owner lets it go,
+        # not when a thread gets round to waiting on the copy.
+        view.record_stream(stream)
         self._last[key] = event
-        return Transfer(name, "host pool", what, nbytes, event=event, references=(view,))
+        return Transfer(name, "host pool", what, nbytes, event=event)
 
     def close(self) -> None:
         """Wait for in-flight copies, then unpin and free the buffers. Idempotent."""
