@@ -7,8 +7,10 @@ options, and replay both plans through the simulator.
 
 Per job it reports, for the committed plan and the new one: bytes moved per tier and
 iteration, the bytes of each tier's slots (a plan without shared slots, made before
-``teraio.core.slots``, needs one slot per tensor name), the exposed migrations, and the
-simulated iteration and stall seconds (``teraio.core.simulator.simulate``, FIFO).
+``teraio.core.slots``, needs one slot per tensor name), the most bytes each tier holds at
+once (``MigrationPlan.tier_bytes_held``), the exposed migrations, and the simulated
+iteration and stall seconds (``teraio.core.simulator.simulate``, FIFO); and, per host cap,
+the floor on the drive's share (:func:`beyond_host`).
 The file ``--out`` is replaced atomically.
 """
 from __future__ import annotations
@@ -48,10 +50,21 @@ def slot_bytes(plan: MigrationPlan) -> dict[str, int]:
     return out
 
 
+def beyond_host(trace: Trace, capacity_bytes: int, host_cap_bytes: int) -> dict[str, int]:
+    """What no plan at this capacity and host cap can keep off the drive:
+    ``{"bytes": b, "ops": n}``, where b is the most bytes that must be off the GPU beyond the
+    host cap at any op (the trace's ``required_bytes`` less the capacity and the cap; 0
+    where the two suffice) and n the number of ops where that is positive. The drive holds
+    at least b at once, so each iteration writes and reads at least b there."""
+    beyond = trace.required_bytes() - capacity_bytes - host_cap_bytes
+    return {"bytes": int(max(beyond.max(), 0)), "ops": int((beyond > 0).sum())}
+
+
 def summary(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth) -> dict:
     sim = simulate(trace, plan, tiers)
     return {"migrations": len(plan.migrations), "exposed": plan.meta.get("n_exposed", 0),
             "bytes_per_tier": plan.bytes_per_tier(), "slot_bytes": slot_bytes(plan),
+            "most_bytes_held": {t: int(plan.tier_bytes_held(t).max(initial=0)) for t in ("ssd", "host")},
             "predicted_peak_bytes": plan.predicted_peak_bytes,
             "simulated_iteration_s": sim.iteration_seconds, "simulated_stall_s": sim.stall_seconds}
 
@@ -77,6 +90,7 @@ def replan(job: Path, host_cap_bytes: int | None = None) -> dict:
     return {"job": str(job), "capacity_bytes": old.capacity_bytes, "host_cap_bytes": meta["host_cap_bytes"],
             "replanned_host_cap_bytes": host_cap,
             "tiers_gbps": meta["tiers_gbps"], "ideal_s": float(trace.op_seconds.sum()),
+            "beyond_host": beyond_host(trace, old.capacity_bytes, host_cap),
             "committed": summary(trace, old, tiers), "replanned": summary(trace, new, tiers)}
 
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from teraio.core.plan import MigrationPlan
+from teraio.core.plan import Migration, MigrationPlan
 from teraio.core.planner import (TierBandwidth, _Planner, inactive_periods, plan_migrations, predicted_live_bytes,
                             reserved_bandwidth)
 from teraio.core.simulator import simulate
@@ -186,6 +186,20 @@ def test_host_cap_holds_on_random_traces():
         assert slot_bytes(plan, "host") == plan.meta["slot_bytes"]["host"] <= 2 * GB
         assert slot_bytes(plan, "ssd") == plan.meta["slot_bytes"]["ssd"]
         check_shared_slots(tr, plan)
+        for tier in ("ssd", "host"):  # slots hold at least what is away at once
+            assert plan.tier_bytes_held(tier).max(initial=0) <= plan.meta["slot_bytes"][tier]
+
+
+def test_tier_bytes_held_counts_each_period_from_its_write_to_its_read():
+    # n = 8: a host period [2, 5), a host period wrapping the boundary [6, 1), an SSD one
+    # around the whole iteration ([3, 3): a persistent tensor used once per iteration).
+    m = [Migration(1, "op2:out0", 100, "host", 2, 3, 4, 5), Migration(2, "param:w", 10, "host", 6, 7, 0, 1),
+         Migration(3, "param:v", 7, "ssd", 3, 4, 2, 3)]
+    plan = MigrationPlan(8, 0, 0, 0, m)
+    assert plan.tier_bytes_held("host").tolist() == [10, 0, 100, 100, 100, 0, 10, 10]
+    assert plan.tier_bytes_held("ssd").tolist() == [7] * 8
+    with pytest.raises(ValueError, match=r"tier='nvme'; must be one of \('ssd', 'host'\)"):
+        plan.tier_bytes_held("nvme")
 
 
 def test_one_drive_is_one_channel_for_reads_and_writes():

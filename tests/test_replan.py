@@ -27,6 +27,17 @@ def test_the_committed_replan_is_reproduced():
     assert entry["replanned"]["slot_bytes"]["host"] <= entry["host_cap_bytes"]
 
 
+def test_beyond_host_is_what_capacity_and_host_cap_leave_over():
+    from teraio.core.trace import TensorRecord, Trace
+
+    trace = Trace(["a", "b", "c", "d"], [1.0] * 4,
+                  [TensorRecord(0, "param:w", 10, "param", True, [0, 1, 2, 3]),
+                   TensorRecord(1, "op1:out0", 50, "activation", False, [1, 2])],
+                  op_allocated_bytes=[10, 60, 64, 10])  # op c's own workspace: 4 B more
+    assert replan.beyond_host(trace, 20, 25) == {"bytes": 19, "ops": 2}
+    assert replan.beyond_host(trace, 20, 44) == {"bytes": 0, "ops": 0}
+
+
 def test_a_job_without_its_trace_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"no trace.json or trace.json.gz"):
         replan.replan(tmp_path)

@@ -28,6 +28,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
+
 from teraio.files import write_atomic
 
 TIERS: tuple[str, ...] = ("ssd", "host")
@@ -116,6 +118,30 @@ class MigrationPlan:
         ``teraio.core.storage``)."""
         return {m.name: m.slot for m in self.migrations
                 if m.tier == tier and m.slot and m.slot != m.name}
+
+    def tier_bytes_held(self, tier: str) -> np.ndarray:
+        """int64 ``[n_ops]``: bytes that ``tier`` holds for the plan during each op. A
+        migration holds its bytes over its period ``[offload_after, needed_by)`` (cyclic;
+        the slot convention of ``teraio.core.slots``): from the write's launch until the read
+        back is needed. The maximum is the least a tier of this plan must hold at once,
+        however its slots are packed.
+
+        Raises:
+            ValueError: ``tier`` is not one of ``TIERS``.
+        """
+        if tier not in TIERS:
+            raise ValueError(f"tier={tier!r}; must be one of {TIERS}")
+        delta = np.zeros(self.n_ops + 1, dtype=np.int64)
+        for m in self.migrations:
+            if m.tier != tier:
+                continue
+            a, b = m.offload_after, m.needed_by
+            delta[a] += m.nbytes
+            delta[b] -= m.nbytes
+            if a >= b:  # wraps across the iteration boundary
+                delta[0] += m.nbytes
+                delta[self.n_ops] -= m.nbytes
+        return np.cumsum(delta[:-1])
 
     def bytes_per_tier(self) -> dict[str, int]:
         out = {t: 0 for t in TIERS}
