@@ -27,6 +27,18 @@ def test_the_committed_replan_is_reproduced():
     assert entry["replanned"]["slot_bytes"]["host"] <= entry["host_cap_bytes"]
 
 
+def test_the_granite_host_cap_floor_is_reproduced():
+    """At the 64 GB host cap the Granite-8B cut must keep 9.4 GB on the drive, at 274 ops,
+    while the plan's host slots hold at most 54.2 GB at once (replan_granite_host_caps.md)."""
+    doc = json.loads((RESULT.parent / "replan_granite_host_caps.json").read_text())
+    (entry,) = [e for e in doc["jobs"] if e["replanned_host_cap_bytes"] == 64 * 10**9]
+    again = replan.replan(ROOT / entry["job"], 64 * 10**9)
+    assert again["beyond_host"] == entry["beyond_host"] == {"bytes": 9429707941, "ops": 274}
+    held = again["replanned"]["most_bytes_held"]
+    assert held == entry["replanned"]["most_bytes_held"]
+    assert round(held["host"] / 1e9, 1) == 54.2 < again["replanned"]["slot_bytes"]["host"] / 1e9
+
+
 def test_beyond_host_is_what_capacity_and_host_cap_leave_over():
     from teraio.core.trace import TensorRecord, Trace
 
