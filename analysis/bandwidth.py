@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from teraio.core.engine import union_seconds
+
 TRANSFER_COLUMNS = ("step", "tier", "direction", "nbytes", "op_issued", "op_done",
                     "t_issued_s", "t_done_s")
 OPLOG_COLUMNS = ("step", "op", "op_name", "t_start_s", "seconds", "stall_s")
@@ -143,18 +145,6 @@ def share_above(transfers: pd.DataFrame, t_start: float, t_end: float, step: int
     return float(np.diff(edges)[r > threshold_gbps * 1e9].sum() / (t_end - t_start))
 
 
-def busy_seconds(t0, t1) -> float:
-    """Length of the union of the intervals [``t0[i]``, ``t1[i]``] (seconds): the time at
-    least one of them is open. 0.0 for none."""
-    busy, end = 0.0, -np.inf
-    for a, b in sorted(zip(np.asarray(t0, float), np.asarray(t1, float))):
-        if a > end:
-            busy, end = busy + (b - a), b
-        elif b > end:
-            busy, end = busy + (b - end), b
-    return float(busy)
-
-
 def tier_rates(transfers: pd.DataFrame) -> pd.DataFrame:
     """What each tier achieved over one run's logged steps (an engine logs its measured
     steps), one row per tier, in tier order: ``steps`` (logged steps), ``offload_gb`` and
@@ -168,12 +158,16 @@ def tier_rates(transfers: pd.DataFrame) -> pd.DataFrame:
         ValueError: an unknown direction.
     """
     check_directions(transfers)
+
+    def in_flight(steps: pd.DataFrame) -> float:
+        """Seconds at least one of the transfers is in flight, within each step, summed."""
+        return sum(union_seconds(list(zip(x["t_issued_s"], x["t_done_s"]))) for _, x in steps.groupby("step"))
+
     n = transfers["step"].nunique()
     rows = []
     for tier, g in transfers.groupby("tier", sort=True):
-        busy = {d: sum(busy_seconds(x["t_issued_s"], x["t_done_s"])
-                       for _, x in g[g["direction"] == d].groupby("step")) for d in DIRECTIONS}
-        both = sum(busy_seconds(x["t_issued_s"], x["t_done_s"]) for _, x in g.groupby("step"))
+        busy = {d: in_flight(g[g["direction"] == d]) for d in DIRECTIONS}
+        both = in_flight(g)
         moved = {d: float(g.loc[g["direction"] == d, "nbytes"].sum()) for d in DIRECTIONS}
         rate = {d: moved[d] / busy[d] / 1e9 if busy[d] > 0 else np.nan for d in DIRECTIONS}
         rows.append({"tier": tier, "steps": n, "offload_gb": moved["offload"] / n / 1e9,

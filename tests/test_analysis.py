@@ -592,7 +592,8 @@ def test_trials_of_different_lengths_show_each_count_of_measured_steps(tmp_path)
 
 
 def test_tier_rates_are_exact_on_a_hand_made_log():
-    from analysis.bandwidth import busy_seconds, tier_rates
+    from analysis.bandwidth import tier_rates
+    from teraio.core.engine import union_seconds
     # step 3, ssd: two offloads overlapping ([0, 1] and [0.5, 1.5]: 1.5 s busy) and a prefetch
     # in [1, 3] (2 s; both directions: [0, 3]); step 4, ssd: one prefetch in [0, 0.5];
     # host: one offload of zero length (no busy time).
@@ -600,7 +601,7 @@ def test_tier_rates_are_exact_on_a_hand_made_log():
                         "direction": ["offload", "offload", "prefetch", "prefetch", "offload"],
                         "nbytes": [2e9, 1e9, 4e9, 1e9, 5e9],
                         "t_issued_s": [0.0, 0.5, 1.0, 0.0, 2.0], "t_done_s": [1.0, 1.5, 3.0, 0.5, 2.0]})
-    assert busy_seconds([0.0, 0.5, 1.0, 4.0], [1.0, 1.5, 3.0, 4.5]) == 3.5 and busy_seconds([], []) == 0.0
+    assert union_seconds(list(zip([0.0, 0.5, 1.0, 4.0], [1.0, 1.5, 3.0, 4.5]))) == 3.5 and union_seconds([]) == 0.0
     host, ssd = tier_rates(log).to_dict("records")
     assert (ssd["tier"], ssd["steps"], ssd["offload_gb"], ssd["prefetch_gb"]) == ("ssd", 2, 1.5, 2.5)
     assert ssd["busy_s"] == (3.0 + 0.5) / 2
