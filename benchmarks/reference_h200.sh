@@ -2,8 +2,8 @@
 # The H200 reference rows, runs/reference/h200/<EXP>/: one chunk of a sweep per run of the script.
 # The sweep resumes from the rows already committed there (it skips every ok row) and is
 # stopped BUDGET_S seconds after the script started, DeepSpeed's op build included, so that
-# the budgets of several runs of the script in one device call add up (leave about 15 s per
-# run for packing). The job dirs whose row this call wrote are packed into OUT/<TAG>.tar.gz
+# the budgets of several runs of the script in one command add up (leave about 15 s per run
+# for packing). The job dirs whose row this run wrote are packed into OUT/<TAG>.tar.gz
 # (trace, plan, oplog and transfers gzipped; a retried point's earlier attempts in
 # attempt.<n>/, teraio.sweep), to unpack into runs/reference/h200/<EXP>/ and commit.
 #   EXP=fig7_h200|fig9_h200 (default fig7_h200)
