@@ -2,11 +2,18 @@
 
 GPU tests get a time limit (pytest-timeout, ``method="thread"``): a test that hangs on the
 lent GPU then fails with every thread's stack printed, instead of using up the device call
-with nothing to show (a TeraIO GPU test once ran until the GPU call's deadline)."""
+with nothing to show (a TeraIO GPU test once ran until the GPU call's deadline).
+
+Tests run under the CUDA allocator configuration of every run (``teraio.harness.run`` sets
+``PYTORCH_CUDA_ALLOC_CONF`` to expandable segments when imported, before CUDA starts). In a
+process without it, capped GPU tests ran out of memory with about 271 MiB of the 851 MiB allowed
+reserved but unallocated (``benchmarks/results/gpu_tests_h200/``)."""
 from __future__ import annotations
 
 import pytest
 import torch
+
+import teraio.harness.run  # noqa: F401  (the allocator configuration above)
 
 GPU_TEST_TIMEOUT_S = 300
 

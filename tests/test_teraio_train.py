@@ -271,7 +271,7 @@ GPU_MODEL = {"dim": 1024, "n_layers": 4, "vocab_size": 8192}
 # trace), which migrations cannot lower; through AdamW's step it is mostly gradients that
 # param.grad holds past their last use (``Trace.held_grad_bytes``; the release_grads case).
 # 70 % leaves the plan capacity about 116 MB above that planned peak (0.7 x 0.65 x the
-# run's 1,226 MB peak, less 441 MB); not yet run on a GPU.
+# run's 1,226 MB peak, less 441 MB); its H200 runs: benchmarks/results/gpu_tests_h200/.
 GPU_FRACTION = 0.7
 # Outside the plan at this small capacity (under a GiB): cuBLAS workspaces (64 MiB or more
 # on Hopper), 64 MiB the allocator held beyond the plan and 111-129 MiB of fragmentation in
