@@ -28,9 +28,12 @@ case "$ARGS" in
 esac
 left=$((BUDGET_S - (SECONDS - start)))
 [ "$left" -gt 0 ] || { echo "the op build took the whole budget of $BUDGET_S s" | tee "$OUT/$TAG.log"; exit 1; }
+# The sweep starts no run that the rows of its other trials say would end after the budget
+# (sweep.deadline); one that overruns is stopped at the budget.
 # shellcheck disable=SC2086  # ARGS holds several overrides
 timeout -k 20 "$left" python -m teraio.sweep -m "+experiment=$EXP" $ARGS "sweep.runs_dir=$RUNS" \
-  sweep.make_ssd_dirs=true sweep.analyze=false "timeout_s=$TIMEOUT_S" 2>&1 | tee "$OUT/$TAG.log"
+  sweep.make_ssd_dirs=true sweep.analyze=false "timeout_s=$TIMEOUT_S" "sweep.deadline=$(($(date +%s) + left))" \
+  2>&1 | tee "$OUT/$TAG.log"
 pkill -f teraio.harness.run && echo "stopped the run in progress at the budget" | tee -a "$OUT/$TAG.log"
 cd "$RUNS/$EXP" || exit 1
 stage=$(mktemp -d)

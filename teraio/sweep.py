@@ -19,6 +19,11 @@ named after the point keys, so a rerun finds it:
 * a worker of a system that moves data through a drive (``SystemSpec.uses_drives``) starts only when
   no other run on this host uses that drive (``sweep.exclusive_drives``,
   :mod:`teraio.harness.drive_lock`); its ``timeout_s`` counts from its start.
+* with ``sweep.deadline`` (a Unix time, s) a point is *deferred*, left as it is for a later
+  sweep, when the ok rows of its other trials (same point and workload) say that it would
+  not end before the deadline (:func:`expected_seconds`), or when the deadline has passed:
+  a sweep cut short by a time limit (a batch job's, a lent machine's) then stops starting
+  runs that the limit would kill before they write a row.
 
 A failed point is a row, and the sweep goes on. After the last point,
 ``python -m analysis <sweep dir>`` makes the tables and figures.
@@ -63,6 +68,46 @@ from teraio.harness.run import iso_time
 
 
 # ---------------------------------------------------------------- one point
+
+# A worker's own start and end, beyond the ``wall_seconds`` its row counts (interpreter and
+# imports; the sweep counted about 15 s more than the rows' 170 s on the lent H200).
+WORKER_START_S = 30.0
+
+
+def deadline_of(cfg: DictConfig) -> float | None:
+    """``sweep.deadline`` as a Unix time in seconds, or None where unset.
+
+    Raises:
+        ValueError: a value that is not a number (naming it and what is valid).
+    """
+    value = cfg.sweep.get("deadline")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"sweep.deadline={value!r}; must be a Unix time in seconds "
+                         "(e.g. sweep.deadline=$(date -d +9min +%s)) or null")
+    return float(value)
+
+
+def expected_seconds(job_dir: Path, run: RunConfig) -> float | None:
+    """Seconds a run of ``run`` is expected to take: the longest ``wall_seconds`` of the ok
+    rows beside ``job_dir`` (``<sweep dir>/*/result.json``) of the same point but the trial
+    and the same workload, plus :data:`WORKER_START_S`; None where there is no such row."""
+    point = {k: v for k, v in run.point().items() if k != "trial"}
+    workload = run.to_dict()["workload"]
+    walls = []
+    for path in job_dir.parent.glob("*/result.json"):
+        try:
+            row = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if path.parent == job_dir or row.get("status") != "ok" or row.get("wall_seconds") is None:
+            continue
+        if ({k: v for k, v in (row.get("point") or {}).items() if k != "trial"} == point
+                and (row.get("config") or {}).get("workload") == workload):
+            walls.append(float(row["wall_seconds"]))
+    return max(walls) + WORKER_START_S if walls else None
+
 
 def history_path(result_path: Path) -> Path:
     """The first free ``result.<n>.json`` (n = 1, 2, ...) beside ``result_path``."""
@@ -118,7 +163,8 @@ def drive_dirs(run: RunConfig) -> list[str]:
 
 def run_point_job(cfg: DictConfig, job_dir: Path, label: str = "") -> str:
     """Validate, resume-check and run one point in ``job_dir``; returns its final status,
-    ``"skip"`` for a point already ok, or ``"busy"`` when another sweep is running it now
+    ``"skip"`` for a point already ok, ``"deferred"`` for one left for later
+    (``sweep.deadline``), or ``"busy"`` when another sweep is running it now
     (``teraio.harness.drive_lock.hold_point``, held for the point's whole run). Never raises for a
     failed point: the failure is written as its row, so that the sweep goes on."""
     job_dir.mkdir(parents=True, exist_ok=True)
@@ -144,6 +190,17 @@ def _run_owned_point(cfg: DictConfig, job_dir: Path) -> str:
         console.print("  skip (ok)" + (f" — made with a different {', '.join(changed)}; "
                                        "move its job dir away to run it again" if changed else ""))
         return "skip"
+    try:
+        deadline = deadline_of(cfg)
+    except ValueError as e:  # the pre-pass catches this in a multirun
+        console.print(f"[red]✗ invalid config:[/red] {escape(str(e))}")
+        return "invalid"
+    if deadline is not None:
+        left, need = deadline - time.time(), expected_seconds(job_dir, run)
+        if left <= 0 or (need is not None and need > left):
+            console.print(f"  deferred: {max(left, 0):.0f} s left before sweep.deadline"
+                          + (f"; its other trials' rows say it needs {need:.0f} s" if need is not None else ""))
+            return "deferred"
     if result_path.exists():
         kept = history_path(result_path)
         result_path.rename(kept)
@@ -209,6 +266,7 @@ class SweepCallback(Callback):
             where = " ".join(overrides)
             try:
                 point = loader.load_sweep_config(config, list(overrides))
+                deadline_of(point)
                 validate(run_config(point), check_device=point.sweep.check_device,
                          make_ssd_dirs=point.sweep.make_ssd_dirs, runs_dir=point.sweep.runs_dir)
             except Exception as e:

@@ -144,6 +144,37 @@ def test_failed_points_become_rows_and_rerun_resumes_without_overwriting(tmp_pat
     assert p.stdout.count("skip (ok)") == 4 and [calls(runs, t) for t in range(4)] == [1, 2, 2, 2]
 
 
+def test_a_deadline_defers_the_points_that_would_not_end_before_it(tmp_path, fake_worker):
+    runs = tmp_path / "runs"
+    assert run_sweep(runs, {"2": "oom"}, fake_worker, "trial=0,2").returncode == 0
+    first = job_dir(runs, 0) / "result.json"  # an earlier trial of the point that took 500 s
+    first.write_text(json.dumps({**json.loads(first.read_text()), "wall_seconds": 500.0}))
+    oom_bytes = (job_dir(runs, 2) / "result.json").read_bytes()
+
+    # 120 s left: trials 1 and 2 of that point are deferred (500 s + the worker's start);
+    # trial 4 runs another workload, of which no row says anything, so it runs.
+    p = run_sweep(runs, {}, fake_worker, "trial=1,2", f"sweep.deadline={time.time() + 120:.0f}")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("deferred: ") == 2 and "it needs 530 s" in p.stdout, p.stdout
+    assert calls(runs, 1) == 0 and not (job_dir(runs, 1) / "result.json").exists()
+    assert (job_dir(runs, 2) / "result.json").read_bytes() == oom_bytes  # its row left as it was
+    assert not (job_dir(runs, 2) / "result.1.json").exists() and calls(runs, 2) == 1
+    p = run_sweep(runs, {}, fake_worker, "trial=4", "workload.measure_steps=2",
+                  f"sweep.deadline={time.time() + 120:.0f}")
+    assert "deferred" not in p.stdout and row(runs, 4)["status"] == "ok", p.stdout
+
+    # Enough time: they run. A deadline already past defers even a point no row speaks of.
+    p = run_sweep(runs, {}, fake_worker, "trial=1,2", f"sweep.deadline={time.time() + 1000:.0f}")
+    assert [row(runs, t)["status"] for t in (1, 2)] == ["ok", "ok"], p.stdout
+    p = run_sweep(runs, {}, fake_worker, "trial=5", "workload.measure_steps=2",
+                  f"sweep.deadline={time.time() - 1:.0f}")
+    assert "deferred: 0 s left" in p.stdout and not job_dir(runs, 5).joinpath("result.json").exists()
+
+    p = run_sweep(runs, {}, fake_worker, "trial=6", "sweep.deadline=soon")
+    assert p.returncode != 0 and "sweep.deadline='soon'" in p.stderr and "Nothing was run" in p.stderr
+    assert not job_dir(runs, 6).exists()
+
+
 def test_killed_sweep_runs_only_missing_points_on_restart(tmp_path, fake_worker):
     runs = tmp_path / "runs"
     proc = subprocess.Popen(sweep_cmd(runs, "trial=0,1,2"), cwd=REPO,
