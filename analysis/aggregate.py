@@ -96,6 +96,23 @@ def summarize_runs(runs: pd.DataFrame) -> pd.DataFrame:
     return sort_groups(pd.DataFrame(rows))
 
 
+def with_not_run(summary: pd.DataFrame, not_run) -> pd.DataFrame:
+    """``summary`` (:func:`summarize_runs`) with a group for each system of ``not_run`` (system
+    names) that has none at a point (``COMPARE_KEYS`` and ``config``) where other systems
+    have: ``n_runs`` 0, ``not_run`` True (False on every other row), other values NA; in the
+    paper's order (:func:`sort_groups`)."""
+    shown = summary.assign(not_run=False)
+    rows = []
+    for keys, g in summary.groupby(COMPARE_KEYS + ["config"], dropna=False, sort=False):
+        here = set(g["system"].dropna())
+        rows += [{**dict(zip(COMPARE_KEYS + ["config"], keys)), "system": s, "n_runs": 0, "n": 0,
+                  "n_failed": 0, "failures": "", "measured_steps": "", "not_run": True}
+                 for s in not_run if s not in here]
+    if not rows:
+        return shown
+    return sort_groups(pd.concat([shown, pd.DataFrame(rows)], ignore_index=True))
+
+
 def select_best(summary: pd.DataFrame) -> pd.DataFrame:
     """Per (``COMPARE_KEYS``, system): the micro-batch group with the highest mean tokens/s,
     as the paper picks "the best hyperparameter" per baseline (§4.1). Measured beats

@@ -27,6 +27,10 @@ into two tidy pandas frames.
 - side files: ``prices_json`` (the run config's ``hardware.prices`` as JSON, "{}" if none),
   ``transfers_path``, ``oplog_path``, ``trace_path`` (relative to the sweep dir, null if absent).
 
+``not_run``: from ``not_run.yaml`` beside the rows, if there is one: system name -> why
+it has no row at some points of the sweep (a fact of the machine the rows were made on, such
+as its one drive; the throughput table lists those points as not run and says why).
+
 ``iterations``: one row per measured iteration of every run, with the identity and outcome
 columns above plus ``step``, ``seconds``, ``tokens``, ``tokens_per_s``, ``loss``,
 ``stall_count``, ``stall_seconds``, ``migration_seconds``, ``overlapped_seconds``
@@ -47,8 +51,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
+
+from teraio import systems
 
 RESULT_NAME = "result.json"
+NOT_RUN_NAME = "not_run.yaml"
 FORMAT_PREFIX = "teraio.result/"
 POINT_KEYS = ("model", "system", "hardware", "batch_size", "micro_batch_size", "seq_len", "trial")
 INT_KEYS = ("batch_size", "micro_batch_size", "seq_len", "trial", "host_mem_cap_bytes", "n_ssd",
@@ -63,13 +71,39 @@ ID_COLUMNS = ("sweep", "job_dir", *POINT_KEYS, "config", "host_mem_cap_bytes", "
 
 @dataclasses.dataclass
 class Sweep:
-    """A loaded sweep. ``skipped``: (path, reason) for each ``result.json`` not loaded."""
+    """A loaded sweep. ``skipped``: (path, reason) for each ``result.json`` not loaded;
+    ``not_run``: :func:`load_not_run`."""
 
     name: str
     root: Path
     runs: pd.DataFrame
     iterations: pd.DataFrame
     skipped: list[tuple[str, str]]
+    not_run: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def load_not_run(root: Path) -> dict[str, str]:
+    """``<root>/not_run.yaml``: a mapping of system names (``teraio.systems``) to why the
+    system has no row at some points of the sweep; ``{}`` where the file is absent.
+
+    Raises:
+        ValueError: the file is not such a mapping (names the bad entry and what is valid).
+    """
+    path = root / NOT_RUN_NAME
+    if not path.exists():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: must map system names to text, got {type(data).__name__}")
+    for name, why in data.items():
+        if name not in systems.names():
+            raise ValueError(f"{path}: system {name!r} unknown; valid: {', '.join(systems.names())}")
+        if not isinstance(why, str) or not why.strip():
+            raise ValueError(f"{path}: {name}: {why!r}; must be a non-empty text saying why")
+    return {name: " ".join(why.split()) for name, why in data.items()}
 
 
 def _num(x) -> float:
@@ -228,7 +262,7 @@ def load_sweep(sweep_dir: str | Path, exclude: str | Path | None = None) -> Swee
 
     Raises:
         FileNotFoundError: ``sweep_dir`` is not a directory.
-        ValueError: no loadable ``result.json`` under it.
+        ValueError: no loadable ``result.json`` under it, or a bad ``not_run.yaml``.
     """
     root = Path(sweep_dir).resolve()
     if not root.is_dir():
@@ -254,7 +288,8 @@ def load_sweep(sweep_dir: str | Path, exclude: str | Path | None = None) -> Swee
         raise ValueError(f"no loadable {RESULT_NAME} under {root} "
                          f"({len(skipped)} skipped); is this a sweep dir?")
     return Sweep(name=root.name, root=root, runs=_typed(runs, RUN_COLUMNS),
-                 iterations=_typed(iters, ITERATION_COLUMNS), skipped=skipped)
+                 iterations=_typed(iters, ITERATION_COLUMNS), skipped=skipped,
+                 not_run=load_not_run(root))
 
 
 def describe(sweep: Sweep) -> str:

@@ -12,6 +12,7 @@ import pandas as pd
 
 FAILED = "×"  # the paper's Fig. 7 mark for a run that failed (OOM, error, timeout)
 NA = "n/a"
+NOT_RUN = "not run"  # a system the sweep's not_run.yaml says has no row at this point
 
 _LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
           "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\^{}",

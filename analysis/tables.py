@@ -24,7 +24,7 @@ from . import aggregate as agg
 from . import bandwidth as bw
 from . import breakdown as bd
 from .load import Sweep, describe
-from .render import FAILED, NA, fmt, fmt_ci, write_table
+from .render import FAILED, NA, NOT_RUN, fmt, fmt_ci, write_table
 
 GIB = 2**30
 GB = 1e9
@@ -55,17 +55,21 @@ def _value_or_failed(row: pd.Series, text: str) -> str:
 
 
 def throughput_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """``summary``: :func:`aggregate.add_pct_of_ideal` of :func:`aggregate.summarize_runs`."""
+    """``summary``: :func:`aggregate.add_pct_of_ideal` of :func:`aggregate.summarize_runs`,
+    or of :func:`aggregate.with_not_run` (its ``not_run`` groups read "not run")."""
+    not_run = summary["not_run"].fillna(False) if "not_run" in summary.columns else \
+        pd.Series(False, index=summary.index)
     d = pd.DataFrame(_key_columns(summary))
     d["n"] = summary["n"].astype(int).astype(str)
     d["steps"] = summary["measured_steps"].replace("", NA)
     d["n failed"] = [str(int(n)) + (f" ({f})" if f else "")
                      for n, f in zip(summary["n_failed"], summary["failures"])]
     d["tokens/s (mean ± 95% CI)"] = [
-        _value_or_failed(r, fmt_ci(r["tokens_per_s_mean"], r["tokens_per_s_ci95"]))
-        for _, r in summary.iterrows()]
-    d["% of Ideal"] = [_value_or_failed(r, fmt(r["pct_of_ideal"], 1)) for _, r in summary.iterrows()]
-    d["Ideal is"] = summary["ideal_measure"].fillna(NA).astype(object)
+        NOT_RUN if skip else _value_or_failed(r, fmt_ci(r["tokens_per_s_mean"], r["tokens_per_s_ci95"]))
+        for skip, (_, r) in zip(not_run, summary.iterrows())]
+    d["% of Ideal"] = [NA if skip else _value_or_failed(r, fmt(r["pct_of_ideal"], 1))
+                       for skip, (_, r) in zip(not_run, summary.iterrows())]
+    d["Ideal is"] = summary["ideal_measure"].where(~not_run).fillna(NA).astype(object)
     return d
 
 
@@ -204,11 +208,14 @@ def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
                "freedom; no interval for n = 1); failed trials are excluded and counted in "
                f"'n failed'; {FAILED} = every trial failed (oom, error or timeout); steps: measured "
                "iterations per ok trial, after the warm-up ones.")
-    paths = write_table(throughput_table(summary), out_dir / "throughput",
-                        f"Training throughput (tokens/s) and % of Ideal — {who}",
+    why_not_run = [f"{NOT_RUN}: no row of this system at this point; why, from not_run.yaml beside "
+                   "the rows: " + "; ".join(f"{agg.system_label(s)}: {why}" for s, why in sweep.not_run.items())
+                   ] if sweep.not_run else []
+    paths = write_table(throughput_table(agg.add_pct_of_ideal(agg.with_not_run(summary, sweep.not_run))),
+                        out_dir / "throughput", f"Training throughput (tokens/s) and % of Ideal — {who}",
                         [ci_note, "% of Ideal: ratio of means against Ideal of the same model, "
                          "batch, sequence length and hardware at its best micro-batch; 'Ideal "
-                         "is' says whether that Ideal was measured or modeled."])
+                         "is' says whether that Ideal was measured or modeled.", *why_not_run])
     paths += write_table(
         pct_of_ideal_summary_table(agg.pct_of_ideal_summary(agg.add_pct_of_ideal(agg.select_best(summary)))),
         out_dir / "pct_of_ideal_summary", f"% of Ideal, summarised over configurations — {who}",

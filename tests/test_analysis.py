@@ -287,6 +287,35 @@ def test_written_tables_show_values_failures_and_missing_keys(sweep_dir, tmp_pat
     assert len(pd.read_csv(paths["iterations.csv"])) == 34
 
 
+def table_lines(md: str) -> set[tuple[str, ...]]:
+    return {tuple(c.strip() for c in ln.strip("|").split("|")) for ln in md.splitlines()
+            if ln.startswith("| tiny")}
+
+
+def test_systems_not_run_at_a_point_are_listed_with_why(sweep_dir, tmp_path):
+    # make_sweep runs ZeRO-Infinity at bs4_seq64 only; not_run.yaml beside the rows says why.
+    before = table_lines(analyze(sweep_dir, tmp_path / "before")["tables/throughput.md"].read_text())
+    (sweep_dir / "not_run.yaml").write_text("zero_infinity: >-\n  one slow\n  drive here\n")
+    md = analyze(sweep_dir, tmp_path / "out")["tables/throughput.md"].read_text()
+    lines = table_lines(md)
+    not_run = ("tiny", "cpu_test", "bs8_seq64", "8.00", "2", "n/a", "ZeRO-Infinity", "n/a", "0", "n/a",
+               "0", "not run", "n/a", "n/a")
+    assert lines - before == {not_run} and before <= lines
+    assert "ZeRO-Infinity: one slow drive here" in md
+    assert load_sweep(sweep_dir).not_run == {"zero_infinity": "one slow drive here"}
+
+
+@pytest.mark.parametrize("text,message", [
+    ("zero_three: too slow\n", "system 'zero_three' unknown; valid: "),
+    ("zero_infinity: ''\n", "zero_infinity: ''; must be a non-empty text"),
+    ("- zero_infinity\n", "must map system names to text, got list"),
+])
+def test_a_bad_not_run_file_is_named(sweep_dir, text, message):
+    (sweep_dir / "not_run.yaml").write_text(text)
+    with pytest.raises(ValueError, match="not_run.yaml: " + message.replace("(", r"\(")):
+        load_sweep(sweep_dir)
+
+
 def test_modeled_ideal_is_labelled(tmp_path):
     root = tmp_path / "sweepM"
     wl = dict(batch=4, seq=64, micro=1)
