@@ -344,9 +344,13 @@ class _Planner:
             self.live[lo:hi] -= s
             self.live2[lo:hi] -= s
             self.live2[lo + self.n:hi + self.n] -= s
-        self.bins[tier].place(int(self.p_tid[c]), s)
+        self._place(c, tier)
         self._prefix_cache.clear()
         return f, p
+
+    def _place(self, c: int, tier: str) -> None:
+        """Give candidate c's tensor its slot in ``tier`` (``teraio.core.slots``)."""
+        self.bins[tier].place(int(self.p_tid[c]), int(self.s[c]))
 
     def host_room(self, idx: np.ndarray) -> np.ndarray:
         """bool per candidate: its tensor has a host slot already, shares a free one, or a
@@ -488,7 +492,7 @@ class _Planner:
                 n_widened += 1
                 continue
             name = "host" if tier[c] == 1 else "ssd"
-            self.bins[name].place(int(self.p_tid[c]), int(s[c]))
+            self._place(c, name)
             alive[c] = False
             t = trace.tensors[int(self.p_tid[c])]
             migrations.append(Migration(tid=t.tid, name=t.name, nbytes=t.nbytes, tier=name,
