@@ -13,15 +13,14 @@ room test replaced here). Both plans are replayed through the simulator at the p
     python benchmarks/host_held_bound.py JOB_DIR [JOB_DIR ...] [--host-cap-bytes N [N ...]] --out FILE.json
 
 Per job and cap: bytes moved per tier, the most bytes each tier holds at once, exposed
-migrations, simulated iteration and stall seconds, for the plan with slots (today's planner)
-and the plan with the bound; and the floor on the drive (``replan.beyond_host``).
+migrations, simulated iteration and stall seconds, for the plan with slots (today's planner,
+with its slots' bytes) and the plan with the bound; and the floor on the drive
+(``replan.beyond_host``).
 The file ``--out`` is replaced atomically.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import shlex
 import sys
 from pathlib import Path
 from unittest import mock
@@ -34,9 +33,8 @@ import teraio.core.planner as planner_module  # noqa: E402
 from teraio.core.plan import MigrationPlan  # noqa: E402
 from teraio.core.planner import TierBandwidth, plan_migrations  # noqa: E402
 from teraio.core.trace import Trace  # noqa: E402
-from teraio.files import write_atomic  # noqa: E402
 
-from replan import _load, beyond_host, summary  # noqa: E402
+from replan import _load, beyond_host, summary, write_rows  # noqa: E402
 
 
 class HeldBytes:
@@ -109,7 +107,9 @@ def compare(job: Path, host_cap: int | None) -> dict:
     return {"job": str(job), "capacity_bytes": old.capacity_bytes, "host_cap_bytes": cap,
             "ideal_s": float(trace.op_seconds.sum()), "beyond_host": beyond_host(trace, old.capacity_bytes, cap),
             "slots": summary(trace, plan_like(trace, old, cap, bound=False), tiers),
-            "held_bound": summary(trace, plan_like(trace, old, cap, bound=True), tiers)}
+            # no slot bytes: the bound packs by the bytes held (most_bytes_held)
+            "held_bound": {k: v for k, v in summary(trace, plan_like(trace, old, cap, bound=True), tiers).items()
+                           if k != "slot_bytes"}}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -123,14 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     if any(c is not None and c <= 0 for c in args.host_cap_bytes):
         ap.error(f"--host-cap-bytes {args.host_cap_bytes}: each must be > 0 (TeraIO-Mixed)")
     rows = [compare(j, cap) for j in args.jobs for cap in args.host_cap_bytes]
-    write_atomic(args.out, json.dumps({"command": shlex.join(["python", "benchmarks/host_held_bound.py", *argv]),
-                                       "jobs": rows}, indent=1).encode())
-    for r in rows:
-        print(r["job"], f"host cap {r['host_cap_bytes']} B")
-        for k in ("slots", "held_bound"):
-            s = r[k]
-            print(f"  {k}: moved {s['bytes_per_tier']} B, held at most {s['most_bytes_held']} B, "
-                  f"simulated {s['simulated_iteration_s']:.1f} s/iteration (compute {r['ideal_s']:.1f} s)")
+    write_rows(args.out, "benchmarks/host_held_bound.py", argv, rows, ("slots", "held_bound"))
 
 
 if __name__ == "__main__":

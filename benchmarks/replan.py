@@ -104,14 +104,22 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     rows = [replan(j, cap) for j in args.jobs for cap in args.host_cap_bytes]
-    write_atomic(args.out, json.dumps({"command": shlex.join(["python", "benchmarks/replan.py", *argv]),
-                                       "jobs": rows}, indent=1).encode())
+    write_rows(args.out, "benchmarks/replan.py", argv, rows, ("committed", "replanned"))
+
+
+def write_rows(out: Path, script: str, argv: list[str], rows: list[dict], kinds: tuple[str, ...]) -> None:
+    """Write ``rows`` (one per job and host cap, each with a :func:`summary` per kind) and the
+    command to ``out`` atomically, and print them."""
+    write_atomic(out, json.dumps({"command": shlex.join(["python", script, *argv]), "jobs": rows},
+                                 indent=1).encode())
     for r in rows:
-        print(r["job"], f"(host cap of the new plan: {r['replanned_host_cap_bytes']} B)")
-        for k in ("committed", "replanned"):
+        print(r["job"], f"(host cap of the new plans: {r.get('replanned_host_cap_bytes', r['host_cap_bytes'])} B)")
+        for k in kinds:
             s = r[k]
-            print(f"  {k}: slots {s['slot_bytes']} B, moved {s['bytes_per_tier']} B, "
-                  f"simulated {s['simulated_iteration_s']:.1f} s/iteration (Ideal {r['ideal_s']:.1f} s)")
+            slots = f"slots {s['slot_bytes']} B, " if "slot_bytes" in s else ""
+            print(f"  {k}: {slots}moved {s['bytes_per_tier']} B, held at most "
+                  f"{s['most_bytes_held']} B, simulated {s['simulated_iteration_s']:.1f} s/iteration "
+                  f"(compute {r['ideal_s']:.1f} s)")
 
 
 if __name__ == "__main__":
