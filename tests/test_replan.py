@@ -8,7 +8,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-import host_held_bound  # noqa: E402
+import host_packing  # noqa: E402
 import replan  # noqa: E402
 
 RESULT = ROOT / "benchmarks" / "results" / "shared_slots" / "replan_fig7_h200.json"
@@ -76,7 +76,7 @@ def test_one_row_per_host_cap_and_the_command_beside_them(tmp_path):
 
 def test_held_bytes_fit_a_period_beside_what_is_held_over_it():
     # 10 ops; period 0 holds [2, 5), period 1 [4, 8), period 2 wraps: [8, 13) = ops 8, 9, 0, 1, 2.
-    held = host_held_bound.HeldBytes(10, np.array([2, 4, 8]), np.array([5, 8, 13]), cap_bytes=100)
+    held = host_packing.HeldBytes(10, np.array([2, 4, 8]), np.array([5, 8, 13]), cap_bytes=100)
     held.place(0, 60)
     assert held.room(np.array([1, 2]), np.array([40, 40])).tolist() == [True, True]
     assert held.room(np.array([1, 2]), np.array([41, 41])).tolist() == [False, False]  # op 4; op 2
@@ -86,17 +86,35 @@ def test_held_bytes_fit_a_period_beside_what_is_held_over_it():
     assert held.room(np.array([1]), np.array([41])).tolist() == [False]
 
 
-def test_the_committed_host_bound_is_reproduced_and_keeps_to_the_cap():
-    """The Granite-8B cut's seq_short: slots hold at most 54.2 GB of the 64 GB cap; packed by the
-    bytes held, the host holds up to the cap and the simulated iteration falls from 67.4 s to
-    25.5 s (host_held_bound_fig7_h200.md)."""
-    doc = json.loads((RESULT.parent / "host_held_bound_fig7_h200.json").read_text())
+def test_a_first_fit_arena_places_each_period_at_the_lowest_free_offset():
+    # 10 ops, cap 256 B, sizes rounded up to 64 B. Periods: 0 [0, 4), 1 [2, 6), 2 [5, 9),
+    # 3 [8, 12) = ops 8, 9, 0, 1 (wraps), 4 [3, 5).
+    arena = host_packing.FirstFitArena(10, np.array([0, 2, 5, 8, 3]), np.array([4, 6, 9, 12, 5]), cap_bytes=256)
+    arena.place(0, 64)
+    assert arena.offset(1, 100) == 64          # meets period 0: above it
+    arena.place(1, 100)                        # [64, 192)
+    assert arena.offset(2, 64) == 0            # meets period 1 only: below it
+    arena.place(2, 64)
+    assert arena.offset(3, 64) == 64           # meets periods 0 (wrapping) and 2, both at 0
+    assert arena.offset(4, 65) == -1           # meets 0 and 1: [192, 256) holds 64 B, not 128
+    assert arena.room(np.array([4, 4]), np.array([64, 65])).tolist() == [True, False]
+    assert arena.held_bytes == 192
+    with pytest.raises(ValueError, match="period 4 .65 B. has no free offset under 256 B"):
+        arena.place(4, 65)
+
+
+def test_the_committed_host_packings_are_reproduced_and_keep_to_the_cap():
+    """The Granite-8B cut's seq_short: slots hold at most 54.2 GB of the 64 GB cap (67.4 s
+    simulated); a first-fit arena holds up to the cap (30.8 s), the bytes-held bound 25.5 s
+    (host_packing_fig7_h200.md)."""
+    doc = json.loads((RESULT.parent / "host_packing_fig7_h200.json").read_text())
     (entry,) = [e for e in doc["jobs"] if "granite_8b_8l" in e["job"] and "seq2560" in e["job"]]
-    again = host_held_bound.compare(ROOT / entry["job"], entry["host_cap_bytes"])
-    for kind in ("slots", "held_bound"):
+    again = host_packing.compare(ROOT / entry["job"], entry["host_cap_bytes"])
+    for kind in ("slots", "arena", "held_bound"):
         for key in ("bytes_per_tier", "most_bytes_held", "migrations", "exposed"):
             assert again[kind][key] == entry[kind][key], (kind, key)
-    slots, bound = again["slots"], again["held_bound"]
-    assert slots["most_bytes_held"]["host"] < bound["most_bytes_held"]["host"] <= entry["host_cap_bytes"]
-    assert round(slots["simulated_iteration_s"], 1) == 67.4 and round(bound["simulated_iteration_s"], 1) == 25.5
-    assert bound["bytes_per_tier"]["ssd"] < slots["bytes_per_tier"]["ssd"]
+    slots, arena, bound = again["slots"], again["arena"], again["held_bound"]
+    assert slots["most_bytes_held"]["host"] < arena["most_bytes_held"]["host"] <= entry["host_cap_bytes"]
+    assert bound["most_bytes_held"]["host"] <= entry["host_cap_bytes"]
+    assert [round(p["simulated_iteration_s"], 1) for p in (slots, arena, bound)] == [67.4, 30.8, 25.5]
+    assert bound["bytes_per_tier"]["ssd"] < arena["bytes_per_tier"]["ssd"] < slots["bytes_per_tier"]["ssd"]

@@ -1,21 +1,26 @@
-"""How much a host tier packed without gaps could give TeraIO-Mixed, on CPU: an *estimate*.
+"""How TeraIO-Mixed's host tier could be packed, on CPU: an *estimate*.
 
 The host tier keeps each tensor in a slot for all its periods, shared only by tensors whose
 periods never meet (``teraio.core.slots``), so its slots can fill the host cap while holding
 far less at once (``MigrationPlan.tier_bytes_held``). This script plans a committed run's trace
-again with the host cap on the bytes held at each op instead: a host migration fits where
-the bytes already held over its period ``[offload_after, needed_by)`` plus its own stay within
-the cap. That is what a host arena placing each migration at its own offset could reach
-without fragmentation, an upper bound on any packing; no tier runs such a plan (the
-planner's slots stay as they are: ``teraio.core.planner._Planner`` with its host placement and
-room test replaced here). Both plans are replayed through the simulator at the plan's rates.
+again three ways, with the planner's host placement and room test replaced
+(``teraio.core.planner._Planner``; the rest of the planner as it is):
 
-    python benchmarks/host_held_bound.py JOB_DIR [JOB_DIR ...] [--host-cap-bytes N [N ...]] --out FILE.json
+* ``slots``: the planner as it is;
+* ``arena``: one host region of the cap, each host migration at the lowest offset where its
+  bytes meet no migration placed before it whose period meets its own
+  (:class:`FirstFitArena`): what a host arena would plan; no tier runs such a plan yet;
+* ``held_bound``: a migration fits where the bytes held over its period plus its own stay
+  within the cap (:class:`HeldBytes`): an arena without fragmentation, an upper bound on
+  any packing.
+
+Each plan is replayed through the simulator at the plan's rates.
+
+    python benchmarks/host_packing.py JOB_DIR [JOB_DIR ...] [--host-cap-bytes N [N ...]] --out FILE.json
 
 Per job and cap: bytes moved per tier, the most bytes each tier holds at once, exposed
-migrations, simulated iteration and stall seconds, for the plan with slots (today's planner,
-with its slots' bytes) and the plan with the bound; and the floor on the drive
-(``replan.beyond_host``).
+migrations, simulated iteration and stall seconds per packing (the slots' bytes for
+``slots``), and the floor on the drive (``replan.beyond_host``).
 The file ``--out`` is replaced atomically.
 """
 from __future__ import annotations
@@ -32,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import teraio.core.planner as planner_module  # noqa: E402
 from teraio.core.plan import MigrationPlan  # noqa: E402
 from teraio.core.planner import TierBandwidth, plan_migrations  # noqa: E402
+from teraio.core.slots import HOST_ALIGN, align_up  # noqa: E402
 from teraio.core.trace import Trace  # noqa: E402
 
 from replan import _load, beyond_host, summary, write_rows  # noqa: E402
@@ -65,13 +71,62 @@ class HeldBytes:
         return int(self.held.max())
 
 
-class HeldBoundPlanner(planner_module._Planner):
-    """The planner with its host slots replaced by :class:`HeldBytes` (each host migration
-    names its own tensor as its slot)."""
+class FirstFitArena:
+    """One host region of ``cap_bytes``: each period placed at the lowest offset where its
+    bytes (rounded up to ``HOST_ALIGN``) meet no period placed before it whose ops meet
+    its own (cyclic). What a host arena would do at plan time; its gaps are fragmentation."""
+
+    def __init__(self, n_ops: int, a: np.ndarray, b: np.ndarray, cap_bytes: int):
+        self.n, self.cap = n_ops, cap_bytes
+        self.a, self.b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+        self.lo = np.zeros(0, np.int64)
+        self.hi = np.zeros(0, np.int64)
+        self.off = np.zeros(0, np.int64)
+        self.end = np.zeros(0, np.int64)
+
+    def offset(self, period: int, nbytes: int) -> int:
+        """The lowest free offset for ``period``'s ``nbytes``, or -1 where none fits the cap."""
+        size = int(align_up(int(nbytes), HOST_ALIGN))
+        a, b = self.a[period], self.b[period]
+        meet = np.zeros(len(self.lo), dtype=bool)
+        for shift in (-self.n, 0, self.n):
+            meet |= (self.lo + shift < b) & (a < self.hi + shift)
+        order = np.argsort(self.off[meet], kind="stable")
+        off, end = self.off[meet][order], self.end[meet][order]
+        starts = np.concatenate([[0], np.maximum.accumulate(end)])
+        fits = np.flatnonzero(np.concatenate([off, [self.cap]]) - starts >= size)
+        return int(starts[fits[0]]) if len(fits) else -1
+
+    def room(self, periods: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        return np.array([self.offset(p, s) >= 0 for p, s in zip(periods, nbytes)], dtype=bool)
+
+    def place(self, period: int, nbytes: int) -> None:
+        off = self.offset(period, nbytes)
+        if off < 0:
+            raise ValueError(f"period {period} ({nbytes} B) has no free offset under {self.cap} B")
+        self.lo = np.append(self.lo, self.a[period])
+        self.hi = np.append(self.hi, self.b[period])
+        self.off = np.append(self.off, off)
+        self.end = np.append(self.end, off + align_up(int(nbytes), HOST_ALIGN))
+
+    @property
+    def held_bytes(self) -> int:
+        """The region's bytes in use: the highest end placed."""
+        return int(self.end.max(initial=0))
+
+
+PACKINGS = {"arena": FirstFitArena, "held_bound": HeldBytes}
+
+
+class HostPackingPlanner(planner_module._Planner):
+    """The planner with its host slots replaced by ``packing`` (a class of :data:`PACKINGS`;
+    each host migration names its own tensor as its slot)."""
+
+    packing = HeldBytes
 
     def __init__(self, trace, capacity, tiers, host_cap, *args, **kwargs):
         super().__init__(trace, capacity, tiers, host_cap, *args, **kwargs)
-        self.bins["host"] = HeldBytes(self.n, self.a, self.b, host_cap)
+        self.bins["host"] = self.packing(self.n, self.a, self.b, host_cap)
 
     def host_room(self, idx: np.ndarray) -> np.ndarray:
         return self.bins["host"].room(idx, self.s[idx])
@@ -86,16 +141,17 @@ class HeldBoundPlanner(planner_module._Planner):
         return trace.tensors[int(self.p_tid[c])].name if tier == "host" else super().slot_of(c, tier, trace)
 
 
-def plan_like(trace: Trace, old: MigrationPlan, host_cap: int, bound: bool) -> MigrationPlan:
-    """``trace`` planned again with ``old``'s capacity and options at ``host_cap``; with the
-    held-bytes host bound if ``bound``."""
+def plan_like(trace: Trace, old: MigrationPlan, host_cap: int, packing: str = "slots") -> MigrationPlan:
+    """``trace`` planned again with ``old``'s capacity and options at ``host_cap``, its host
+    tier packed in slots (the planner's) or as ``packing`` names (:data:`PACKINGS`)."""
     m = old.meta
     args = dict(benefit=m["benefit"], min_tensor_bytes=m["min_tensor_bytes"], use_ssd=m["use_ssd"],
                 allow_stalls=m["allow_stalls"], shared_ssd=m["shared_ssd"])
     tiers = TierBandwidth(**m["tiers_gbps"])
-    if not bound:
+    if packing == "slots":
         return plan_migrations(trace, old.capacity_bytes, tiers, host_cap, **args)
-    with mock.patch.object(planner_module, "_Planner", HeldBoundPlanner):
+    planner = type("Planner", (HostPackingPlanner,), {"packing": PACKINGS[packing]})
+    with mock.patch.object(planner_module, "_Planner", planner):
         return plan_migrations(trace, old.capacity_bytes, tiers, host_cap, **args)
 
 
@@ -106,10 +162,10 @@ def compare(job: Path, host_cap: int | None) -> dict:
     tiers = TierBandwidth(**old.meta["tiers_gbps"])
     return {"job": str(job), "capacity_bytes": old.capacity_bytes, "host_cap_bytes": cap,
             "ideal_s": float(trace.op_seconds.sum()), "beyond_host": beyond_host(trace, old.capacity_bytes, cap),
-            "slots": summary(trace, plan_like(trace, old, cap, bound=False), tiers),
-            # no slot bytes: the bound packs by the bytes held (most_bytes_held)
-            "held_bound": {k: v for k, v in summary(trace, plan_like(trace, old, cap, bound=True), tiers).items()
-                           if k != "slot_bytes"}}
+            "slots": summary(trace, plan_like(trace, old, cap), tiers),
+            # no slot bytes: these pack by offset or by the bytes held (most_bytes_held)
+            **{p: {k: v for k, v in summary(trace, plan_like(trace, old, cap, p), tiers).items()
+                   if k != "slot_bytes"} for p in PACKINGS}}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -123,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     if any(c is not None and c <= 0 for c in args.host_cap_bytes):
         ap.error(f"--host-cap-bytes {args.host_cap_bytes}: each must be > 0 (TeraIO-Mixed)")
     rows = [compare(j, cap) for j in args.jobs for cap in args.host_cap_bytes]
-    write_rows(args.out, "benchmarks/host_held_bound.py", argv, rows, ("slots", "held_bound"))
+    write_rows(args.out, "benchmarks/host_packing.py", argv, rows, ("slots", *PACKINGS))
 
 
 if __name__ == "__main__":
