@@ -10,9 +10,13 @@ again three ways, with the planner's host placement and room test replaced
 * ``arena``: one host region of the cap, each host migration at the lowest offset where its
   bytes meet no migration placed before it whose period meets its own
   (:class:`FirstFitArena`): what a host arena would plan; no tier runs such a plan yet;
+* ``tensor_arena``: the same with one offset per tensor, its later host periods where its
+  first went (:class:`TensorArena`): what a tier that addresses a tensor by its name, as
+  today's do, could run;
 * ``held_bound``: a migration fits where the bytes held over its period plus its own stay
-  within the cap (:class:`HeldBytes`): an arena without fragmentation, an upper bound on
-  any packing.
+  within the cap (:class:`HeldBytes`): an arena without fragmentation, the loosest room
+  test (every set of migrations an arena holds passes it; the greedy planner's result with
+  it need not be the best of the four).
 
 Each plan is replayed through the simulator at the plan's rates.
 
@@ -87,15 +91,20 @@ class FirstFitArena:
     def offset(self, period: int, nbytes: int) -> int:
         """The lowest free offset for ``period``'s ``nbytes``, or -1 where none fits the cap."""
         size = int(align_up(int(nbytes), HOST_ALIGN))
-        a, b = self.a[period], self.b[period]
-        meet = np.zeros(len(self.lo), dtype=bool)
-        for shift in (-self.n, 0, self.n):
-            meet |= (self.lo + shift < b) & (a < self.hi + shift)
+        meet = self.meets(period)
         order = np.argsort(self.off[meet], kind="stable")
         off, end = self.off[meet][order], self.end[meet][order]
         starts = np.concatenate([[0], np.maximum.accumulate(end)])
         fits = np.flatnonzero(np.concatenate([off, [self.cap]]) - starts >= size)
         return int(starts[fits[0]]) if len(fits) else -1
+
+    def meets(self, period: int) -> np.ndarray:
+        """bool per placed period: its ops meet ``period``'s (cyclic)."""
+        a, b = self.a[period], self.b[period]
+        meet = np.zeros(len(self.lo), dtype=bool)
+        for shift in (-self.n, 0, self.n):
+            meet |= (self.lo + shift < b) & (a < self.hi + shift)
+        return meet
 
     def room(self, periods: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
         return np.array([self.offset(p, s) >= 0 for p, s in zip(periods, nbytes)], dtype=bool)
@@ -115,7 +124,29 @@ class FirstFitArena:
         return int(self.end.max(initial=0))
 
 
-PACKINGS = {"arena": FirstFitArena, "held_bound": HeldBytes}
+class TensorArena(FirstFitArena):
+    """:class:`FirstFitArena` with one offset per tensor: a tensor's later host periods go
+    where its first went, or not to the host (a tier addressed by tensor name)."""
+
+    def __init__(self, n_ops: int, a: np.ndarray, b: np.ndarray, cap_bytes: int, tid: np.ndarray):
+        super().__init__(n_ops, a, b, cap_bytes)
+        self.tid = np.asarray(tid, np.int64)
+        self.at: dict[int, int] = {}  # tensor id -> its offset
+
+    def offset(self, period: int, nbytes: int) -> int:
+        fixed = self.at.get(int(self.tid[period]))
+        if fixed is None:
+            return super().offset(period, nbytes)
+        meet = self.meets(period)
+        end = fixed + align_up(int(nbytes), HOST_ALIGN)
+        return -1 if ((self.off[meet] < end) & (fixed < self.end[meet])).any() else fixed
+
+    def place(self, period: int, nbytes: int) -> None:
+        self.at.setdefault(int(self.tid[period]), self.offset(period, nbytes))
+        super().place(period, nbytes)
+
+
+PACKINGS = {"arena": FirstFitArena, "tensor_arena": TensorArena, "held_bound": HeldBytes}
 
 
 class HostPackingPlanner(planner_module._Planner):
@@ -126,7 +157,8 @@ class HostPackingPlanner(planner_module._Planner):
 
     def __init__(self, trace, capacity, tiers, host_cap, *args, **kwargs):
         super().__init__(trace, capacity, tiers, host_cap, *args, **kwargs)
-        self.bins["host"] = self.packing(self.n, self.a, self.b, host_cap)
+        extra = {"tid": self.p_tid} if self.packing is TensorArena else {}
+        self.bins["host"] = self.packing(self.n, self.a, self.b, host_cap, **extra)
 
     def host_room(self, idx: np.ndarray) -> np.ndarray:
         return self.bins["host"].room(idx, self.s[idx])

@@ -105,16 +105,30 @@ def test_a_first_fit_arena_places_each_period_at_the_lowest_free_offset():
 
 def test_the_committed_host_packings_are_reproduced_and_keep_to_the_cap():
     """The Granite-8B cut's seq_short: slots hold at most 54.2 GB of the 64 GB cap (67.4 s
-    simulated); a first-fit arena holds up to the cap (30.8 s), the bytes-held bound 25.5 s
-    (host_packing_fig7_h200.md)."""
+    simulated); a first-fit arena holds up to the cap (30.8 s), one offset per tensor 24.6 s,
+    the held-bytes room test 25.5 s (host_packing_fig7_h200.md)."""
     doc = json.loads((RESULT.parent / "host_packing_fig7_h200.json").read_text())
     (entry,) = [e for e in doc["jobs"] if "granite_8b_8l" in e["job"] and "seq2560" in e["job"]]
     again = host_packing.compare(ROOT / entry["job"], entry["host_cap_bytes"])
-    for kind in ("slots", "arena", "held_bound"):
+    kinds = ("slots", "arena", "tensor_arena", "held_bound")
+    for kind in kinds:
         for key in ("bytes_per_tier", "most_bytes_held", "migrations", "exposed"):
             assert again[kind][key] == entry[kind][key], (kind, key)
-    slots, arena, bound = again["slots"], again["arena"], again["held_bound"]
-    assert slots["most_bytes_held"]["host"] < arena["most_bytes_held"]["host"] <= entry["host_cap_bytes"]
-    assert bound["most_bytes_held"]["host"] <= entry["host_cap_bytes"]
-    assert [round(p["simulated_iteration_s"], 1) for p in (slots, arena, bound)] == [67.4, 30.8, 25.5]
-    assert bound["bytes_per_tier"]["ssd"] < arena["bytes_per_tier"]["ssd"] < slots["bytes_per_tier"]["ssd"]
+        assert again[kind]["most_bytes_held"]["host"] <= entry["host_cap_bytes"]
+    assert again["slots"]["most_bytes_held"]["host"] < again["arena"]["most_bytes_held"]["host"]
+    assert [round(again[k]["simulated_iteration_s"], 1) for k in kinds] == [67.4, 30.8, 24.6, 25.5]
+    ssd = [again[k]["bytes_per_tier"]["ssd"] for k in kinds]
+    assert ssd[3] < ssd[2] < ssd[1] < ssd[0]
+
+
+def test_one_offset_per_tensor_keeps_a_tensor_where_it_first_went():
+    # Tensor 7 has periods 0 [0, 2) and 2 [6, 8); tensor 8's period 1 [1, 7) meets both.
+    arena = host_packing.TensorArena(10, np.array([0, 1, 6]), np.array([2, 7, 8]), 256, tid=np.array([7, 8, 7]))
+    arena.place(0, 64)                          # tensor 7 at [0, 64)
+    arena.place(1, 64)                          # tensor 8 above it, [64, 128)
+    assert arena.offset(2, 64) == 0             # tensor 7's second period: its own offset
+    arena2 = host_packing.TensorArena(10, np.array([0, 3, 6]), np.array([2, 7, 8]), 256, tid=np.array([7, 8, 7]))
+    arena2.place(0, 64)                         # tensor 7 at [0, 64) over [0, 2)
+    arena2.place(1, 64)                         # tensor 8 over [3, 7): meets nothing, also at 0
+    assert arena2.offset(2, 64) == -1           # [6, 8) meets tensor 8 at tensor 7's offset
+    assert host_packing.FirstFitArena.offset(arena2, 2, 64) == 64   # a free arena would go above
