@@ -56,7 +56,7 @@ def _value_or_failed(row: pd.Series, text: str) -> str:
 
 def throughput_table(summary: pd.DataFrame) -> pd.DataFrame:
     """``summary``: :func:`aggregate.add_pct_of_ideal` of :func:`aggregate.summarize_runs`,
-    or of :func:`aggregate.with_not_run` (its ``not_run`` groups read "not run")."""
+    optionally through :func:`aggregate.with_not_run` (its ``not_run`` groups read "not run")."""
     not_run = summary["not_run"].fillna(False) if "not_run" in summary.columns else \
         pd.Series(False, index=summary.index)
     d = pd.DataFrame(_key_columns(summary))
@@ -69,7 +69,7 @@ def throughput_table(summary: pd.DataFrame) -> pd.DataFrame:
         for skip, (_, r) in zip(not_run, summary.iterrows())]
     d["% of Ideal"] = [NA if skip else _value_or_failed(r, fmt(r["pct_of_ideal"], 1))
                        for skip, (_, r) in zip(not_run, summary.iterrows())]
-    d["Ideal is"] = summary["ideal_measure"].where(~not_run).fillna(NA).astype(object)
+    d["Ideal is"] = summary["ideal_measure"].fillna(NA).astype(object)
     return d
 
 
@@ -211,7 +211,7 @@ def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
     why_not_run = [f"{NOT_RUN}: no row of this system at this point; why, from not_run.yaml beside "
                    "the rows: " + "; ".join(f"{agg.system_label(s)}: {why}" for s, why in sweep.not_run.items())
                    ] if sweep.not_run else []
-    paths = write_table(throughput_table(agg.add_pct_of_ideal(agg.with_not_run(summary, sweep.not_run))),
+    paths = write_table(throughput_table(agg.with_not_run(summary, sweep.not_run)),
                         out_dir / "throughput", f"Training throughput (tokens/s) and % of Ideal — {who}",
                         [ci_note, "% of Ideal: ratio of means against Ideal of the same model, "
                          "batch, sequence length and hardware at its best micro-batch; 'Ideal "

@@ -97,11 +97,13 @@ def expected_seconds(job_dir: Path, run: RunConfig) -> float | None:
     workload = run.to_dict()["workload"]
     walls = []
     for path in job_dir.parent.glob("*/result.json"):
+        if path.parent == job_dir:
+            continue
         try:
             row = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if path.parent == job_dir or row.get("status") != "ok" or row.get("wall_seconds") is None:
+        if row.get("status") != "ok" or row.get("wall_seconds") is None:
             continue
         if ({k: v for k, v in (row.get("point") or {}).items() if k != "trial"} == point
                 and (row.get("config") or {}).get("workload") == workload):
