@@ -4,6 +4,7 @@ divergence, I/O failures, and cleanup. The planner's own plans are tested end to
 test_teraio_train.py."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import os
@@ -278,10 +279,10 @@ def test_out_of_memory_in_an_op_names_the_op_and_the_planned_bytes(tmp_path):
     k_fail = next(m.prefetch_before for m in plan.migrations if not m.wraps)
     launch = eng._launch_prefetch
 
-    def launch_or_fail(t, k):
+    def launch_or_fail(t, k, **kw):
         if k == k_fail:
             raise torch.OutOfMemoryError("CUDA out of memory (injected)")
-        launch(t, k)
+        launch(t, k, **kw)
 
     eng._launch_prefetch = launch_or_fail
     with pytest.raises(torch.OutOfMemoryError) as info:
@@ -531,6 +532,85 @@ def test_an_op_out_of_memory_with_nothing_left_to_drop_fails_with_its_note(tmp_p
     eng.close()
     (note,) = info.value.__notes__
     assert note.startswith(f"TeraIO: out of memory at op {k_fail} ({name}) of step 2;")
+
+
+class FailingResize:
+    """Stand-in for the engine's re-allocation of an offloaded storage: its ``nth`` call (from
+    0) raises an out-of-memory error its first ``times`` attempts, as on a GPU whose free
+    memory is fragmented; ``armed`` turns it on."""
+
+    def __init__(self, nth: int, times: int):
+        self.nth, self.times = nth, times
+        self.armed, self.calls, self.failed = False, 0, 0
+
+    def __call__(self, storage, nbytes):
+        if self.armed:
+            if self.calls == self.nth and self.failed < self.times:
+                self.failed += 1
+                raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+            self.calls += 1
+        storage.resize_(nbytes)
+
+
+def run_with_failing_allocations(tmp_path, resize, fail_op=None):
+    """Steps 2-4 of an every-gap mixed plan, step 3 with ``resize`` armed (and ``fail_op``,
+    a :class:`FailingOp`, around it), under a stand-in for the allocator's cache release:
+    (losses, parameters, step 2's stats, step 3's stats, release calls)."""
+    model, opt, losses, trace = profiled()
+    plan = every_gap_plan(trace, alternate_tiers)
+    eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), open_tiers(plan, tmp_path), CPU)
+    released = []
+    eng._empty_cache, eng._resize = (lambda: released.append(eng._k)), resize
+    eng.prime()
+    for s in range(2, 5):
+        resize.armed = s == 3
+        with fail_op if s == 3 and fail_op is not None else contextlib.nullcontext():
+            losses.append(eng.run_step(step_fn(model, opt, s), s))
+    resize.armed = False
+    eng.close()
+    return losses, list(model.parameters()), eng.history[0], eng.history[1], released
+
+
+@pytest.mark.parametrize("times", [1, 2], ids=["fits-after-release", "deferred"])
+def test_a_prefetch_that_does_not_fit_releases_the_cache_then_waits_for_its_use(tmp_path, times):
+    # A planned prefetch whose allocation runs out of memory (fragmentation the plan never
+    # saw) releases the allocator's unused memory and tries once more; where that fails too,
+    # the tensor stays off the device and is read at its use. Training stays bit-exact and
+    # the step moves the same bytes.
+    ref_losses, ref_params = reference(5)
+    losses, params, quiet, failed, released = run_with_failing_allocations(tmp_path, FailingResize(0, times))
+    assert losses == ref_losses
+    assert all(torch.equal(p, q) for p, q in zip(params, ref_params))
+    assert len(released) == 1
+    assert (quiet.oom_retries, quiet.deferred_prefetches) == (0, 0)
+    assert (failed.oom_retries, failed.deferred_prefetches, failed.dropped_bytes) == (1, times - 1, 0)
+    assert failed.bytes_prefetched == quiet.bytes_prefetched
+
+
+def test_an_allocation_at_its_use_that_does_not_fit_fails_with_its_note(tmp_path):
+    # Only a planned prefetch can wait for its use: the same tensor's allocation at its use
+    # (or any other) that still does not fit after the release is the step's error.
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        run_with_failing_allocations(tmp_path, FailingResize(0, 10 ** 6))
+    (note,) = info.value.__notes__
+    assert note.startswith("TeraIO: out of memory at op ")
+
+
+def test_an_op_out_of_memory_first_releases_the_cache(tmp_path):
+    # With a cache to release (CUDA), an op that runs out of memory runs again after the
+    # release before any prefetched tensor is dropped.
+    model, opt, _, trace = profiled()
+    plan = every_gap_plan(trace, alternate_tiers)
+    k_fail = next(k for k, name in enumerate(trace.op_names)
+                  if name in COMPUTE_OPS and prefetched_ahead_at(trace, plan, k))
+    name = trace.op_names[k_fail]
+    fail_op = FailingOp(name, trace.op_names[:k_fail].count(name), 1)
+    ref_losses, ref_params = reference(5)
+    losses, params, _, failed, released = run_with_failing_allocations(tmp_path, FailingResize(0, 0), fail_op)
+    assert losses == ref_losses
+    assert all(torch.equal(p, q) for p, q in zip(params, ref_params))
+    assert released == [k_fail]
+    assert (failed.oom_retries, failed.dropped_bytes, failed.deferred_prefetches) == (1, 0, 0)
 
 
 def test_a_first_step_that_ends_well_keeps_its_audit(tmp_path):

@@ -55,8 +55,10 @@ def test_ok_rows_have_the_schema_keys_then_the_runners_extras(tmp_path):
     assert row["status"] == "ok", row["error"]
     assert list(row) == SCHEMA_KEYS + ["losses", "plan", "final_params_sha256"]
     assert [i["step"] for i in row["iterations"]] == [2, 3] and len(row["losses"]) == 4
-    assert {"urgent_count", "max_accounted_bytes", "oom_retries", "dropped_bytes"} <= set(row["iterations"][0])
-    assert all((i["oom_retries"], i["dropped_bytes"]) == (0, 0) for i in row["iterations"])
+    assert {"urgent_count", "max_accounted_bytes", "oom_retries", "dropped_bytes",
+            "deferred_prefetches"} <= set(row["iterations"][0])
+    assert all((i["oom_retries"], i["dropped_bytes"], i["deferred_prefetches"]) == (0, 0, 0)
+               for i in row["iterations"])
 
 
 def test_a_modeled_row_names_its_trace(tmp_path, monkeypatch):

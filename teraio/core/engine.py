@@ -16,8 +16,12 @@ op k of the profiled trace. Around each op k:
   use is furthest from k (its read finished first; its tier slot still holds its bytes until
   its use, ``teraio.core.slots``) and runs op k again, until the op fits or no such tensor is
   left; each dropped tensor comes back at its use, as an urgent fetch. An op fails at
-  allocation, before it writes anything. Counted per step (``oom_retries``,
-  ``dropped_bytes``).
+  allocation, before it writes anything. On CUDA the first retry only releases the caching
+  allocator's unused memory (``torch.cuda.empty_cache``: with expandable segments, the free
+  pages between live blocks that fragmentation holds, which the process's cap still counts).
+  A planned prefetch whose allocation does not fit even then is left undone: its tensor is
+  read at its use instead (a stall there). Counted per step (``oom_retries``,
+  ``dropped_bytes``, ``deferred_prefetches``).
 
 Tensor objects and the autograd graph stay intact (the FSDP technique): only the storage's
 bytes come and go. Reads write through a fresh tensor set on the storage (inside the tier),
@@ -108,8 +112,9 @@ class StepStats:
     bytes_prefetched: dict = field(default_factory=lambda: {"ssd": 0, "host": 0})
     migration_seconds: float = 0.0
     max_accounted_bytes: int = 0
-    oom_retries: int = 0  # ops run again after an out-of-memory error (``MigrationEngine``)
+    oom_retries: int = 0  # allocations tried again after an out-of-memory error (``MigrationEngine``)
     dropped_bytes: int = 0  # bytes of prefetched tensors freed again for those retries
+    deferred_prefetches: int = 0  # planned prefetches that did not fit, read at their use instead
     # the audited (first) step on CUDA: ``MigrationEngine.overrun`` as ``{"first": [op, bytes],
     # "largest": [op, bytes]}`` (empty: none) and ``lingering`` at the largest overrun's op (at
     # most 5, ``[name, bytes, last use]``); None in other steps and off CUDA
@@ -213,6 +218,10 @@ class MigrationEngine(TorchDispatchMode):
         self._allocated: list[tuple[str, int, StorageWeakRef]] | None = None
         # ... and (op, bytes) of the first and of the largest overrun of the accounted bytes
         self._allocator_bytes = (lambda: torch.cuda.memory_allocated(device)) if device.type == "cuda" else None
+        # what an out-of-memory retry calls first (None: nothing to release off CUDA), and the
+        # re-allocation of an offloaded storage (``storage.resize_``)
+        self._empty_cache = torch.cuda.empty_cache if device.type == "cuda" else None
+        self._resize = lambda storage, nbytes: storage.resize_(nbytes)
         self._overrun: dict[str, tuple[int, int]] = {}
         self._overrun_lingering: list[tuple[str, int, int]] = []  # at the largest overrun
         self._away: dict[int, int] = {}  # storage key -> tid, for storages freed right now
@@ -415,17 +424,20 @@ class MigrationEngine(TorchDispatchMode):
         return out
 
     def _run_op(self, k: int, func, args, kwargs):
-        """Op ``k``; on an out-of-memory error, drop one tensor prefetched ahead and run it
-        again (module docstring) until it fits; the error propagates when none is left."""
+        """Op ``k``; on an out-of-memory error, release the allocator's unused memory (CUDA)
+        and run it again, then drop one tensor prefetched ahead per attempt (module docstring)
+        until it fits; the error propagates when none is left."""
+        emptied = self._empty_cache is None
         while True:
             try:
                 return func(*args, **(kwargs or {}))
             except torch.OutOfMemoryError:
-                if not self._drop_prefetched(k, {storage_key(x) for x in iter_tensors(args, kwargs)}):
+                if emptied and not self._drop_prefetched(k, {storage_key(x) for x in iter_tensors(args, kwargs)}):
                     raise
+                emptied = True
                 self.stats.oom_retries += 1
-                if self.device.type == "cuda":
-                    torch.cuda.empty_cache()
+                if self._empty_cache is not None:
+                    self._empty_cache()
 
     def _drop_prefetched(self, k: int, in_keys: set[int]) -> bool:
         """Free the device copy of the tensor prefetched for the use furthest after op ``k``
@@ -522,7 +534,7 @@ class MigrationEngine(TorchDispatchMode):
         for m in self.prefetch_before[k]:
             t = self.tensors[m.tid]
             if t.status == OFFLOADED:
-                self._launch_prefetch(t, k)
+                self._launch_prefetch(t, k, deferrable=True)
         for m in self.needed_by[k]:
             t = self.tensors[m.tid]
             if t.status != RESIDENT:
@@ -595,12 +607,35 @@ class MigrationEngine(TorchDispatchMode):
         self._submit(t, m.tier, "offload", k)
         t.status = OFFLOADING
 
-    def _launch_prefetch(self, t: _Tensor, k: int) -> None:
-        t.storage.resize_(t.nbytes)
+    def _launch_prefetch(self, t: _Tensor, k: int, deferrable: bool = False) -> None:
+        if not self._allocate(t, deferrable):
+            return
         self._away.pop(storage_id(t.storage), None)
         self._away_bytes -= t.nbytes
         self._submit(t, t.tier, "prefetch", k)
         t.status = PREFETCHING
+
+    def _allocate(self, t: _Tensor, deferrable: bool) -> bool:
+        """Re-allocate ``t``'s device bytes; on an out-of-memory error release the allocator's
+        unused memory (CUDA) and try once more. Where that fails too, a ``deferrable`` (planned)
+        prefetch is left undone, ``t`` staying offloaded until its use (False); otherwise the
+        error propagates."""
+        emptied = self._empty_cache is None
+        while True:
+            try:
+                self._resize(t.storage, t.nbytes)
+                return True
+            except torch.OutOfMemoryError:
+                if emptied:
+                    if not deferrable:
+                        raise
+                    if self.stats is not None:
+                        self.stats.deferred_prefetches += 1
+                    return False
+                emptied = True
+                self._empty_cache()
+                if self.stats is not None:
+                    self.stats.oom_retries += 1
 
     def _wait(self, t: _Tensor, k: int | None) -> None:
         """Block until ``t``'s transfer completes; a wait on an unfinished one is a stall."""
