@@ -9,10 +9,11 @@ again three ways, with the planner's host placement and room test replaced
 * ``slots``: the planner as it is;
 * ``arena``: one host region of the cap, each host migration at the lowest offset where its
   bytes meet no migration placed before it whose period meets its own
-  (:class:`FirstFitArena`): what a host arena would plan; no tier runs such a plan yet;
+  (:func:`first_fit_arena`): what a host arena addressed by period would plan; no tier
+  runs such a plan;
 * ``tensor_arena``: the same with one offset per tensor, its later host periods where its
-  first went (:class:`TensorArena`): what a tier that addresses a tensor by its name, as
-  today's do, could run;
+  first went: the planner's ``host_arena`` (``teraio.core.slots.HostArena``), which TeraIO
+  runs with ``system.options.host_arena=true``;
 * ``held_bound``: a migration fits where the bytes held over its period plus its own stay
   within the cap (:class:`HeldBytes`): an arena without fragmentation, the loosest room
   test (every set of migrations an arena holds passes it; the greedy planner's result with
@@ -41,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import teraio.core.planner as planner_module  # noqa: E402
 from teraio.core.plan import MigrationPlan  # noqa: E402
 from teraio.core.planner import TierBandwidth, plan_migrations  # noqa: E402
-from teraio.core.slots import HOST_ALIGN, align_up  # noqa: E402
+from teraio.core.slots import HOST_ALIGN, HostArena  # noqa: E402
 from teraio.core.trace import Trace  # noqa: E402
 
 from replan import _load, beyond_host, summary, write_rows  # noqa: E402
@@ -75,90 +76,28 @@ class HeldBytes:
         return int(self.held.max())
 
 
-class FirstFitArena:
+def first_fit_arena(n_ops: int, a: np.ndarray, b: np.ndarray, cap_bytes: int) -> HostArena:
     """One host region of ``cap_bytes``: each period placed at the lowest offset where its
-    bytes (rounded up to ``HOST_ALIGN``) meet no period placed before it whose ops meet
-    its own (cyclic). What a host arena would do at plan time; its gaps are fragmentation."""
-
-    def __init__(self, n_ops: int, a: np.ndarray, b: np.ndarray, cap_bytes: int):
-        self.n, self.cap = n_ops, cap_bytes
-        self.a, self.b = np.asarray(a, np.int64), np.asarray(b, np.int64)
-        self.lo = np.zeros(0, np.int64)
-        self.hi = np.zeros(0, np.int64)
-        self.off = np.zeros(0, np.int64)
-        self.end = np.zeros(0, np.int64)
-
-    def offset(self, period: int, nbytes: int) -> int:
-        """The lowest free offset for ``period``'s ``nbytes``, or -1 where none fits the cap."""
-        size = int(align_up(int(nbytes), HOST_ALIGN))
-        meet = self.meets(period)
-        order = np.argsort(self.off[meet], kind="stable")
-        off, end = self.off[meet][order], self.end[meet][order]
-        starts = np.concatenate([[0], np.maximum.accumulate(end)])
-        fits = np.flatnonzero(np.concatenate([off, [self.cap]]) - starts >= size)
-        return int(starts[fits[0]]) if len(fits) else -1
-
-    def meets(self, period: int) -> np.ndarray:
-        """bool per placed period: its ops meet ``period``'s (cyclic)."""
-        a, b = self.a[period], self.b[period]
-        meet = np.zeros(len(self.lo), dtype=bool)
-        for shift in (-self.n, 0, self.n):
-            meet |= (self.lo + shift < b) & (a < self.hi + shift)
-        return meet
-
-    def room(self, periods: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
-        return np.array([self.offset(p, s) >= 0 for p, s in zip(periods, nbytes)], dtype=bool)
-
-    def place(self, period: int, nbytes: int) -> None:
-        off = self.offset(period, nbytes)
-        if off < 0:
-            raise ValueError(f"period {period} ({nbytes} B) has no free offset under {self.cap} B")
-        self.lo = np.append(self.lo, self.a[period])
-        self.hi = np.append(self.hi, self.b[period])
-        self.off = np.append(self.off, off)
-        self.end = np.append(self.end, off + align_up(int(nbytes), HOST_ALIGN))
-
-    @property
-    def held_bytes(self) -> int:
-        """The region's bytes in use: the highest end placed."""
-        return int(self.end.max(initial=0))
+    bytes (rounded up to ``HOST_ALIGN``) meet no period placed before it whose ops meet its
+    own (cyclic), never bound to its tensor's other periods: the planner's
+    :class:`~teraio.core.slots.HostArena` with each period a tensor of its own. What a host
+    arena addressed by period would do at plan time; its gaps are fragmentation."""
+    return HostArena(n_ops, np.arange(len(a)), a, b, cap_bytes, align=HOST_ALIGN)
 
 
-class TensorArena(FirstFitArena):
-    """:class:`FirstFitArena` with one offset per tensor: a tensor's later host periods go
-    where its first went, or not to the host (a tier addressed by tensor name)."""
-
-    def __init__(self, n_ops: int, a: np.ndarray, b: np.ndarray, cap_bytes: int, tid: np.ndarray):
-        super().__init__(n_ops, a, b, cap_bytes)
-        self.tid = np.asarray(tid, np.int64)
-        self.at: dict[int, int] = {}  # tensor id -> its offset
-
-    def offset(self, period: int, nbytes: int) -> int:
-        fixed = self.at.get(int(self.tid[period]))
-        if fixed is None:
-            return super().offset(period, nbytes)
-        meet = self.meets(period)
-        end = fixed + align_up(int(nbytes), HOST_ALIGN)
-        return -1 if ((self.off[meet] < end) & (fixed < self.end[meet])).any() else fixed
-
-    def place(self, period: int, nbytes: int) -> None:
-        self.at.setdefault(int(self.tid[period]), self.offset(period, nbytes))
-        super().place(period, nbytes)
-
-
-PACKINGS = {"arena": FirstFitArena, "tensor_arena": TensorArena, "held_bound": HeldBytes}
+PACKINGS = ("arena", "tensor_arena", "held_bound")
+REPLACED = {"arena": first_fit_arena, "held_bound": HeldBytes}  # the others: the planner's own
 
 
 class HostPackingPlanner(planner_module._Planner):
-    """The planner with its host slots replaced by ``packing`` (a class of :data:`PACKINGS`;
+    """The planner with its host slots replaced by ``packing`` (a value of :data:`REPLACED`;
     each host migration names its own tensor as its slot)."""
 
     packing = HeldBytes
 
     def __init__(self, trace, capacity, tiers, host_cap, *args, **kwargs):
         super().__init__(trace, capacity, tiers, host_cap, *args, **kwargs)
-        extra = {"tid": self.p_tid} if self.packing is TensorArena else {}
-        self.bins["host"] = self.packing(self.n, self.a, self.b, host_cap, **extra)
+        self.bins["host"] = self.packing(self.n, self.a, self.b, host_cap)
 
     def host_room(self, idx: np.ndarray) -> np.ndarray:
         return self.bins["host"].room(idx, self.s[idx])
@@ -175,14 +114,16 @@ class HostPackingPlanner(planner_module._Planner):
 
 def plan_like(trace: Trace, old: MigrationPlan, host_cap: int, packing: str = "slots") -> MigrationPlan:
     """``trace`` planned again with ``old``'s capacity and options at ``host_cap``, its host
-    tier packed in slots (the planner's) or as ``packing`` names (:data:`PACKINGS`)."""
+    tier packed in slots or a region (the planner's ``host_arena``) or as ``packing`` names
+    (:data:`REPLACED`)."""
     m = old.meta
     args = dict(benefit=m["benefit"], min_tensor_bytes=m["min_tensor_bytes"], use_ssd=m["use_ssd"],
                 allow_stalls=m["allow_stalls"], shared_ssd=m["shared_ssd"])
     tiers = TierBandwidth(**m["tiers_gbps"])
-    if packing == "slots":
-        return plan_migrations(trace, old.capacity_bytes, tiers, host_cap, **args)
-    planner = type("Planner", (HostPackingPlanner,), {"packing": PACKINGS[packing]})
+    if packing not in REPLACED:
+        return plan_migrations(trace, old.capacity_bytes, tiers, host_cap, **args,
+                               host_arena=packing == "tensor_arena")
+    planner = type("Planner", (HostPackingPlanner,), {"packing": staticmethod(REPLACED[packing])})
     with mock.patch.object(planner_module, "_Planner", planner):
         return plan_migrations(trace, old.capacity_bytes, tiers, host_cap, **args)
 

@@ -6,6 +6,7 @@ from teraio.core.plan import Migration, MigrationPlan
 from teraio.core.planner import (TierBandwidth, _Planner, inactive_periods, plan_migrations, predicted_live_bytes,
                             reserved_bandwidth)
 from teraio.core.simulator import simulate
+from teraio.core.slots import HOST_ALIGN, align_up
 from teraio.core.synth import layered_trace
 from teraio.core.trace import TensorRecord, Trace
 
@@ -188,6 +189,31 @@ def test_host_cap_holds_on_random_traces():
         check_shared_slots(tr, plan)
         for tier in ("ssd", "host"):  # slots hold at least what is away at once
             assert plan.tier_bytes_held(tier).max(initial=0) <= plan.meta["slot_bytes"][tier]
+
+
+def test_a_host_arena_plan_gives_each_tensor_one_range_no_two_meeting_over_an_op():
+    # host_arena: every host migration names its tensor's offset (its slot its own name);
+    # ranges of different tensors whose periods [offload_after, needed_by) meet are
+    # disjoint, all lie in the cap, and the plan's host region is their highest end.
+    for seed in range(4):
+        tr = random_trace(seed, n_ops=50, n_tensors=30)
+        plan = plan_migrations(tr, BASE, TierBandwidth(0.5, 0.5, 8.0, 8.0), host_cap_bytes=2 * GB, host_arena=True)
+        host = [m for m in plan.migrations if m.tier == "host"]
+        assert host and plan.meta["host_arena"] is True
+        assert all(m.offset >= 0 and m.offset % HOST_ALIGN == 0 and m.slot == m.name for m in host)
+        assert all(m.offset == -1 for m in plan.migrations if m.tier == "ssd")
+        offsets = plan.host_offsets()
+        assert all(offsets[m.name] == m.offset for m in host)
+        end = {m.name: m.offset + align_up(m.nbytes, HOST_ALIGN) for m in host}
+        assert max(end.values()) == plan.meta["slot_bytes"]["host"] <= 2 * GB
+        n = tr.n_ops
+        ops = lambda m: {k % n for k in range(m.offload_after, m.needed_by + (n if m.wraps else 0))}
+        for i, m in enumerate(host):
+            for o in host[i + 1:]:
+                if o.name != m.name and ops(m) & ops(o):
+                    assert end[m.name] <= o.offset or end[o.name] <= m.offset
+    slots = plan_migrations(tr, BASE, TierBandwidth(0.5, 0.5, 8.0, 8.0), host_cap_bytes=2 * GB)
+    assert slots.host_offsets() is None and slots.meta["host_arena"] is False
 
 
 def test_tier_bytes_held_counts_each_period_from_its_write_to_its_read():

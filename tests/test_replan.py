@@ -89,7 +89,7 @@ def test_held_bytes_fit_a_period_beside_what_is_held_over_it():
 def test_a_first_fit_arena_places_each_period_at_the_lowest_free_offset():
     # 10 ops, cap 256 B, sizes rounded up to 64 B. Periods: 0 [0, 4), 1 [2, 6), 2 [5, 9),
     # 3 [8, 12) = ops 8, 9, 0, 1 (wraps), 4 [3, 5).
-    arena = host_packing.FirstFitArena(10, np.array([0, 2, 5, 8, 3]), np.array([4, 6, 9, 12, 5]), cap_bytes=256)
+    arena = host_packing.first_fit_arena(10, np.array([0, 2, 5, 8, 3]), np.array([4, 6, 9, 12, 5]), cap_bytes=256)
     arena.place(0, 64)
     assert arena.offset(1, 100) == 64          # meets period 0: above it
     arena.place(1, 100)                        # [64, 192)
@@ -99,7 +99,7 @@ def test_a_first_fit_arena_places_each_period_at_the_lowest_free_offset():
     assert arena.offset(4, 65) == -1           # meets 0 and 1: [192, 256) holds 64 B, not 128
     assert arena.room(np.array([4, 4]), np.array([64, 65])).tolist() == [True, False]
     assert arena.held_bytes == 192
-    with pytest.raises(ValueError, match="period 4 .65 B. has no free offset under 256 B"):
+    with pytest.raises(ValueError, match="period 4 .65 B. of tensor 4 has no free offset in the 256 B region"):
         arena.place(4, 65)
 
 
@@ -119,16 +119,3 @@ def test_the_committed_host_packings_are_reproduced_and_keep_to_the_cap():
     assert [round(again[k]["simulated_iteration_s"], 1) for k in kinds] == [67.4, 30.8, 24.6, 25.5]
     ssd = [again[k]["bytes_per_tier"]["ssd"] for k in kinds]
     assert ssd[3] < ssd[2] < ssd[1] < ssd[0]
-
-
-def test_one_offset_per_tensor_keeps_a_tensor_where_it_first_went():
-    # Tensor 7 has periods 0 [0, 2) and 2 [6, 8); tensor 8's period 1 [1, 7) meets both.
-    arena = host_packing.TensorArena(10, np.array([0, 1, 6]), np.array([2, 7, 8]), 256, tid=np.array([7, 8, 7]))
-    arena.place(0, 64)                          # tensor 7 at [0, 64)
-    arena.place(1, 64)                          # tensor 8 above it, [64, 128)
-    assert arena.offset(2, 64) == 0             # tensor 7's second period: its own offset
-    arena2 = host_packing.TensorArena(10, np.array([0, 3, 6]), np.array([2, 7, 8]), 256, tid=np.array([7, 8, 7]))
-    arena2.place(0, 64)                         # tensor 7 at [0, 64) over [0, 2)
-    arena2.place(1, 64)                         # tensor 8 over [3, 7): meets nothing, also at 0
-    assert arena2.offset(2, 64) == -1           # [6, 8) meets tensor 8 at tensor 7's offset
-    assert host_packing.FirstFitArena.offset(arena2, 2, 64) == 64   # a free arena would go above

@@ -4,7 +4,7 @@ and the cap bounds the bytes of the slots."""
 import numpy as np
 import pytest
 
-from teraio.core.slots import SlotBins
+from teraio.core.slots import HostArena, SlotBins
 
 
 def bins(periods, n_ops=10, cap=None, align=1):
@@ -61,3 +61,58 @@ def test_cap_bounds_the_slots():
         sb.place(2, 65)
     with pytest.raises(ValueError, match="tensor 7 has no candidate period"):
         sb.place(7, 1)
+
+
+def arena(periods, n_ops=10, cap=100):
+    """HostArena over ``periods``: [(tid, a, b)], b unrolled."""
+    tid, a, b = (np.array(x) for x in zip(*periods))
+    return HostArena(n_ops, tid, a, b, cap)
+
+
+def test_the_host_arena_fits_what_slots_sized_by_their_first_tensor_do_not():
+    # Two 50 B tensors over [0, 5), then one of 100 B over [5, 10): bins of 50 + 50 fill the
+    # cap and neither takes 100 B; in the region the third goes where both were.
+    periods = [(0, 0, 5), (1, 0, 5), (2, 5, 10)]
+    sb = bins(periods, cap=100)
+    sb.place(0, 50)
+    sb.place(1, 50)
+    assert not sb.room(np.array([2]), np.array([100]))[0]
+    ar = arena(periods)
+    assert [ar.place(p, 50) for p in (0, 1)] == [0, 50]
+    assert ar.room(np.array([2]), np.array([100]))[0] and ar.place(2, 100) == 0
+    assert ar.held_bytes == 100
+
+
+def test_a_tensor_keeps_its_offset_or_finds_no_room():
+    # Tensor 0 is off over [0, 2) and [6, 8); tensor 1 takes offset 0 over [3, 7) after
+    # tensor 0's first period, so tensor 0's second period finds its offset taken.
+    ar = arena([(0, 0, 2), (1, 3, 7), (0, 6, 8)], cap=80)
+    assert ar.place(0, 40) == 0 and ar.place(1, 40) == 0
+    assert ar.offset(2, 40) == -1 and not ar.room(np.array([2]), np.array([40]))[0]
+    with pytest.raises(ValueError, match="period 2 .* of tensor 0 has no free offset"):
+        ar.place(2, 40)
+
+
+def test_host_arena_ranges_never_meet_over_a_shared_op():
+    # Random periods, some wrapping, placed while they fit: any two ranges of different
+    # tensors whose periods meet (cyclic) are disjoint, every range lies within the cap,
+    # and a tensor's periods share one offset.
+    rng = np.random.default_rng(0)
+    n, cap = 50, 4096
+    periods = []
+    for t in range(40):
+        a = int(rng.integers(0, n))
+        periods += [(t, a, a + int(rng.integers(1, n // 2))), (t, (a + n // 2) % n, (a + n // 2) % n + 3)]
+    sizes = {t: int(rng.integers(1, 16)) * 64 for t in range(40)}
+    ar = arena(periods, n_ops=n, cap=cap)
+    placed = []
+    for i, (t, a, b) in enumerate(periods):
+        if ar.room(np.array([i]), np.array([sizes[t]]))[0]:
+            placed.append((t, a, b, ar.place(i, sizes[t])))
+    assert 20 < len(placed) < len(periods)
+    ops = lambda a, b: {k % n for k in range(a, b)}
+    for i, (t, a, b, off) in enumerate(placed):
+        assert 0 <= off and off + sizes[t] <= cap and off == ar.at[t]
+        for u, c, d, o in placed[i + 1:]:
+            if u != t and ops(a, b) & ops(c, d):
+                assert off + sizes[t] <= o or o + sizes[u] <= off

@@ -228,6 +228,51 @@ def test_a_shared_slot_holds_the_tensor_written_last(make_tier):
         assert not x & {(st.path, st.offset) for st in tier.placement["z"]}
 
 
+def test_a_host_region_holds_each_range_until_another_is_written_over_it():
+    # One region, a byte offset per name (a plan made with host_arena): z's range covers
+    # x's and part of y's, and y's range spans two chunks. Each reads back what was written
+    # until another name is written over any of its bytes.
+    slots = {"x": 100, "y": 200, "z": 150}
+    offsets = {"x": 0, "y": 128, "z": 64}
+    tier = HostTier(1 << 20, slots, DEVICE, offsets=offsets, chunk_bytes=192)
+    data = {n: torch.randint(0, 256, (b,), dtype=torch.uint8, device=DEVICE) for n, b in slots.items()}
+
+    def read(name):
+        out = torch.empty(slots[name], dtype=torch.uint8, device=DEVICE)
+        tier.read(name, out.untyped_storage()).wait()
+        return out
+
+    for name in ("x", "y"):
+        tier.write(name, data[name].untyped_storage()).wait()
+    assert torch.equal(read("x"), data["x"]) and torch.equal(read("y"), data["y"])
+    tier.write("z", data["z"].untyped_storage()).wait()
+    assert torch.equal(read("z"), data["z"])
+    for name in ("x", "y"):
+        with pytest.raises(ValueError, match=f"slot '{name}' now holds 'z', written after '{name}'"):
+            read(name)
+    tier.write("y", data["y"].untyped_storage()).wait()
+    assert torch.equal(read("y"), data["y"])
+    with pytest.raises(ValueError, match="slot 'z' now holds 'y'"):
+        read("z")
+    # the region is its ranges' highest end (y: 128 + 200 rounded up to 64), in 2 chunks
+    assert tier.nbytes == 384 and tier.allocated_bytes == 384
+    assert tier.can_take_over("x") is False
+    tier.close()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"offsets": {"x": 0, "y": 128}}, r"offset None of 'z'"),
+    ({"offsets": {"x": 0, "y": 100, "z": 0}}, r"offset 100 of 'y'.*multiple of 64"),
+    ({"offsets": {"x": 0, "y": 0, "z": -64}}, r"offset -64 of 'z'"),
+    ({"offsets": {"x": 0, "y": 0, "z": 0}, "shares": {"y": "x"}}, "exclude each other"),
+    ({"offsets": {"x": 0, "y": 0, "z": 0}, "chunk_bytes": 100}, "chunk_bytes=100"),
+    ({"offsets": {"x": 0, "y": 0, "z": 1 << 20}}, r"region of 3 ranges needs 1048704 bytes, above host_mem_cap_bytes=1048576"),
+])
+def test_bad_host_regions_are_refused_naming_the_value(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        HostTier(1 << 20, {"x": 12_000, "y": 9_000, "z": 100}, DEVICE, **kwargs)
+
+
 @pytest.mark.parametrize("shares, message", [
     ({"w": "x"}, "'w' is not a slot name"),
     ({"y": "v"}, "'y' -> 'v', which is no slot of its own"),

@@ -68,9 +68,14 @@ def run_teraio(cfg, job_dir, device=CPU):
     ("teraio_ssd", {}, {}),
     ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, {}),
     ("teraio_ssd", {}, {"release_grads": False}),
-], ids=["ssd", "mixed", "ssd-held-grads"])
+    ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, {"host_arena": True}),
+], ids=["ssd", "mixed", "ssd-held-grads", "mixed-arena"])
 def test_half_capacity_is_bit_identical(tmp_path, ref, system, hw, options):
     check_bit_identical(tmp_path, ref, system, hw, fraction=0.5, options=options)
+    # With host_arena every host migration has its offset in the region, else none has.
+    plan = json.loads((tmp_path / "job" / "plan.json").read_text())
+    offsets = [m["offset"] for m in plan["migrations"] if m["tier"] == "host"]
+    assert all((o >= 0) == options.get("host_arena", False) for o in offsets)
 
 
 class ResidentBytes(TorchDispatchMode):
@@ -235,7 +240,8 @@ def test_bandwidth_starved_plan_stalls_but_fits(tmp_path, ref):
     ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, {}),
     ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, {"device_waits": False}),
     ("teraio_ssd", {}, {"release_grads": False}),
-], ids=["ssd", "mixed", "mixed-host-waits", "ssd-held-grads"])
+    ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, {"host_arena": True}),
+], ids=["ssd", "mixed", "mixed-host-waits", "ssd-held-grads", "mixed-arena"])
 def test_capped_run_is_bit_identical_on_gpu(tmp_path, system, hw, options):
     gpu = torch.device("cuda")
     ref = reference(gpu, **GPU_MODEL)

@@ -53,6 +53,8 @@ class Migration:
             another tensor's whose periods never overlap this tensor's
             (``teraio.core.slots``); empty in plans made before slots were shared (each
             tensor then has its own).
+        offset: the tensor's byte offset in the host region of a plan made with
+            ``host_arena`` (its ``slot`` is then its own name); -1 otherwise.
     """
 
     tid: int
@@ -64,6 +66,7 @@ class Migration:
     prefetch_before: int
     needed_by: int
     slot: str = ""
+    offset: int = -1
 
     def __post_init__(self) -> None:
         if self.tier not in TIERS:
@@ -118,6 +121,14 @@ class MigrationPlan:
         ``teraio.core.storage``)."""
         return {m.name: m.slot for m in self.migrations
                 if m.tier == tier and m.slot and m.slot != m.name}
+
+    def host_offsets(self) -> dict[str, int] | None:
+        """Tensor name -> its byte offset in the host region (the argument ``offsets`` of
+        ``teraio.core.storage.HostTier``); None for a plan that places the host in slots."""
+        host = [m for m in self.migrations if m.tier == "host"]
+        if not any(m.offset >= 0 for m in host):
+            return None
+        return {m.name: m.offset for m in host}
 
     def tier_bytes_held(self, tier: str) -> np.ndarray:
         """int64 ``[n_ops]``: bytes that ``tier`` holds for the plan during each op. A

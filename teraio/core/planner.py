@@ -96,7 +96,7 @@ import time
 import numpy as np
 
 from teraio.core.plan import Migration, MigrationPlan
-from teraio.core.slots import HOST_ALIGN, SlotBins
+from teraio.core.slots import HOST_ALIGN, HostArena, SlotBins
 from teraio.core.trace import Trace
 
 BENEFITS: tuple[str, ...] = ("pressure", "formula")
@@ -266,7 +266,7 @@ class _Planner:
     window never needs splitting), host occupancy, and per-candidate cached scores."""
 
     def __init__(self, trace: Trace, capacity: int, tiers: TierBandwidth, host_cap: int,
-                 benefit: str, use_ssd: bool, periods: Periods, shared_ssd: bool):
+                 benefit: str, use_ssd: bool, periods: Periods, shared_ssd: bool, host_arena: bool = False):
         self.n = trace.n_ops
         self.capacity = capacity
         self.benefit = benefit
@@ -280,7 +280,10 @@ class _Planner:
         self.s, self.a, self.b, self.p_tid = periods.nbytes, periods.a, periods.b, periods.tid
         # Slots shared by tensors whose periods never overlap (teraio.core.slots): the host
         # tier's bins stay under the cap; the SSD tier's only set the size of its files.
-        self.bins = {"host": SlotBins(self.n, self.p_tid, self.a, self.b, host_cap, align=HOST_ALIGN),
+        # With host_arena the host tier is one region, a byte offset per tensor instead.
+        self.host_arena = host_arena
+        host = HostArena if host_arena else SlotBins
+        self.bins = {"host": host(self.n, self.p_tid, self.a, self.b, host_cap, align=HOST_ALIGN),
                      "ssd": SlotBins(self.n, self.p_tid, self.a, self.b)}
         self._prefix_cache: dict[int, np.ndarray] = {}
 
@@ -348,19 +351,30 @@ class _Planner:
         self._prefix_cache.clear()
         return f, p
 
+    def _by_period(self, tier: str) -> bool:
+        return tier == "host" and self.host_arena  # HostArena places periods, SlotBins tensors
+
     def _place(self, c: int, tier: str) -> None:
-        """Give candidate c's tensor its slot in ``tier`` (``teraio.core.slots``)."""
-        self.bins[tier].place(int(self.p_tid[c]), int(self.s[c]))
+        """Give candidate c's tensor its slot in ``tier`` (``teraio.core.slots``), or its
+        period a range of the host region."""
+        self.bins[tier].place(c if self._by_period(tier) else int(self.p_tid[c]), int(self.s[c]))
 
     def host_room(self, idx: np.ndarray) -> np.ndarray:
         """bool per candidate: its tensor has a host slot already, shares a free one, or a
-        new one still fits the cap."""
-        return self.bins["host"].room(self.p_tid[idx], self.s[idx])
+        new one still fits the cap (with ``host_arena``: its period finds a free range)."""
+        return self.bins["host"].room(idx if self.host_arena else self.p_tid[idx], self.s[idx])
 
     def slot_of(self, c: int, tier: str, trace: Trace) -> str:
-        """The name of the owner of the ``tier`` slot that candidate c's tensor was placed in."""
+        """The name of the owner of the ``tier`` slot that candidate c's tensor was placed in
+        (in the host region: the tensor's own)."""
         bins = self.bins[tier]
+        if self._by_period(tier):
+            return trace.tensors[int(self.p_tid[c])].name
         return trace.tensors[bins.owner[bins.bin_of[int(self.p_tid[c])]]].name
+
+    def offset_of(self, c: int, tier: str) -> int:
+        """Candidate c's tensor's byte offset in the host region; -1 outside it."""
+        return self.bins["host"].at[int(self.p_tid[c])] if self._by_period(tier) else -1
 
     def _overlapping(self, c: int) -> np.ndarray:
         """Candidates whose inactive period shares an op with candidate c's: the only ones
@@ -411,7 +425,8 @@ class _Planner:
             migrations.append(Migration(
                 tid=t.tid, name=t.name, nbytes=t.nbytes, tier=tier,
                 offload_after=int(self.a[c]), free_before=f % self.n, prefetch_before=p % self.n,
-                needed_by=int(self.b[c]) % self.n, slot=self.slot_of(c, tier, trace)))
+                needed_by=int(self.b[c]) % self.n, slot=self.slot_of(c, tier, trace),
+                offset=self.offset_of(c, tier)))
             alive[c] = False
             self.taken[c] = True
             fresh &= ~self._overlapping(c)
@@ -498,13 +513,14 @@ class _Planner:
             migrations.append(Migration(tid=t.tid, name=t.name, nbytes=t.nbytes, tier=name,
                                         offload_after=int(self.a[c]), free_before=fc % n,
                                         prefetch_before=pc % n, needed_by=int(b[c]) % n,
-                                        slot=self.slot_of(c, name, trace)))
+                                        slot=self.slot_of(c, name, trace), offset=self.offset_of(c, name)))
         return migrations, n_widened
 
 
 def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
                     benefit: str = "pressure", min_tensor_bytes: int = 1 << 20,
-                    use_ssd: bool = True, allow_stalls: bool = False, shared_ssd: bool = True) -> MigrationPlan:
+                    use_ssd: bool = True, allow_stalls: bool = False, shared_ssd: bool = True,
+                    host_arena: bool = False) -> MigrationPlan:
     """Algorithm 1 (paper §3.2): a migration plan that brings ``trace``'s peak live bytes
     under ``capacity_bytes`` while hiding transfers behind compute.
 
@@ -526,6 +542,9 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
             the plan then only holds migrations Algorithm 1 deems viable.
         shared_ssd: the SSD tier's reads and writes share one drive-time timeline
             (default; see the module docstring); False: two independent channels.
+        host_arena: place host migrations in one region of ``host_cap_bytes``, a byte
+            offset per tensor (``Migration.offset``; ``teraio.core.slots.HostArena``),
+            instead of in slots.
 
     Returns:
         the plan, migrations in the order chosen. If the peak cannot be brought under
@@ -550,7 +569,8 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
     capacity_bytes = int(capacity_bytes)
     baseline = trace.peak_bytes()
     periods = inactive_periods(trace, min_tensor_bytes)
-    planner = _Planner(trace, capacity_bytes, tiers, int(host_cap_bytes), benefit, use_ssd, periods, shared_ssd)
+    planner = _Planner(trace, capacity_bytes, tiers, int(host_cap_bytes), benefit, use_ssd, periods, shared_ssd,
+                       host_arena)
     if baseline > capacity_bytes:
         migrations, stats = planner.run(trace)
         if allow_stalls and stats["stop_reason"] != "fits":
@@ -566,7 +586,7 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
         "planner": "teraio.planner/1", "benefit": benefit,
         "tiers_gbps": dataclasses.asdict(tiers), "host_cap_bytes": int(host_cap_bytes),
         "use_ssd": use_ssd, "allow_stalls": allow_stalls, "min_tensor_bytes": int(min_tensor_bytes),
-        "shared_ssd": shared_ssd,
+        "shared_ssd": shared_ssd, "host_arena": host_arena,
         "n_exposed": 0, "n_widened": 0,
         "shortfall_bytes": max(0, predicted - capacity_bytes), **stats,
         "slot_bytes": {t: planner.bins[t].held_bytes for t in ("ssd", "host")},

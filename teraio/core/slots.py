@@ -120,3 +120,86 @@ class SlotBins:
             self.held_bytes += size
         self.bin_of[tid] = j
         return self.owner[j]
+
+
+class HostArena:
+    """The host tier as one region of ``cap_bytes`` with one byte offset per tensor: the
+    alternative to :class:`SlotBins` for the host (``plan_migrations(host_arena=True)``).
+
+    A tensor's first host period is placed at the lowest offset (first fit) where its bytes,
+    rounded up to ``align``, meet no range placed before over an op of the period (cyclic);
+    its later periods must find the same offset free, or go elsewhere. Unlike a bin, a range
+    reserves only the periods placed in it, and a free gap takes a tensor of any size that
+    fits it: where the cap binds this holds more at once (what fixed-size bins lose to their
+    first tensor's size). The tier addresses the region by tensor name
+    (``teraio.core.storage.HostTier``'s ``offsets``).
+
+    Args:
+        n_ops: ops per iteration.
+        tid, a, b: the candidate periods, as for :class:`SlotBins`.
+        cap_bytes: the region's bytes.
+        align: each range's bytes and offset are multiples of this.
+
+    Attributes:
+        at: tensor id -> its offset.
+    """
+
+    def __init__(self, n_ops: int, tid: np.ndarray, a: np.ndarray, b: np.ndarray, cap_bytes: int,
+                 align: int = 1):
+        if cap_bytes < 0:
+            raise ValueError(f"cap_bytes={cap_bytes!r}; must be >= 0")
+        self.n, self.cap, self.align = n_ops, int(cap_bytes), align
+        self.tid = np.asarray(tid, np.int64)
+        self.a, self.b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+        # per placed period: its ops [lo, hi) (unrolled) and its byte range [off, end)
+        self._lo, self._hi, self._off, self._end = (np.zeros(0, np.int64) for _ in range(4))
+        self.at: dict[int, int] = {}
+
+    def _meets(self, period: int) -> np.ndarray:
+        """bool per placed period: its ops meet ``period``'s (cyclic)."""
+        a, b = self.a[period], self.b[period]
+        meet = np.zeros(len(self._lo), dtype=bool)
+        for shift in (-self.n, 0, self.n):
+            meet |= (self._lo + shift < b) & (a < self._hi + shift)
+        return meet
+
+    def offset(self, period: int, nbytes: int) -> int:
+        """Where ``period``'s ``nbytes`` would go: its tensor's offset where that is free over
+        the period, else (a tensor not placed yet) the lowest free offset; -1 where none is."""
+        size = int(align_up(int(nbytes), self.align))
+        meet = self._meets(period)
+        off, end = self._off[meet], self._end[meet]
+        fixed = self.at.get(int(self.tid[period]))
+        if fixed is not None:
+            return -1 if ((off < fixed + size) & (fixed < end)).any() else fixed
+        order = np.argsort(off, kind="stable")
+        off, end = off[order], end[order]
+        starts = np.concatenate([[0], np.maximum.accumulate(end)])
+        fits = np.flatnonzero(np.concatenate([off, [self.cap]]) - starts >= size)
+        return int(starts[fits[0]]) if len(fits) else -1
+
+    def room(self, periods: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        """bool per candidate period: :meth:`offset` finds a place for it."""
+        return np.array([self.offset(int(p), int(s)) >= 0 for p, s in zip(periods, nbytes)], dtype=bool)
+
+    def place(self, period: int, nbytes: int) -> int:
+        """Reserve ``period``'s range and return its offset.
+
+        Raises:
+            ValueError: no offset is free for it (``room`` said no).
+        """
+        off = self.offset(period, nbytes)
+        if off < 0:
+            raise ValueError(f"period {period} ({nbytes} B) of tensor {int(self.tid[period])} has no free "
+                             f"offset in the {self.cap} B region")
+        self.at.setdefault(int(self.tid[period]), off)
+        self._lo = np.append(self._lo, self.a[period])
+        self._hi = np.append(self._hi, self.b[period])
+        self._off = np.append(self._off, off)
+        self._end = np.append(self._end, off + int(align_up(int(nbytes), self.align)))
+        return off
+
+    @property
+    def held_bytes(self) -> int:
+        """The region's bytes in use: the highest range end placed."""
+        return int(self._end.max(initial=0))

@@ -190,6 +190,21 @@ def _slot_keys(slots: dict[str, int], shares: dict[str, str] | None) -> dict[str
     return {n: shares.get(n, n) for n in slots}
 
 
+def _meeting_ranges(ranges: dict[str, tuple[int, int]]) -> dict[str, list[str]]:
+    """Name -> the names whose byte ranges ``[start, end)`` meet its own, itself included."""
+    order = sorted(ranges, key=lambda n: ranges[n])
+    meets: dict[str, list[str]] = {n: [n] for n in ranges}
+    for i, n in enumerate(order):
+        end = ranges[n][1]
+        for m in order[i + 1:]:
+            if ranges[m][0] >= end:
+                break
+            if ranges[m][0] < ranges[m][1] and ranges[n][0] < end:
+                meets[n].append(m)
+                meets[m].append(n)
+    return meets
+
+
 def _check_holder(tier: str, holders: dict[str, str], key: str, name: str) -> None:
     """Refuse to read ``name`` from slot ``key`` unless it was the last tensor written there."""
     holder = holders.get(key)
@@ -614,6 +629,15 @@ class HostTier:
     overlap on the PCIe link), completion tracked by CUDA events. On a CPU device copies
     are synchronous and the buffers pageable.
 
+    With ``offsets`` (a plan made with ``host_arena``) the tier is one region instead: each
+    name has the byte range ``[offset, offset + size)``, and ranges of tensors whose periods
+    never overlap may overlap. The region is allocated in chunks of ``chunk_bytes`` as
+    copies first touch them (a range may span chunks: one copy per piece), so host memory
+    fills as tensors arrive, as with slots. A copy waits for the previous copy of every
+    range that meets its own, and a read is refused once another tensor was written over
+    any byte of its range. The region takes no buffer from the pager (``adopt``,
+    ``take_over``): the engine copies those tensors in instead.
+
     Args:
         cap_bytes: host-memory cap for offloaded tensors, bytes.
         slots: tensor name -> storage size in bytes, from the migration plan.
@@ -621,30 +645,52 @@ class HostTier:
         shares: tensor name -> the name whose slot it uses instead of its own (from
             ``MigrationPlan.shared_slots``); a copy into a shared slot waits for the slot's
             previous copy.
+        offsets: tensor name -> its byte offset in the region (``MigrationPlan.host_offsets``),
+            a multiple of 64, for every name of ``slots``; None: slots.
+        chunk_bytes: the region's allocation unit, bytes (a multiple of 64).
 
     Attributes:
         nbytes: bytes the slots take once all are written (each rounded up to 64 B).
         pinned: whether the buffers are page-locked.
 
     Raises:
-        ValueError: the slots need more than ``cap_bytes`` (message names both), or a bad
-            ``shares`` entry.
+        ValueError: the slots (or the region) need more than ``cap_bytes`` (message names
+            both), a bad ``shares`` entry, both ``shares`` and ``offsets``, or a missing or
+            misaligned offset.
     """
 
-    def __init__(self, cap_bytes: int, slots: dict[str, int], device, shares: dict[str, str] | None = None):
+    def __init__(self, cap_bytes: int, slots: dict[str, int], device, shares: dict[str, str] | None = None,
+                 offsets: dict[str, int] | None = None, chunk_bytes: int = 1 << 30):
         _check_slots(slots)
         self._slots = dict(slots)
-        self._key = _slot_keys(slots, shares)
         self._device = torch.device(device)
-        owners = [n for n in slots if self._key[n] == n]
-        total = sum(align_up(slots[n], HOST_ALIGN) for n in owners)
+        self._range: dict[str, tuple[int, int]] | None = None  # per name, in region mode
+        if offsets is None:
+            self._key = _slot_keys(slots, shares)
+            owners = [n for n in slots if self._key[n] == n]
+            total = sum(align_up(slots[n], HOST_ALIGN) for n in owners)
+            what = f"the plan's {len(owners)} host slots need"
+        else:
+            if shares:
+                raise ValueError("host tier: shares (slots) and offsets (one region) exclude each other")
+            bad = [n for n in slots if not isinstance(offsets.get(n), int) or offsets[n] < 0 or offsets[n] % HOST_ALIGN]
+            if bad:
+                raise ValueError(f"host tier: offset {offsets.get(bad[0])!r} of {bad[0]!r} (and {len(bad) - 1} more); "
+                                 f"each slot name needs an int offset >= 0, a multiple of {HOST_ALIGN}")
+            if chunk_bytes <= 0 or chunk_bytes % HOST_ALIGN:
+                raise ValueError(f"host tier: chunk_bytes={chunk_bytes!r}; must be a positive multiple of {HOST_ALIGN}")
+            self._key = {n: n for n in slots}
+            self._range = {n: (offsets[n], offsets[n] + align_up(slots[n], HOST_ALIGN)) for n in slots}
+            self._meets = _meeting_ranges(self._range)
+            self._chunk = chunk_bytes
+            total = max((end for _, end in self._range.values()), default=0)
+            what = f"the plan's host region of {len(slots)} ranges needs"
         if total > cap_bytes:
-            raise ValueError(f"host tier: the plan's {len(owners)} host slots need {total} bytes, "
-                             f"above host_mem_cap_bytes={cap_bytes}")
+            raise ValueError(f"host tier: {what} {total} bytes, above host_mem_cap_bytes={cap_bytes}")
         self.nbytes = total
         self.pinned = self._device.type == "cuda"
-        self._buffers: dict[str, torch.Tensor] = {}  # per slot, the registered ones, on CUDA
-        self._slot_buffers: dict[str, torch.Tensor] = {}  # per slot
+        self._buffers: dict = {}  # per slot (or chunk index), the registered ones, on CUDA
+        self._slot_buffers: dict = {}  # per slot, or per chunk index of the region
         self._closed = weakref.finalize(self, _unregister, self._buffers)
         if self._device.type == "cuda":
             self._d2h = torch.cuda.Stream(self._device)
@@ -662,6 +708,8 @@ class HostTier:
         ``teraio.core.pager.HostBuffers`` pinned as this tier is) instead of a fresh one:
         page-locking fresh memory is what costs. The tier owns the buffers from then on.
         Returns the bytes adopted."""
+        if self._range is not None:
+            return 0
         if pool.pinned != self.pinned:
             raise ValueError(f"host tier: a pool of {'pinned' if pool.pinned else 'pageable'} buffers "
                              f"cannot serve a {'pinned' if self.pinned else 'pageable'} tier")
@@ -711,13 +759,13 @@ class HostTier:
         """True while ``name``'s slot has no buffer yet and is ``name``'s own size, so that
         a buffer holding ``name``'s bytes can become it (:meth:`take_over`)."""
         key = self._key.get(name)
-        return key is not None and key not in self._slot_buffers and self._slots[key] == self._slots[name]
+        return (self._range is None and key is not None and key not in self._slot_buffers
+                and self._slots[key] == self._slots[name])
 
-    def _slot(self, name: str) -> torch.Tensor:
-        key = self._key[name]
+    def _buffer(self, key, size: int) -> torch.Tensor:
+        """Slot ``key``'s buffer (or the region's chunk ``key``), allocated at first use."""
         buf = self._slot_buffers.get(key)
         if buf is None:
-            size = align_up(self._slots[key], HOST_ALIGN)
             if self.pinned:
                 buf = pinned_empty(size, f"host tier slot {key!r}")
                 self._buffers[key] = buf
@@ -726,11 +774,28 @@ class HostTier:
             self._slot_buffers[key] = buf
         return buf
 
+    def _pieces(self, name: str, nbytes: int) -> list[tuple[torch.Tensor, int, int]]:
+        """``name``'s host bytes as ``(host view, start, end)``: the view holds bytes
+        ``[start, end)`` of the tensor; one piece per slot, or per chunk its range meets."""
+        if self._range is None:
+            key = self._key[name]
+            return [(self._buffer(key, align_up(self._slots[key], HOST_ALIGN))[:nbytes], 0, nbytes)]
+        lo = self._range[name][0]
+        pieces, pos = [], lo
+        while pos < lo + nbytes:
+            i, at = divmod(pos, self._chunk)
+            end = min(lo + nbytes, (i + 1) * self._chunk)
+            size = min(self._chunk, align_up(self.nbytes - i * self._chunk, HOST_ALIGN))
+            pieces.append((self._buffer(i, size)[at:at + end - pos], pos - lo, end - lo))
+            pos = end
+        return pieces
+
     def write(self, name: str, storage: torch.UntypedStorage) -> Transfer:
         """Copy all bytes of ``storage`` into ``name``'s slot (after the ops queued so far
         on the current stream). ``storage`` must not be freed until the transfer is done."""
         transfer = self._copy("write", name, storage)
-        self._holder[self._key[name]] = name
+        for key in (self._meets[name] if self._range is not None else (self._key[name],)):
+            self._holder[key] = name
         return transfer
 
     def read(self, name: str, storage: torch.UntypedStorage) -> Transfer:
@@ -748,20 +813,23 @@ class HostTier:
         if not self._closed.alive:
             raise RuntimeError(f"host tier is closed; cannot {kind} {name!r}")
         nbytes = _check_storage("host tier", self._slots, name, storage)
-        slot = self._slot(name)[:nbytes]
+        pieces = self._pieces(name, nbytes)
         view = byte_view(storage)
-        src, dst = (view, slot) if kind == "write" else (slot, view)
         what = f"host {kind} of {name!r} ({nbytes} B)"
         if not view.is_cuda:
-            dst.copy_(src)
+            for host, lo, hi in pieces:
+                (host.copy_(view[lo:hi]) if kind == "write" else view[lo:hi].copy_(host))
             return Transfer(name, "host pool", what, nbytes)
         stream = self._d2h if kind == "write" else self._h2d
         stream.wait_stream(torch.cuda.current_stream(storage.device))
         key = self._key[name]
-        if key in self._last:
-            stream.wait_event(self._last[key])
+        for other in (self._meets[name] if self._range is not None else (key,)):
+            if other in self._last:
+                stream.wait_event(self._last[other])
         with torch.cuda.stream(stream):
-            dst.copy_(src, non_blocking=True)
+            for host, lo, hi in pieces:
+                (host.copy_(view[lo:hi], non_blocking=True) if kind == "write"
+                 else view[lo:hi].copy_(host, non_blocking=True))
             event = torch.cuda.Event()
             event.record(stream)
         # The caching allocator keeps the memory until the copy ran, so the transfer need not

@@ -35,6 +35,9 @@ On a CPU device with no capacity given nothing is capped (no pager, nothing to p
   ``release_grads``      free each gradient right after its last use in the optimizer step
                          and plan for it (``Trace.with_released_grads``, ``teraio.core.engine``);
                          default true
+  ``host_arena``         the host tier as one region, a byte offset per tensor
+                         (``teraio.core.slots.HostArena``), instead of slots shared by
+                         tensors whose periods never overlap; default false
   ``replan_on_drift``    when a step's shape differs from the profiled one's
                          (``workload.seq_len_schedule``), hand the engine's tensors back to a
                          pager, profile that step and plan again (counted in the row's
@@ -81,6 +84,7 @@ class TeraIOOptions:
     device_waits: bool = True
     release_grads: bool = True
     replan_on_drift: bool = True
+    host_arena: bool = False
 
     def __post_init__(self) -> None:
         bad = []
@@ -92,7 +96,7 @@ class TeraIOOptions:
             bad.append(f"headroom_fraction={self.headroom_fraction!r}; valid: null or 0 <= x < 1")
         if not (isinstance(self.io_threads, int) and self.io_threads >= 1):
             bad.append(f"io_threads={self.io_threads!r}; valid: an int >= 1")
-        for flag in ("allow_stalls", "device_waits", "release_grads", "replan_on_drift"):
+        for flag in ("allow_stalls", "device_waits", "release_grads", "replan_on_drift", "host_arena"):
             if not isinstance(getattr(self, flag), bool):
                 bad.append(f"{flag}={getattr(self, flag)!r}; valid: true or false")
         if bad:
@@ -136,7 +140,8 @@ def tier_bandwidth(cfg: RunConfig, device: torch.device | None = None, io_thread
 
 def open_tiers(plan, cfg: RunConfig, device: torch.device, io_threads: int = 4) -> dict:
     """The tiers the plan uses, with a slot per migrated tensor or shared as the plan says
-    (``MigrationPlan.shared_slots``). The SSD tier puts one uniquely named file in each
+    (``MigrationPlan.shared_slots``), the host tier one region where the plan places it so
+    (``MigrationPlan.host_offsets``). The SSD tier puts one uniquely named file in each
     drive's directory, so concurrent runs never collide, and refuses a missing, unwritable
     or too small directory, naming it and the bytes needed.
     """
@@ -148,8 +153,9 @@ def open_tiers(plan, cfg: RunConfig, device: torch.device, io_threads: int = 4) 
         tiers["ssd"] = SSDTier(list(cfg.hardware.ssd_dirs), slots["ssd"], threads=io_threads,
                                shares=plan.shared_slots("ssd"))
     if slots["host"]:
+        offsets = plan.host_offsets()
         tiers["host"] = HostTier(cfg.hardware.host_mem_cap_bytes, slots["host"], device,
-                                 shares=plan.shared_slots("host"))
+                                 shares=None if offsets else plan.shared_slots("host"), offsets=offsets)
     return tiers
 
 
@@ -316,7 +322,7 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
             t0 = time.perf_counter()
             plan = plan_migrations(trace, plan_capacity, bandwidths, host_cap_bytes=host_cap,
                                    benefit=opts.benefit, min_tensor_bytes=opts.min_tensor_bytes,
-                                   allow_stalls=opts.allow_stalls)
+                                   allow_stalls=opts.allow_stalls, host_arena=opts.host_arena)
             compile_seconds = time.perf_counter() - t0
             plan.save(side / f"plan{suffix}.json")
             summary = {"capacity_bytes": plan_capacity, "predicted_peak_bytes": plan.predicted_peak_bytes,
