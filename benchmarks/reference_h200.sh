@@ -5,14 +5,17 @@
 # the budgets of several runs of the script in one command add up (leave about 15 s per run
 # for packing). The job dirs whose row this run wrote are packed into OUT/<TAG>.tar.gz
 # (trace, plan, oplog and transfers gzipped; a retried point's earlier attempts in
-# attempt.<n>/, teraio.sweep), to unpack into runs/reference/h200/<EXP>/ and commit.
+# attempt.<n>/, teraio.sweep), to unpack into runs/reference/h200/<NAME>/ and commit.
 #   EXP=fig7_h200|fig9_h200 (default fig7_h200)
+#   NAME (sweep.name, the dir under runs/reference/h200/; default EXP): a variant measured
+#        beside EXP's rows without touching them, e.g. NAME=fig7_h200_host_arena
 #   ARGS="model=llama3_8b_4l fig7.point=bs_small system=ideal,teraio_mixed trial=0,1,2"
 #   TAG (archive name)   BUDGET_S (default 540)   TIMEOUT_S (per run, default 900)
 # Run from the repository root on the GPU machine, after `source scripts/remote_env.sh`.
 set -uo pipefail
 OUT=${OUT:-reference_out}
 EXP=${EXP:-fig7_h200}
+NAME=${NAME:-$EXP}
 ARGS=${ARGS:-}
 TAG=${TAG:-chunk}
 BUDGET_S=${BUDGET_S:-540}
@@ -31,11 +34,11 @@ left=$((BUDGET_S - (SECONDS - start)))
 # The sweep starts no run that the rows of its other trials say would end after the budget
 # (sweep.deadline); one that overruns is stopped at the budget.
 # shellcheck disable=SC2086  # ARGS holds several overrides
-timeout -k 20 "$left" python -m teraio.sweep -m "+experiment=$EXP" $ARGS "sweep.runs_dir=$RUNS" \
+timeout -k 20 "$left" python -m teraio.sweep -m "+experiment=$EXP" $ARGS "sweep.name=$NAME" "sweep.runs_dir=$RUNS" \
   sweep.make_ssd_dirs=true sweep.analyze=false "timeout_s=$TIMEOUT_S" "sweep.deadline=$(($(date +%s) + left))" \
   2>&1 | tee "$OUT/$TAG.log"
 pkill -f teraio.harness.run && echo "stopped the run in progress at the budget" | tee -a "$OUT/$TAG.log"
-cd "$RUNS/$EXP" || exit 1
+cd "$RUNS/$NAME" || exit 1
 stage=$(mktemp -d)
 for d in */; do
   d=${d%/}
