@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import errno
 import os
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from teraio.config import ModelConfig, WorkloadConfig
-from teraio.core.engine import ExecutionDivergedError, MigrationEngine, PlanDriftError
+from teraio.core.engine import ExecutionDivergedError, MigrationEngine, PlanDriftError, free_blocks_note
 from teraio.workload.models import build_model
 from teraio.core.plan import Migration, MigrationPlan, cyclic_between
 from teraio.core.profiler import persistent_tensors, profile_step
@@ -552,6 +553,25 @@ class FailingResize:
         storage.resize_(nbytes)
 
 
+class FailingResizeAt(FailingResize):
+    """:class:`FailingResize` by op: the ``n``-th re-allocation (from 0) the engine makes
+    before op ``k`` raises its first ``failures[k, n]`` attempts (``engine``: set by
+    :func:`run_with_failing_allocations`)."""
+
+    def __init__(self, failures: dict[tuple[int, int], int]):
+        super().__init__(-1, 0)
+        self.failures, self.engine, self.made = dict(failures), None, Counter()
+
+    def __call__(self, storage, nbytes):
+        if self.armed:
+            at = (self.engine._k, self.made[self.engine._k])
+            if self.failures.get(at, 0) > 0:
+                self.failures[at] -= 1
+                raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+            self.made[self.engine._k] += 1
+        storage.resize_(nbytes)
+
+
 def run_with_failing_allocations(tmp_path, resize, fail_op=None):
     """Steps 2-4 of an every-gap mixed plan, step 3 with ``resize`` armed (and ``fail_op``,
     a :class:`FailingOp`, around it), under a stand-in for the allocator's cache release:
@@ -561,6 +581,7 @@ def run_with_failing_allocations(tmp_path, resize, fail_op=None):
     eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), open_tiers(plan, tmp_path), CPU)
     released = []
     eng._empty_cache, eng._resize = (lambda: released.append(eng._k)), resize
+    resize.engine = eng
     eng.prime()
     for s in range(2, 5):
         resize.armed = s == 3
@@ -587,9 +608,30 @@ def test_a_prefetch_that_does_not_fit_releases_the_cache_then_waits_for_its_use(
     assert failed.bytes_prefetched == quiet.bytes_prefetched
 
 
+def test_an_allocation_at_its_use_that_does_not_fit_frees_tensors_prefetched_ahead(tmp_path):
+    # A planned prefetch is deferred (its allocation fails before and after the release);
+    # at the tensor's use its allocation fails again after a second release: a tensor
+    # prefetched ahead is freed again, as for an op, and the allocation fits. Training stays
+    # bit-exact.
+    _, _, _, trace = profiled()
+    plan = every_gap_plan(trace, alternate_tiers)
+    starts = Counter(m.prefetch_before for m in plan.migrations)
+    m = next(m for m in plan.migrations if starts[m.prefetch_before] == 1
+             and [a for a in prefetched_ahead_at(trace, plan, m.needed_by) if a is not m])
+    ref_losses, ref_params = reference(5)
+    losses, params, quiet, failed, released = run_with_failing_allocations(
+        tmp_path, FailingResizeAt({(m.prefetch_before, 0): 2, (m.needed_by, starts[m.needed_by]): 2}))
+    assert losses == ref_losses
+    assert all(torch.equal(p, q) for p, q in zip(params, ref_params))
+    assert released == [m.prefetch_before, m.needed_by]
+    assert failed.deferred_prefetches == 1
+    assert failed.dropped_bytes > 0 and quiet.dropped_bytes == 0
+    assert failed.oom_retries == 3  # after the two releases and the drop
+
+
 def test_an_allocation_at_its_use_that_does_not_fit_fails_with_its_note(tmp_path):
     # Only a planned prefetch can wait for its use: the same tensor's allocation at its use
-    # (or any other) that still does not fit after the release is the step's error.
+    # that does not fit once nothing prefetched ahead is left to free is the step's error.
     with pytest.raises(torch.OutOfMemoryError) as info:
         run_with_failing_allocations(tmp_path, FailingResize(0, 10 ** 6))
     (note,) = info.value.__notes__
@@ -640,3 +682,20 @@ def test_a_first_step_that_ends_well_keeps_its_audit(tmp_path):
     assert at_most["lingering"]  # autograd holds some outputs past their last use
     assert first.audit == {"first": [k_over, slack + 1], "largest": [k_most, 5 * slack], **at_most}
     assert second.audit is None
+
+
+def test_free_blocks_note_sums_the_free_blocks_of_a_snapshot():
+    # torch.cuda.memory_snapshot()'s layout: one dict per segment, its blocks with a state
+    mib = 1 << 20
+    snapshot = [
+        {"segment_type": "large", "blocks": [{"size": 20 * mib, "state": "active_allocated"},
+                                             {"size": 6 * mib, "state": "inactive"},
+                                             {"size": 14 * mib, "state": "active_allocated"}]},
+        {"segment_type": "large", "blocks": [{"size": 18 * mib, "state": "inactive"},
+                                             {"size": 2 * mib, "state": "active_pending_free"}]},
+        {"segment_type": "small", "blocks": [{"size": 512, "state": "inactive"},
+                                             {"size": 2 * mib - 512, "state": "active_allocated"}]},
+    ]
+    assert free_blocks_note(snapshot) == (f"free blocks: {24 * mib + 512} B in 3, the largest {18 * mib} B, "
+                                          "over 2 large-pool segments, 1 small-pool segments")
+    assert free_blocks_note([]) == "free blocks: none (no segment)"

@@ -20,8 +20,10 @@ op k of the profiled trace. Around each op k:
   allocator's unused memory (``torch.cuda.empty_cache``: with expandable segments, the free
   pages between live blocks that fragmentation holds, which the process's cap still counts).
   A planned prefetch whose allocation does not fit even then is left undone: its tensor is
-  read at its use instead (a stall there). Counted per step (``oom_retries``,
-  ``dropped_bytes``, ``deferred_prefetches``).
+  read at its use instead (a stall there); an allocation at a tensor's use that does not fit
+  frees tensors prefetched ahead as an op does. Counted per step (``oom_retries``,
+  ``dropped_bytes``, ``deferred_prefetches``); the error's note names the allocator's free
+  blocks (:func:`free_blocks_note`), which tell fragmentation from a plan that did not fit.
 
 Tensor objects and the autograd graph stay intact (the FSDP technique): only the storage's
 bytes come and go. Reads write through a fresh tensor set on the storage (inside the tier),
@@ -58,6 +60,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
+from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
@@ -499,7 +502,8 @@ class MigrationEngine(TorchDispatchMode):
                 f"{self.plan.predicted_peak_bytes} B for a capacity of {self.plan.capacity_bytes} B)")
         if self.device.type == "cuda":
             note += (f"; the caching allocator holds {torch.cuda.memory_allocated(self.device)} B "
-                     f"allocated, {torch.cuda.memory_reserved(self.device)} B reserved")
+                     f"allocated, {torch.cuda.memory_reserved(self.device)} B reserved; "
+                     + free_blocks_note(torch.cuda.memory_snapshot()))
         if self._allocated is not None:
             alive = self.lingering(k)
             largest = ", ".join(f"{name} ({nbytes} B, last use op {last})" for name, nbytes, last in alive[:5])
@@ -535,15 +539,16 @@ class MigrationEngine(TorchDispatchMode):
             t = self.tensors[m.tid]
             if t.status == OFFLOADED:
                 self._launch_prefetch(t, k, deferrable=True)
-        for m in self.needed_by[k]:
-            t = self.tensors[m.tid]
-            if t.status != RESIDENT:
-                self._make_resident(m.tid, t, urgent=False, k=k)
-        if self._away:
-            for x in iter_tensors(args, kwargs):
-                tid = self._away.get(storage_key(x))
+        waits = [m for m in self.needed_by[k] if self.tensors[m.tid].status != RESIDENT]
+        if waits or self._away:
+            inputs = [storage_key(x) for x in iter_tensors(args, kwargs)]
+            keep = frozenset(inputs)  # an allocation here may not free op k's own inputs
+            for m in waits:
+                self._make_resident(m.tid, self.tensors[m.tid], urgent=False, k=k, keep=keep)
+            for key in inputs:
+                tid = self._away.get(key)
                 if tid is not None:
-                    self._make_resident(tid, self.tensors[tid], urgent=True, k=k)
+                    self._make_resident(tid, self.tensors[tid], urgent=True, k=k, keep=keep)
         accounted = self._accounted(k)
         if accounted > self.stats.max_accounted_bytes:
             self.stats.max_accounted_bytes = accounted
@@ -607,19 +612,21 @@ class MigrationEngine(TorchDispatchMode):
         self._submit(t, m.tier, "offload", k)
         t.status = OFFLOADING
 
-    def _launch_prefetch(self, t: _Tensor, k: int, deferrable: bool = False) -> None:
-        if not self._allocate(t, deferrable):
+    def _launch_prefetch(self, t: _Tensor, k: int, deferrable: bool = False, keep: frozenset = frozenset()) -> None:
+        if not self._allocate(t, k, deferrable, keep):
             return
         self._away.pop(storage_id(t.storage), None)
         self._away_bytes -= t.nbytes
         self._submit(t, t.tier, "prefetch", k)
         t.status = PREFETCHING
 
-    def _allocate(self, t: _Tensor, deferrable: bool) -> bool:
-        """Re-allocate ``t``'s device bytes; on an out-of-memory error release the allocator's
-        unused memory (CUDA) and try once more. Where that fails too, a ``deferrable`` (planned)
-        prefetch is left undone, ``t`` staying offloaded until its use (False); otherwise the
-        error propagates."""
+    def _allocate(self, t: _Tensor, k: int, deferrable: bool, keep: frozenset) -> bool:
+        """Re-allocate ``t``'s device bytes before op ``k``; on an out-of-memory error release
+        the allocator's unused memory (CUDA) and try once more. Where that fails too, a
+        ``deferrable`` (planned) prefetch is left undone, ``t`` staying offloaded until its use
+        (False); an allocation at ``t``'s use instead frees again one tensor prefetched ahead
+        per attempt, as an op does (none whose storage key is in ``keep``, op ``k``'s inputs),
+        and the error propagates when none is left (or outside a step, ``k`` < 0)."""
         emptied = self._empty_cache is None
         while True:
             try:
@@ -627,13 +634,15 @@ class MigrationEngine(TorchDispatchMode):
                 return True
             except torch.OutOfMemoryError:
                 if emptied:
-                    if not deferrable:
+                    if deferrable:
+                        if self.stats is not None:
+                            self.stats.deferred_prefetches += 1
+                        return False
+                    if k < 0 or not self._drop_prefetched(k, keep):
                         raise
-                    if self.stats is not None:
-                        self.stats.deferred_prefetches += 1
-                    return False
-                emptied = True
-                self._empty_cache()
+                else:
+                    emptied = True
+                    self._empty_cache()
                 if self.stats is not None:
                     self.stats.oom_retries += 1
 
@@ -659,9 +668,10 @@ class MigrationEngine(TorchDispatchMode):
         self._away[storage_id(t.storage)] = tid
         self._away_bytes += t.nbytes
 
-    def _make_resident(self, tid: int, t: _Tensor, urgent: bool, k: int | None = None) -> None:
+    def _make_resident(self, tid: int, t: _Tensor, urgent: bool, k: int | None = None,
+                       keep: frozenset = frozenset()) -> None:
         if t.status == OFFLOADED:
-            self._launch_prefetch(t, k if k is not None else -1)
+            self._launch_prefetch(t, k if k is not None else -1, keep=keep)
         if urgent and self.stats is not None:
             self.stats.urgent_count += 1
         if self._stream_ordered(t):
@@ -705,6 +715,20 @@ class MigrationEngine(TorchDispatchMode):
             if k is not None:
                 self._op_stall[k] += dt
         self._device_stalls.clear()
+
+
+def free_blocks_note(snapshot: list[dict]) -> str:
+    """What the reserved but unallocated memory of ``snapshot`` (``torch.cuda.memory_snapshot()``:
+    one dict per mapped segment, its ``blocks`` each with ``size`` in bytes and ``state``) is
+    made of: the bytes and count of its free (``inactive``) blocks, the largest of them, and
+    over how many segments, large and small pool, they spread. An allocation that does not fit
+    with many small free blocks is fragmentation, not the plan."""
+    if not snapshot:
+        return "free blocks: none (no segment)"
+    free = [b["size"] for seg in snapshot for b in seg["blocks"] if b["state"] == "inactive"]
+    pools = Counter(seg.get("segment_type", "unknown") for seg in snapshot)
+    return (f"free blocks: {sum(free)} B in {len(free)}, the largest {max(free, default=0)} B, over "
+            + ", ".join(f"{n} {pool}-pool segments" for pool, n in sorted(pools.items())))
 
 
 def _parse_intermediate(name: str) -> tuple[int, int]:
