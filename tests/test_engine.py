@@ -518,19 +518,116 @@ def test_an_op_out_of_memory_drops_tensors_prefetched_ahead_and_runs_again(tmp_p
     assert sum(failed.bytes_prefetched.values()) == sum(quiet.bytes_prefetched.values()) + failed.dropped_bytes
 
 
-def test_an_op_out_of_memory_with_nothing_left_to_drop_fails_with_its_note(tmp_path):
-    model, opt, _, trace = profiled()
-    plan = every_gap_plan(trace)
+# Gaps of 200 ops or more offloaded only: tensors stay resident beside each op to spill.
+SPARSE_GAP = 200
+
+
+def spill_order_ok(eng, spilled):
+    """Each ``(k, tid, resident)`` of ``spilled`` (what :meth:`MigrationEngine._spill` freed, and
+    the resident tensors it chose among) took the tensor whose next use is furthest after
+    op ``k``."""
+    def gap(tid, k):
+        return min(((u - k) % eng.n_ops for u in eng.trace.tensors[tid].uses if u != k), default=eng.n_ops)
+    return all(gap(tid, k) == max(gap(r, k) for r in resident) for k, tid, resident in spilled)
+
+
+def record_spills(eng) -> list:
+    """Wrap ``eng._spill``: each spill appends ``(op, the tensor spilled, the resident tensors
+    there that op ``k`` does not read)``."""
+    spill, spilled = eng._spill, []
+
+    def recording(k, keep):
+        resident = [tid for tid, t in eng.tensors.items() if t.status == "resident" and t.job is None
+                    and t.storage is not None and t.storage.nbytes() and t.storage._cdata not in keep]
+        before = {tid for tid, t in eng.tensors.items() if t.spill is not None}
+        done = spill(k, keep)
+        if done:
+            (tid,) = {tid for tid, t in eng.tensors.items() if t.spill is not None} - before
+            spilled.append((k, tid, resident))
+        return done
+
+    eng._spill = recording
+    return spilled
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["ssd", "mixed"])
+def test_an_op_out_of_memory_with_nothing_prefetched_ahead_spills_the_tensor_used_furthest_ahead(tmp_path, mixed):
+    # An op that still does not fit once every tensor prefetched ahead is freed again copies
+    # resident tensors to host memory, the one used furthest ahead first, one per attempt,
+    # and runs again; each comes back at its planned prefetch or its use. Training stays
+    # bit-exact and the step counts the retries and the spilled bytes.
+    model, opt, losses, trace = profiled()
+    plan = every_gap_plan(trace, alternate_tiers if mixed else (lambda i: "ssd"), min_gap=SPARSE_GAP)
     k_fail = next(k for k, name in enumerate(trace.op_names)
                   if name in COMPUTE_OPS and prefetched_ahead_at(trace, plan, k))
     ahead, name = prefetched_ahead_at(trace, plan, k_fail), trace.op_names[k_fail]
     eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), open_tiers(plan, tmp_path), CPU)
+    spilled = record_spills(eng)
+    ref_losses, ref_params = reference(5)
+    eng.prime()
+    for s in range(2, 5):
+        with FailingOp(name, trace.op_names[:k_fail].count(name), len(ahead) + 2 if s == 3 else 0):
+            losses.append(eng.run_step(step_fn(model, opt, s), s))
+    eng.close()
+    assert losses == ref_losses
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref_params))
+    quiet, failed = eng.history[0], eng.history[1]
+    assert [(k, len(r) > 1) for k, _, r in spilled] == [(k_fail, True)] * 2 and spill_order_ok(eng, spilled)
+    assert (failed.oom_retries, failed.dropped_bytes) == (len(ahead) + 2, sum(m.nbytes for m in ahead))
+    assert failed.spilled_bytes == sum(trace.tensors[tid].nbytes for _, tid, _ in spilled) > 0
+    assert quiet.spilled_bytes == eng.history[2].spilled_bytes == 0
+    assert all(t.spill is None for t in eng.tensors.values())
+
+
+def test_a_tensor_still_spilled_after_a_step_goes_to_the_pager_on_hand_back(tmp_path):
+    # An op in the optimizer's update spills a parameter whose next use is in the next step;
+    # handing the engine back between steps gives the pager its bytes from the spill, and
+    # the pager restores the parameters of plain PyTorch's step, bit for bit.
+    from teraio.core.pager import Pager
+
+    model, opt, losses, trace = profiled()
+    plan = every_gap_plan(trace, alternate_tiers, min_gap=SPARSE_GAP)
+    first, end = trace.meta["optimizer_ops"]
+    k_fail = max(k for k in range(first, end) if trace.op_names[k] in COMPUTE_OPS)
+    ahead, name = prefetched_ahead_at(trace, plan, k_fail), trace.op_names[k_fail]
+    eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), open_tiers(plan, tmp_path), CPU)
+    spilled = record_spills(eng)
+    eng.prime()
+    with FailingOp(name, trace.op_names[:k_fail].count(name), len(ahead) + 1):
+        losses.append(eng.run_step(step_fn(model, opt, 2), 2))
+    ((_, tid, _),) = spilled
+    assert eng.tensors[tid].spill is not None and trace.tensors[tid].name.startswith("param:")
+    pager = Pager(trace.peak_bytes(), CPU)
+    eng.hand_back(pager)
+    assert eng.tensors[tid].spill is None and pager.evicted_bytes >= trace.tensors[tid].nbytes
+    pager.restore_all()
+    ref_losses, ref_params = reference(3)
+    assert losses == ref_losses
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref_params))
+
+
+def test_an_op_out_of_memory_with_nothing_left_to_free_fails_with_its_note(tmp_path):
+    # Once nothing prefetched ahead is left to drop and nothing resident is left to spill,
+    # the op's error is the step's; close() brings every spilled tensor back, bit for bit.
+    model, opt, _, trace = profiled()
+    plan = every_gap_plan(trace, min_gap=SPARSE_GAP)
+    k_fail = next(k for k, name in enumerate(trace.op_names)
+                  if name in COMPUTE_OPS and prefetched_ahead_at(trace, plan, k))
+    assert k_fail < trace.meta["optimizer_ops"][0]  # the failed step changes no parameter
+    ahead, name = prefetched_ahead_at(trace, plan, k_fail), trace.op_names[k_fail]
+    eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), open_tiers(plan, tmp_path), CPU)
+    spilled = record_spills(eng)
     eng.prime()
     with pytest.raises(torch.OutOfMemoryError) as info:
-        with FailingOp(name, trace.op_names[:k_fail].count(name), len(ahead) + 1):
+        with FailingOp(name, trace.op_names[:k_fail].count(name), 10 ** 6):
             eng.run_step(step_fn(model, opt, 2), 2)
-    assert eng.stats.oom_retries == len(ahead)
+    assert eng.stats.oom_retries == len(ahead) + len(spilled) and len(spilled) > 1
+    left = [tid for tid, t in eng.tensors.items() if t.status == "resident" and t.storage is not None
+            and t.storage.nbytes()]
+    assert all(k_fail in trace.tensors[tid].uses for tid in left)  # op k_fail's own inputs
     eng.close()
+    _, ref_params = reference(2)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref_params))
     (note,) = info.value.__notes__
     assert note.startswith(f"TeraIO: out of memory at op {k_fail} ({name}) of step 2;")
 
@@ -572,12 +669,13 @@ class FailingResizeAt(FailingResize):
         storage.resize_(nbytes)
 
 
-def run_with_failing_allocations(tmp_path, resize, fail_op=None):
-    """Steps 2-4 of an every-gap mixed plan, step 3 with ``resize`` armed (and ``fail_op``,
-    a :class:`FailingOp`, around it), under a stand-in for the allocator's cache release:
-    (losses, parameters, step 2's stats, step 3's stats, release calls)."""
+def run_with_failing_allocations(tmp_path, resize, fail_op=None, min_gap=4):
+    """Steps 2-4 of an every-gap mixed plan (gaps of ``min_gap`` ops or more), step 3 with
+    ``resize`` armed (and ``fail_op``, a :class:`FailingOp`, around it), under a stand-in for
+    the allocator's cache release: (losses, parameters, step 2's stats, step 3's stats,
+    release calls)."""
     model, opt, losses, trace = profiled()
-    plan = every_gap_plan(trace, alternate_tiers)
+    plan = every_gap_plan(trace, alternate_tiers, min_gap=min_gap)
     eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), open_tiers(plan, tmp_path), CPU)
     released = []
     eng._empty_cache, eng._resize = (lambda: released.append(eng._k)), resize
@@ -629,9 +727,29 @@ def test_an_allocation_at_its_use_that_does_not_fit_frees_tensors_prefetched_ahe
     assert failed.oom_retries == 3  # after the two releases and the drop
 
 
+def test_an_allocation_at_its_use_with_nothing_prefetched_ahead_spills(tmp_path):
+    # As above, where no tensor is prefetched ahead at the use: a resident tensor is spilled
+    # to host memory instead, and the allocation fits. Training stays bit-exact.
+    _, _, _, trace = profiled()
+    plan = every_gap_plan(trace, alternate_tiers, min_gap=SPARSE_GAP)
+    starts = Counter(m.prefetch_before for m in plan.migrations)
+    m = next(m for m in plan.migrations if starts[m.prefetch_before] == 1
+             and not [a for a in prefetched_ahead_at(trace, plan, m.needed_by) if a is not m])
+    ref_losses, ref_params = reference(5)
+    losses, params, quiet, failed, released = run_with_failing_allocations(
+        tmp_path, FailingResizeAt({(m.prefetch_before, 0): 2, (m.needed_by, starts[m.needed_by]): 2}),
+        min_gap=SPARSE_GAP)
+    assert losses == ref_losses
+    assert all(torch.equal(p, q) for p, q in zip(params, ref_params))
+    assert released == [m.prefetch_before, m.needed_by]
+    assert (failed.deferred_prefetches, failed.dropped_bytes) == (1, 0)
+    assert failed.spilled_bytes > 0 and quiet.spilled_bytes == 0
+    assert failed.oom_retries == 3  # after the two releases and the spill
+
+
 def test_an_allocation_at_its_use_that_does_not_fit_fails_with_its_note(tmp_path):
     # Only a planned prefetch can wait for its use: the same tensor's allocation at its use
-    # that does not fit once nothing prefetched ahead is left to free is the step's error.
+    # that does not fit once nothing is left to drop or spill is the step's error.
     with pytest.raises(torch.OutOfMemoryError) as info:
         run_with_failing_allocations(tmp_path, FailingResize(0, 10 ** 6))
     (note,) = info.value.__notes__

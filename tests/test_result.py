@@ -56,8 +56,8 @@ def test_ok_rows_have_the_schema_keys_then_the_runners_extras(tmp_path):
     assert list(row) == SCHEMA_KEYS + ["losses", "plan", "final_params_sha256"]
     assert [i["step"] for i in row["iterations"]] == [2, 3] and len(row["losses"]) == 4
     assert {"urgent_count", "max_accounted_bytes", "oom_retries", "dropped_bytes",
-            "deferred_prefetches"} <= set(row["iterations"][0])
-    assert all((i["oom_retries"], i["dropped_bytes"], i["deferred_prefetches"]) == (0, 0, 0)
+            "deferred_prefetches", "spilled_bytes"} <= set(row["iterations"][0])
+    assert all((i["oom_retries"], i["dropped_bytes"], i["deferred_prefetches"], i["spilled_bytes"]) == (0, 0, 0, 0)
                for i in row["iterations"])
 
 

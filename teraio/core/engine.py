@@ -21,8 +21,14 @@ op k of the profiled trace. Around each op k:
   pages between live blocks that fragmentation holds, which the process's cap still counts).
   A planned prefetch whose allocation does not fit even then is left undone: its tensor is
   read at its use instead (a stall there); an allocation at a tensor's use that does not fit
-  frees tensors prefetched ahead as an op does. Counted per step (``oom_retries``,
-  ``dropped_bytes``, ``deferred_prefetches``); the error's note names the allocator's free
+  frees tensors prefetched ahead as an op does. Once none is left, an op or an allocation at
+  a use *spills*: it copies the resident tensor whose next use is furthest after op k (none of
+  op k's own inputs, none with a transfer in flight) to host memory, frees its device bytes
+  and tries again, one tensor per attempt; a spilled tensor comes back from that copy at its
+  planned prefetch or its use, whichever comes first, and a planned offload of it meanwhile
+  is skipped (its bytes are already off the device). The error propagates when nothing is
+  left to spill. Counted per step (``oom_retries``, ``dropped_bytes``,
+  ``deferred_prefetches``, ``spilled_bytes``); the error's note names the allocator's free
   blocks (:func:`free_blocks_note`), which tell fragmentation from a plan that did not fit.
 
 Tensor objects and the autograd graph stay intact (the FSDP technique): only the storage's
@@ -72,7 +78,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from teraio.core.plan import Migration, MigrationPlan, cyclic_between
 from teraio.core.profiler import fresh_outputs, iter_tensors, storage_id, storage_key
-from teraio.core.storage import Transfer
+from teraio.core.storage import Transfer, byte_view
 from teraio.core.trace import Trace
 
 RESIDENT, OFFLOADING, OFFLOADED, PREFETCHING = "resident", "offloading", "offloaded", "prefetching"
@@ -101,6 +107,7 @@ class _Tensor:
     tier: str | None = None
     transfer: dict | None = None  # the in-flight transfer's log row
     handle: Transfer | None = None  # the in-flight transfer
+    spill: torch.Tensor | None = None  # its bytes in host memory while spilled (module docstring)
 
 
 @dataclass
@@ -118,6 +125,7 @@ class StepStats:
     oom_retries: int = 0  # allocations tried again after an out-of-memory error (``MigrationEngine``)
     dropped_bytes: int = 0  # bytes of prefetched tensors freed again for those retries
     deferred_prefetches: int = 0  # planned prefetches that did not fit, read at their use instead
+    spilled_bytes: int = 0  # bytes of resident tensors copied to host memory and freed for retries
     # the audited (first) step on CUDA: ``MigrationEngine.overrun`` as ``{"first": [op, bytes],
     # "largest": [op, bytes]}`` (empty: none) and ``lingering`` at the largest overrun's op (at
     # most 5, ``[name, bytes, last use]``); None in other steps and off CUDA
@@ -360,7 +368,11 @@ class MigrationEngine(TorchDispatchMode):
                 self._make_resident(tid, t, urgent=False)
             else:  # OFFLOADED
                 host = pager.buffers.take(t.nbytes)
-                self.tiers[t.tier].read(t.name, host.untyped_storage()).wait()
+                if t.spill is not None:
+                    host.copy_(t.spill)
+                    t.spill = None
+                else:
+                    self.tiers[t.tier].read(t.name, host.untyped_storage()).wait()
                 pager.adopt_evicted(t.storage, host)
                 t.status = RESIDENT  # the engine no longer holds it
         self._stop_io()
@@ -396,6 +408,7 @@ class MigrationEngine(TorchDispatchMode):
                 t.status, t.job = RESIDENT, None
                 continue
             if t.status == OFFLOADED and restore is not None and not restore(t.name):
+                t.spill = None
                 continue
             try:
                 self._make_resident(tid, t, urgent=False)
@@ -428,19 +441,45 @@ class MigrationEngine(TorchDispatchMode):
 
     def _run_op(self, k: int, func, args, kwargs):
         """Op ``k``; on an out-of-memory error, release the allocator's unused memory (CUDA)
-        and run it again, then drop one tensor prefetched ahead per attempt (module docstring)
-        until it fits; the error propagates when none is left."""
+        and run it again, then make room one tensor per attempt (:meth:`_make_room`) until it
+        fits; the error propagates when nothing is left to free."""
         emptied = self._empty_cache is None
         while True:
             try:
                 return func(*args, **(kwargs or {}))
             except torch.OutOfMemoryError:
-                if emptied and not self._drop_prefetched(k, {storage_key(x) for x in iter_tensors(args, kwargs)}):
+                if emptied and not self._make_room(k, frozenset(storage_key(x) for x in iter_tensors(args, kwargs))):
                     raise
                 emptied = True
                 self.stats.oom_retries += 1
                 if self._empty_cache is not None:
                     self._empty_cache()
+
+    def _make_room(self, k: int, keep: frozenset) -> bool:
+        """Free one tensor's device bytes for a retry at op ``k``: one prefetched ahead if any
+        (:meth:`_drop_prefetched`), else spill one (:meth:`_spill`); none whose storage key is
+        in ``keep`` (op ``k``'s inputs). False when neither is left."""
+        return self._drop_prefetched(k, keep) or self._spill(k, keep)
+
+    def _spill(self, k: int, keep: frozenset) -> bool:
+        """Copy the resident tensor whose next use is furthest after op ``k`` (none in ``keep``,
+        none with a transfer in flight) to host memory, synchronously, and free its device
+        bytes; it comes back from that copy (:meth:`_launch_prefetch`). False when none is left."""
+        best, best_gap = None, -1
+        for tid, t in self.tensors.items():
+            if (t.status != RESIDENT or t.job is not None or t.storage is None or t.storage.nbytes() == 0
+                    or storage_id(t.storage) in keep):
+                continue
+            gap = min(((u - k) % self.n_ops for u in self.trace.tensors[tid].uses if u != k), default=self.n_ops)
+            if gap > best_gap:
+                best, best_gap = tid, gap
+        if best is None:
+            return False
+        t = self.tensors[best]
+        t.spill = byte_view(t.storage).to("cpu", copy=True)
+        self._free(best, t)
+        self.stats.spilled_bytes += t.nbytes
+        return True
 
     def _drop_prefetched(self, k: int, in_keys: set[int]) -> bool:
         """Free the device copy of the tensor prefetched for the use furthest after op ``k``
@@ -613,10 +652,16 @@ class MigrationEngine(TorchDispatchMode):
         t.status = OFFLOADING
 
     def _launch_prefetch(self, t: _Tensor, k: int, deferrable: bool = False, keep: frozenset = frozenset()) -> None:
+        """Re-allocate ``t`` (:meth:`_allocate`) and read it back: from its tier (PREFETCHING),
+        or where it was spilled, from host memory at once (RESIDENT)."""
         if not self._allocate(t, k, deferrable, keep):
             return
         self._away.pop(storage_id(t.storage), None)
         self._away_bytes -= t.nbytes
+        if t.spill is not None:
+            byte_view(t.storage).copy_(t.spill)
+            t.spill, t.status = None, RESIDENT
+            return
         self._submit(t, t.tier, "prefetch", k)
         t.status = PREFETCHING
 
@@ -624,9 +669,9 @@ class MigrationEngine(TorchDispatchMode):
         """Re-allocate ``t``'s device bytes before op ``k``; on an out-of-memory error release
         the allocator's unused memory (CUDA) and try once more. Where that fails too, a
         ``deferrable`` (planned) prefetch is left undone, ``t`` staying offloaded until its use
-        (False); an allocation at ``t``'s use instead frees again one tensor prefetched ahead
-        per attempt, as an op does (none whose storage key is in ``keep``, op ``k``'s inputs),
-        and the error propagates when none is left (or outside a step, ``k`` < 0)."""
+        (False); an allocation at ``t``'s use instead makes room one tensor per attempt, as an
+        op does (:meth:`_make_room`; none whose storage key is in ``keep``, op ``k``'s inputs),
+        and the error propagates when nothing is left to free (or outside a step, ``k`` < 0)."""
         emptied = self._empty_cache is None
         while True:
             try:
@@ -638,7 +683,7 @@ class MigrationEngine(TorchDispatchMode):
                         if self.stats is not None:
                             self.stats.deferred_prefetches += 1
                         return False
-                    if k < 0 or not self._drop_prefetched(k, keep):
+                    if k < 0 or not self._make_room(k, keep):
                         raise
                 else:
                     emptied = True
@@ -674,6 +719,8 @@ class MigrationEngine(TorchDispatchMode):
             self._launch_prefetch(t, k if k is not None else -1, keep=keep)
         if urgent and self.stats is not None:
             self.stats.urgent_count += 1
+        if t.status == RESIDENT:  # it came back from where it was spilled
+            return
         if self._stream_ordered(t):
             self._wait_on_stream(t, k)
         else:

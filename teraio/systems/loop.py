@@ -28,7 +28,8 @@ class StepStats:
         migration_seconds: time at least one transfer was in flight (seconds).
         bytes_offloaded, bytes_prefetched: ``{ssd, host}`` bytes moved in the step.
         extra: system-specific keys of the iteration row (TeraIO: ``urgent_count``,
-            ``max_accounted_bytes``, ``oom_retries``, ``dropped_bytes``, ``deferred_prefetches``).
+            ``max_accounted_bytes``, ``oom_retries``, ``dropped_bytes``, ``deferred_prefetches``,
+            ``spilled_bytes``).
         note: appended to the step's progress line (TeraIO: `` stalls <n>``).
     """
 

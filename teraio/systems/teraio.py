@@ -209,7 +209,8 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
     first plan's summary), ``final_params_sha256`` and, on CUDA, ``audits`` (each engine's first
     step's ``teraio.core.engine.StepStats.audit`` with its ``step``: that step is usually a
     warm-up one, which has no iteration row); each iteration adds ``urgent_count``,
-    ``max_accounted_bytes``, ``oom_retries``, ``dropped_bytes`` and ``deferred_prefetches``.
+    ``max_accounted_bytes``, ``oom_retries``, ``dropped_bytes``, ``deferred_prefetches`` and
+    ``spilled_bytes``.
 
     With ``workload.pipeline_stages`` > 1 each process profiles, plans and migrates its own
     stage (``teraio.workload.pipeline``; paper §4.1: one plan per GPU) and writes its side
@@ -399,7 +400,7 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
                              bytes_prefetched=s.bytes_prefetched, note=f" stalls {s.stall_count}",
                              extra={"urgent_count": s.urgent_count, "max_accounted_bytes": s.max_accounted_bytes,
                                     "oom_retries": s.oom_retries, "dropped_bytes": s.dropped_bytes,
-                                    "deferred_prefetches": s.deferred_prefetches})
+                                    "deferred_prefetches": s.deferred_prefetches, "spilled_bytes": s.spilled_bytes})
 
         with compute_stream(device):
             measure_steps(loop_step, w, device, first_step=2, progress=loud,
