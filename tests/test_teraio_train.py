@@ -281,7 +281,9 @@ GPU_MODEL = {"dim": 1024, "n_layers": 4, "vocab_size": 8192}
 GPU_FRACTION = 0.7
 # Outside the plan at this small capacity (under a GiB): cuBLAS workspaces (64 MiB or more
 # on Hopper), 64 MiB the allocator held beyond the plan and 111-129 MiB of fragmentation in
-# the H200 run above. Real runs have GiBs of headroom at the default 8 %.
+# the H200 run above, 242-248 MiB in later runs, where every case ran out of memory in
+# AdamW's update (benchmarks/results/gpu_tests_h200/COMMAND.md); the engine then drops
+# and spills tensors (teraio.core.engine). Real runs have GiBs of headroom at the default 8 %.
 GPU_OPTIONS = {"headroom_fraction": 0.35}
 
 
