@@ -14,6 +14,7 @@ import pandas as pd
 
 from teraio import systems
 
+from .load import RECOVERY_KEYS
 from .stats import mean_ci
 
 
@@ -217,7 +218,8 @@ def summarize_iterations(iterations: pd.DataFrame) -> pd.DataFrame:
     """Per group (``GROUP_KEYS``), from ok runs' measured iterations: per-run means first,
     then mean ± 95 % t half-width over trials of ``seconds``, ``stall_count``,
     ``stall_seconds``, ``migration_seconds``, ``overlapped_seconds``, ``compute_seconds``
-    (s per iteration) and the four byte counts (bytes per iteration); ``n`` trials,
+    (s per iteration), the four byte counts (bytes per iteration) and the engine's unplanned
+    work (``load.RECOVERY_KEYS``, per iteration; NaN for rows without it); ``n`` trials,
     ``n_iterations`` in all, ``instrumented`` (stall and migration times known for every
     iteration), ``stall_share`` (Σ stall ÷ Σ seconds) and ``migration_gbps`` (all bytes
     moved ÷ all seconds, GB/s with GB = 1e9 bytes)."""
@@ -226,6 +228,7 @@ def summarize_iterations(iterations: pd.DataFrame) -> pd.DataFrame:
                   "overlapped_seconds", "compute_seconds", "bytes_offloaded_ssd",
                   "bytes_offloaded_host", "bytes_prefetched_ssd", "bytes_prefetched_host"]
     byte_cols = value_cols[-4:]
+    value_cols += list(RECOVERY_KEYS)
     rows = []
     for _, g in ok.groupby(GROUP_KEYS, dropna=False, sort=False):
         first = g.iloc[0]

@@ -402,12 +402,13 @@ def fig10_memory_breakdown(sweep: Sweep) -> Figure:
 
 
 def save_figure(fig: Figure, stem: Path) -> list[Path]:
-    """Write ``<stem>.png`` (200 dpi) and ``<stem>.pdf``; return both paths."""
+    """Write ``<stem>.png`` (200 dpi) and ``<stem>.pdf``; return both paths. The PDF carries
+    no creation date, so the same figure gives the same bytes on every run."""
     stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf")]
-    for p in paths:
-        fig.savefig(p, dpi=200)
-    return paths
+    png, pdf = stem.with_suffix(".png"), stem.with_suffix(".pdf")
+    fig.savefig(png, dpi=200)
+    fig.savefig(pdf, dpi=200, metadata={"CreationDate": None})
+    return [png, pdf]
 
 
 def share_table_rows(shares: pd.DataFrame) -> pd.DataFrame:

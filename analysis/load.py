@@ -36,7 +36,10 @@ columns above plus ``step``, ``seconds``, ``tokens``, ``tokens_per_s``, ``loss``
 ``stall_count``, ``stall_seconds``, ``migration_seconds``, ``overlapped_seconds``
 (migration overlapped with compute: ``max(0, migration - stall)``), ``compute_seconds``
 (``seconds - stall - overlapped``), ``bytes_offloaded_ssd``, ``bytes_offloaded_host``,
-``bytes_prefetched_ssd``, ``bytes_prefetched_host``. Null in the row is NaN/NA here.
+``bytes_prefetched_ssd``, ``bytes_prefetched_host``, and the migration engine's unplanned
+work (TeraIO's rows; NaN for other systems and for rows made before a count existed):
+``urgent_count``, ``oom_retries``, ``dropped_bytes``, ``deferred_prefetches``,
+``spilled_bytes`` (``teraio.core.engine.StepStats``). Null in the row is NaN/NA here.
 
 Integer keys are nullable ``Int64`` and text is pandas' ``str`` dtype, so a key missing
 from a row is NA and survives ``groupby(..., dropna=False)``.
@@ -56,6 +59,8 @@ import yaml
 from teraio import systems
 
 RESULT_NAME = "result.json"
+# the migration engine's unplanned work per iteration (``teraio.core.engine.StepStats``)
+RECOVERY_KEYS = ("urgent_count", "oom_retries", "dropped_bytes", "deferred_prefetches", "spilled_bytes")
 NOT_RUN_NAME = "not_run.yaml"
 FORMAT_PREFIX = "teraio.result/"
 POINT_KEYS = ("model", "system", "hardware", "batch_size", "micro_batch_size", "seq_len", "trial")
@@ -186,6 +191,7 @@ def _rows(result: dict, root: Path, job_rel: Path) -> tuple[dict, list[dict]]:
             "bytes_offloaded_ssd": _num(off.get("ssd")), "bytes_offloaded_host": _num(off.get("host")),
             "bytes_prefetched_ssd": _num(pre.get("ssd")),
             "bytes_prefetched_host": _num(pre.get("host")),
+            **{k: _num(it.get(k)) for k in RECOVERY_KEYS},
         })
 
     n_it = len(its)
@@ -251,7 +257,7 @@ RUN_COLUMNS = list(ID_COLUMNS) + [
 ITERATION_COLUMNS = list(ID_COLUMNS) + [
     "step", "seconds", "tokens", "tokens_per_s", "loss", "stall_count", "stall_seconds",
     "migration_seconds", "overlapped_seconds", "compute_seconds", "bytes_offloaded_ssd",
-    "bytes_offloaded_host", "bytes_prefetched_ssd", "bytes_prefetched_host"]
+    "bytes_offloaded_host", "bytes_prefetched_ssd", "bytes_prefetched_host", *RECOVERY_KEYS]
 
 
 def load_sweep(sweep_dir: str | Path, exclude: str | Path | None = None) -> Sweep:

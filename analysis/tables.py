@@ -5,8 +5,8 @@ Which frame each table uses:
 
 - ``throughput``, ``speedup``, ``memory``: the per-run frame (one value per trial:
   ``result["tokens_per_s"]``, peaks, M), aggregated by :func:`aggregate.summarize_runs`.
-- ``stalls``, ``bytes``: the per-iteration frame, averaged per run first and then over
-  trials by :func:`aggregate.summarize_iterations`.
+- ``stalls``, ``bytes``, ``recovery``: the per-iteration frame, averaged per run first and
+  then over trials by :func:`aggregate.summarize_iterations`.
 - ``tier_rates``: each ok run's transfer log (``transfers.csv``), per tier
   (:func:`bandwidth.tier_rates_frame`).
 
@@ -117,6 +117,21 @@ def stall_table(it_summary: pd.DataFrame) -> pd.DataFrame:
     d["stall % of time"] = (100 * it_summary["stall_share"]).map(lambda v: fmt(v, 1))
     d["migration s/iter"] = it_summary["migration_seconds_mean"].map(fmt)
     d["overlapped s/iter"] = it_summary["overlapped_seconds_mean"].map(fmt)
+    return d
+
+
+def recovery_table(it_summary: pd.DataFrame) -> pd.DataFrame:
+    """The migration engine's unplanned work per iteration, for the groups whose rows count it
+    (TeraIO's): urgent fetches, op retries, dropped GB, deferred prefetches, spilled GB (means
+    over ok trials; ``n/a`` where the rows predate a count)."""
+    s = it_summary[it_summary["urgent_count_mean"].notna()]
+    d = pd.DataFrame(_key_columns(s))
+    d["n"] = s["n"].astype(str)
+    d["urgent fetches/iter"] = s["urgent_count_mean"].map(fmt)
+    d["op retries/iter"] = s["oom_retries_mean"].map(fmt)
+    d["dropped GB/iter"] = (s["dropped_bytes_mean"] / GB).map(fmt)
+    d["deferred prefetches/iter"] = s["deferred_prefetches_mean"].map(fmt)
+    d["spilled GB/iter"] = (s["spilled_bytes_mean"] / GB).map(fmt)
     return d
 
 
@@ -237,6 +252,17 @@ def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
                              f"Stalls per iteration — {who}",
                              ["Per-iteration frame: per-run means, then mean ± 95% CI over ok "
                               "trials. n/a: the system does not report it."])
+        recovery = recovery_table(its)
+        if len(recovery):
+            paths += write_table(recovery, out_dir / "recovery",
+                                 f"The migration engine's unplanned work per iteration — {who}",
+                                 ["TeraIO's rows; per-iteration frame, means over ok trials. Urgent: "
+                                  "a tensor an op touched while off the device, not planned (paper "
+                                  "§3.2). Op retries: allocations tried again after an out-of-memory "
+                                  "error; dropped: tensors prefetched ahead freed again for them; "
+                                  "spilled: resident tensors copied to host memory for them; "
+                                  "deferred: planned prefetches that did not fit, read at their use. "
+                                  "n/a: rows made before the count."])
         paths += write_table(bytes_table(its), out_dir / "bytes",
                              f"Bytes moved per tier per iteration (GB = 1e9 bytes) — {who}",
                              ["Per-iteration frame, means over ok trials. migration GB/s: all "

@@ -653,3 +653,39 @@ def test_the_tier_rate_table_names_each_run_with_a_log_and_its_planned_rates(swe
     assert rows == [
         "| tiny | bs4_seq64 | TeraIO-Mixed | A_teraio_mixed_0 | host | 2 | 0 | 1.50 | 0.75 | n/a | 2.00 | 2.00 | 55.00 / 54.00 |",
         "| tiny | bs4_seq64 | TeraIO-Mixed | A_teraio_mixed_0 | ssd | 2 | 5.50 | 0.5 | 1.50 | 3.67 | n/a | 4.00 | 2.60 / 1.80 |"]
+
+
+def test_the_recovery_table_averages_the_engines_unplanned_work(tmp_path):
+    # TeraIO-Mixed's two trials count their urgent fetches, op retries, drops, deferrals and
+    # spills per iteration; TeraIO-SSD's row predates the counts (n/a); Ideal has none (no line).
+    import json
+
+    cfg = dict(batch=4, seq=64, micro=2)
+    counts = [(2, 4, 1e9, 1, 0.5e9), (4, 6, 3e9, 3, 1.5e9)]
+    for t, (urgent, retries, dropped, deferred, spilled) in enumerate(counts):
+        job = write_run(tmp_path, f"mixed_{t}", system="teraio_mixed", trial=t, tps=90.0, **cfg)
+        r = json.loads((job / "result.json").read_text())
+        for it in r["iterations"]:
+            it.update(urgent_count=urgent, oom_retries=retries, dropped_bytes=dropped,
+                      deferred_prefetches=deferred, spilled_bytes=spilled)
+        (job / "result.json").write_text(json.dumps(r))
+    job = write_run(tmp_path, "ssd_0", system="teraio_ssd", trial=0, tps=80.0, **cfg)
+    r = json.loads((job / "result.json").read_text())
+    for it in r["iterations"]:
+        it["urgent_count"] = 7
+    (job / "result.json").write_text(json.dumps(r))
+    write_run(tmp_path, "ideal_0", system="ideal", trial=0, tps=100.0, **cfg)
+    paths = analyze(tmp_path, tmp_path / "out")
+    lines = table_lines(paths["tables/recovery.md"].read_text())
+    assert {ln[6:] for ln in lines} == {("TeraIO-Mixed", "measured", "2", "3.00", "5.00", "2.00", "2.00", "1.00"),
+                                        ("TeraIO-SSD", "measured", "1", "7.00", "n/a", "n/a", "n/a", "n/a")}
+
+
+def test_a_figure_written_twice_has_the_same_bytes(sweep_dir, tmp_path):
+    # The PDF carries no creation date: re-running an analysis leaves its figures unchanged.
+    from analysis.figures import save_figure
+
+    fig = fig7_throughput(load_sweep(sweep_dir))
+    first = {p.suffix: p.read_bytes() for p in save_figure(fig, tmp_path / "a" / "fig7")}
+    second = {p.suffix: p.read_bytes() for p in save_figure(fig, tmp_path / "b" / "fig7")}
+    assert first == second and b"/CreationDate" not in first[".pdf"]
