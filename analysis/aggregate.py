@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 
 from teraio import systems
+from teraio.core.engine import RECOVERY_KEYS
 
-from .load import RECOVERY_KEYS
 from .stats import mean_ci
 
 
@@ -219,7 +219,7 @@ def summarize_iterations(iterations: pd.DataFrame) -> pd.DataFrame:
     then mean ± 95 % t half-width over trials of ``seconds``, ``stall_count``,
     ``stall_seconds``, ``migration_seconds``, ``overlapped_seconds``, ``compute_seconds``
     (s per iteration), the four byte counts (bytes per iteration) and the engine's unplanned
-    work (``load.RECOVERY_KEYS``, per iteration; NaN for rows without it); ``n`` trials,
+    work (``teraio.core.engine.RECOVERY_KEYS``, per iteration; NaN for rows without it); ``n`` trials,
     ``n_iterations`` in all, ``instrumented`` (stall and migration times known for every
     iteration), ``stall_share`` (Σ stall ÷ Σ seconds) and ``migration_gbps`` (all bytes
     moved ÷ all seconds, GB/s with GB = 1e9 bytes)."""

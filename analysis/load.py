@@ -39,7 +39,7 @@ columns above plus ``step``, ``seconds``, ``tokens``, ``tokens_per_s``, ``loss``
 ``bytes_prefetched_ssd``, ``bytes_prefetched_host``, and the migration engine's unplanned
 work (TeraIO's rows; NaN for other systems and for rows made before a count existed):
 ``urgent_count``, ``oom_retries``, ``dropped_bytes``, ``deferred_prefetches``,
-``spilled_bytes`` (``teraio.core.engine.StepStats``). Null in the row is NaN/NA here.
+``spilled_bytes`` (``teraio.core.engine.RECOVERY_KEYS``). Null in the row is NaN/NA here.
 
 Integer keys are nullable ``Int64`` and text is pandas' ``str`` dtype, so a key missing
 from a row is NA and survives ``groupby(..., dropna=False)``.
@@ -57,10 +57,9 @@ import pandas as pd
 import yaml
 
 from teraio import systems
+from teraio.core.engine import RECOVERY_KEYS
 
 RESULT_NAME = "result.json"
-# the migration engine's unplanned work per iteration (``teraio.core.engine.StepStats``)
-RECOVERY_KEYS = ("urgent_count", "oom_retries", "dropped_bytes", "deferred_prefetches", "spilled_bytes")
 NOT_RUN_NAME = "not_run.yaml"
 FORMAT_PREFIX = "teraio.result/"
 POINT_KEYS = ("model", "system", "hardware", "batch_size", "micro_batch_size", "seq_len", "trial")

@@ -34,9 +34,10 @@ INSTRUMENTED = {"ideal", "teraio_ssd", "teraio_mixed"}
 
 def write_run(root, name, *, system, batch, seq, micro, trial, tps=None, status="ok",
               host_cap=8 * GIB, n_ssd=2, m=1.5, artifacts=None, hardware="cpu_test",
-              measure="measured"):
+              measure="measured", iteration_extra=None):
     """One hand-made result.json: two measured iterations at ``tps`` tokens/s; TeraIO and
-    Ideal report stalls (10 % of the time) and migration (50 %), ZeRO reports neither."""
+    Ideal report stalls (10 % of the time) and migration (50 %), ZeRO reports neither;
+    ``iteration_extra`` is added to each iteration."""
     point = {"model": "tiny", "system": system, "hardware": hardware, "batch_size": batch,
              "micro_batch_size": micro, "seq_len": seq, "trial": trial}
     config = {"hardware": {"name": hardware, "host_mem_cap_bytes": host_cap,
@@ -59,6 +60,7 @@ def write_run(root, name, *, system, batch, seq, micro, trial, tps=None, status=
             "migration_seconds": 0.5 * s if inst else None,
             "bytes_offloaded": {"ssd": 1e9 if inst else None, "host": 2e9 if inst else None},
             "bytes_prefetched": {"ssd": 1e9 if inst else None, "host": 2e9 if inst else None},
+            **(iteration_extra or {}),
         } for k in (3, 4)]
         r["tokens_per_s"] = tps
         r["stall_count"] = 4 if inst else None
@@ -658,22 +660,14 @@ def test_the_tier_rate_table_names_each_run_with_a_log_and_its_planned_rates(swe
 def test_the_recovery_table_averages_the_engines_unplanned_work(tmp_path):
     # TeraIO-Mixed's two trials count their urgent fetches, op retries, drops, deferrals and
     # spills per iteration; TeraIO-SSD's row predates the counts (n/a); Ideal has none (no line).
-    import json
-
     cfg = dict(batch=4, seq=64, micro=2)
     counts = [(2, 4, 1e9, 1, 0.5e9), (4, 6, 3e9, 3, 1.5e9)]
     for t, (urgent, retries, dropped, deferred, spilled) in enumerate(counts):
-        job = write_run(tmp_path, f"mixed_{t}", system="teraio_mixed", trial=t, tps=90.0, **cfg)
-        r = json.loads((job / "result.json").read_text())
-        for it in r["iterations"]:
-            it.update(urgent_count=urgent, oom_retries=retries, dropped_bytes=dropped,
-                      deferred_prefetches=deferred, spilled_bytes=spilled)
-        (job / "result.json").write_text(json.dumps(r))
-    job = write_run(tmp_path, "ssd_0", system="teraio_ssd", trial=0, tps=80.0, **cfg)
-    r = json.loads((job / "result.json").read_text())
-    for it in r["iterations"]:
-        it["urgent_count"] = 7
-    (job / "result.json").write_text(json.dumps(r))
+        write_run(tmp_path, f"mixed_{t}", system="teraio_mixed", trial=t, tps=90.0, **cfg,
+                  iteration_extra=dict(urgent_count=urgent, oom_retries=retries, dropped_bytes=dropped,
+                                       deferred_prefetches=deferred, spilled_bytes=spilled))
+    write_run(tmp_path, "ssd_0", system="teraio_ssd", trial=0, tps=80.0, **cfg,
+              iteration_extra={"urgent_count": 7})
     write_run(tmp_path, "ideal_0", system="ideal", trial=0, tps=100.0, **cfg)
     paths = analyze(tmp_path, tmp_path / "out")
     lines = table_lines(paths["tables/recovery.md"].read_text())

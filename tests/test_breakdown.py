@@ -394,8 +394,9 @@ def test_a_run_that_failed_after_its_profile_still_measures_the_makeup(tmp_path)
 def test_the_capacity_estimate_tracks_ideals_measured_peaks_on_the_h200():
     """The one-GPU estimate behind each fig7_h200 capacity against the peak Ideal measured on the
     H200 at the same shape (every committed measured ok Ideal row of fig7_h200 and its first runs;
-    a modeled Ideal has no measured peak): from 3 % above to 5 % below. At the Granite cut's 2 x 5,120 tokens the step peaks inside an
-    attention softmax (its temporaries); without them the 4-layer estimate would be 14.7 % low.
+    a modeled Ideal has no measured peak): from 3 % above to 5 % below. At the Granite cut's
+    2 x 5,120 tokens the step peaks inside an attention softmax (its temporaries); without them
+    the 4-layer estimate would be 14.7 % low.
     The 8-layer Granite cut's estimate is the one above its measured peak, by 2.7 % at 4 x 2,560."""
     import json
     from pathlib import Path

@@ -82,6 +82,9 @@ from teraio.core.storage import Transfer, byte_view
 from teraio.core.trace import Trace
 
 RESIDENT, OFFLOADING, OFFLOADED, PREFETCHING = "resident", "offloading", "offloaded", "prefetching"
+# The :class:`StepStats` fields that count the engine's unplanned work in a step: fetches the
+# plan did not make, and what out-of-memory retries freed or put off.
+RECOVERY_KEYS = ("urgent_count", "oom_retries", "dropped_bytes", "deferred_prefetches", "spilled_bytes")
 
 
 class ExecutionDivergedError(RuntimeError):

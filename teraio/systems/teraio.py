@@ -59,7 +59,7 @@ import torch
 from teraio import systems
 from teraio.core import probe
 from teraio.config import RunConfig, dataclass_from_dict
-from teraio.core.engine import MigrationEngine
+from teraio.core.engine import RECOVERY_KEYS, MigrationEngine
 from teraio.systems.loop import Step, Steps, StepStats, measure_steps
 from teraio.systems.measure import (apply_memory_cap, lift_memory_cap, param_digest, peak_memory, reset_peak_memory,
                             synchronize, timed)
@@ -398,9 +398,8 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
             return StepStats(stall_count=s.stall_count, stall_seconds=s.stall_seconds,
                              migration_seconds=s.migration_seconds, bytes_offloaded=s.bytes_offloaded,
                              bytes_prefetched=s.bytes_prefetched, note=f" stalls {s.stall_count}",
-                             extra={"urgent_count": s.urgent_count, "max_accounted_bytes": s.max_accounted_bytes,
-                                    "oom_retries": s.oom_retries, "dropped_bytes": s.dropped_bytes,
-                                    "deferred_prefetches": s.deferred_prefetches, "spilled_bytes": s.spilled_bytes})
+                             extra={"max_accounted_bytes": s.max_accounted_bytes,
+                                    **{k: getattr(s, k) for k in RECOVERY_KEYS}})
 
         with compute_stream(device):
             measure_steps(loop_step, w, device, first_step=2, progress=loud,
