@@ -580,9 +580,10 @@ def test_an_op_out_of_memory_with_nothing_prefetched_ahead_spills_the_tensor_use
 
 
 def test_a_tensor_still_spilled_after_a_step_goes_to_the_pager_on_hand_back(tmp_path):
-    # An op in the optimizer's update spills a parameter whose next use is in the next step;
-    # handing the engine back between steps gives the pager its bytes from the spill, and
-    # the pager restores the parameters of plain PyTorch's step, bit for bit.
+    # An op in the optimizer's update spills a persistent tensor whose next use is in the next
+    # step; handing the engine back between steps gives the pager its bytes from the spill,
+    # and the pager restores the state of plain PyTorch's step, bit for bit: the next step,
+    # plain PyTorch's, gives its loss and parameters.
     from teraio.core.pager import Pager
 
     model, opt, losses, trace = profiled()
@@ -596,12 +597,13 @@ def test_a_tensor_still_spilled_after_a_step_goes_to_the_pager_on_hand_back(tmp_
     with FailingOp(name, trace.op_names[:k_fail].count(name), len(ahead) + 1):
         losses.append(eng.run_step(step_fn(model, opt, 2), 2))
     ((_, tid, _),) = spilled
-    assert eng.tensors[tid].spill is not None and trace.tensors[tid].name.startswith("param:")
+    assert eng.tensors[tid].spill is not None and trace.tensors[tid].persistent
     pager = Pager(trace.peak_bytes(), CPU)
     eng.hand_back(pager)
     assert eng.tensors[tid].spill is None and pager.evicted_bytes >= trace.tensors[tid].nbytes
     pager.restore_all()
-    ref_losses, ref_params = reference(3)
+    losses.append(step_fn(model, opt, 3)())  # plain PyTorch from the restored state
+    ref_losses, ref_params = reference(4)
     assert losses == ref_losses
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref_params))
 
@@ -721,7 +723,7 @@ def test_an_allocation_at_its_use_that_does_not_fit_frees_tensors_prefetched_ahe
         tmp_path, FailingResizeAt({(m.prefetch_before, 0): 2, (m.needed_by, starts[m.needed_by]): 2}))
     assert losses == ref_losses
     assert all(torch.equal(p, q) for p, q in zip(params, ref_params))
-    assert released == [m.prefetch_before, m.needed_by]
+    assert released == [m.prefetch_before, m.needed_by, m.needed_by]  # released again after the drop
     assert failed.deferred_prefetches == 1
     assert failed.dropped_bytes > 0 and quiet.dropped_bytes == 0
     assert failed.oom_retries == 3  # after the two releases and the drop
@@ -741,10 +743,35 @@ def test_an_allocation_at_its_use_with_nothing_prefetched_ahead_spills(tmp_path)
         min_gap=SPARSE_GAP)
     assert losses == ref_losses
     assert all(torch.equal(p, q) for p, q in zip(params, ref_params))
-    assert released == [m.prefetch_before, m.needed_by]
+    assert released == [m.prefetch_before, m.needed_by, m.needed_by]  # released again after the spill
     assert (failed.deferred_prefetches, failed.dropped_bytes) == (1, 0)
     assert failed.spilled_bytes > 0 and quiet.spilled_bytes == 0
     assert failed.oom_retries == 3  # after the two releases and the spill
+
+
+def test_a_spill_takes_a_tensor_the_plan_leaves_on_the_device(tmp_path):
+    # A plan that moves one tensor only: where its allocation at its use does not fit, no
+    # other tensor of the plan is resident, and the spill takes a parameter or optimizer
+    # state the plan never moves; it comes back at its use. Training stays bit-exact.
+    model, opt, losses, trace = profiled()
+    m = next(m for m in every_gap_plan(trace, min_gap=SPARSE_GAP).migrations if not m.wraps)
+    plan = MigrationPlan(trace.n_ops, 0, trace.peak_bytes(), 0, [m])
+    ref_losses, ref_params = reference(5)
+    eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), open_tiers(plan, tmp_path), CPU)
+    spilled = record_spills(eng)
+    resize = FailingResizeAt({(m.prefetch_before, 0): 2, (m.needed_by, 0): 2})
+    eng._empty_cache, eng._resize, resize.engine = (lambda: None), resize, eng
+    eng.prime()
+    for s in range(2, 5):
+        resize.armed = s == 3
+        losses.append(eng.run_step(step_fn(model, opt, s), s))
+    eng.close()
+    assert losses == ref_losses
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref_params))
+    ((k, tid, _),) = spilled
+    assert k == m.needed_by and tid != m.tid and trace.tensors[tid].persistent
+    assert eng.history[1].spilled_bytes == trace.tensors[tid].nbytes
+    assert all(t.spill is None for t in eng.tensors.values())
 
 
 def test_an_allocation_at_its_use_that_does_not_fit_fails_with_its_note(tmp_path):

@@ -22,9 +22,11 @@ op k of the profiled trace. Around each op k:
   A planned prefetch whose allocation does not fit even then is left undone: its tensor is
   read at its use instead (a stall there); an allocation at a tensor's use that does not fit
   frees tensors prefetched ahead as an op does. Once none is left, an op or an allocation at
-  a use *spills*: it copies the resident tensor whose next use is furthest after op k (none of
-  op k's own inputs, none with a transfer in flight) to host memory, frees its device bytes
-  and tries again, one tensor per attempt; a spilled tensor comes back from that copy at its
+  a use *spills*: it copies the resident tensor whose next use is furthest after op k (a
+  tensor of the plan, or a parameter, buffer or optimizer state on the device that the plan
+  leaves there; none of op k's own inputs, none with a transfer in flight) to host memory,
+  frees its device bytes and tries again, one tensor per attempt, releasing the allocator's
+  unused memory again before each try; a spilled tensor comes back from that copy at its
   planned prefetch or its use, whichever comes first, and a planned offload of it meanwhile
   is skipped (its bytes are already off the device). The error propagates when nothing is
   left to spill. Counted per step (``oom_retries``, ``dropped_bytes``,
@@ -97,6 +99,11 @@ class PlanDriftError(ValueError):
 
 
 SHAPE_KEYS: tuple[str, ...] = ("batch_size", "micro_batch_size", "seq_len")
+
+
+# the CUDA caching allocator's largest small-pool block (kSmallSize, c10/cuda/CUDACachingAllocator.cpp)
+SMALL_POOL_BYTES = 1 << 20
+_DEFERRED = object()  # what MigrationEngine._until_fits returns for a deferrable attempt it gave up
 
 
 @dataclass
@@ -193,6 +200,16 @@ class MigrationEngine(TorchDispatchMode):
                 if t.name not in persistent:
                     raise ValueError(f"plan migrates {t.name!r}, which the model/optimizer does not have")
                 t.storage = persistent[t.name].untyped_storage()
+        # The persistent tensors on the device that the plan leaves resident: only a spill
+        # moves them (module docstring). On CUDA not those of at most 1 MiB: the caching
+        # allocator serves them from segments of their own (its small pool), so freeing them
+        # never makes room for a larger allocation.
+        smallest = SMALL_POOL_BYTES + 1 if device.type == "cuda" else 0
+        for rec in trace.tensors:
+            x = persistent.get(rec.name) if rec.persistent else None
+            if (rec.tid not in self.tensors and x is not None and x.device.type == device.type
+                    and rec.nbytes >= smallest):
+                self.tensors[rec.tid] = _Tensor(rec.name, rec.nbytes, True, x.untyped_storage())
 
         def by_op(attr: str) -> list[list[Migration]]:
             out: list[list[Migration]] = [[] for _ in range(self.n_ops)]
@@ -443,18 +460,34 @@ class MigrationEngine(TorchDispatchMode):
         return out
 
     def _run_op(self, k: int, func, args, kwargs):
-        """Op ``k``; on an out-of-memory error, release the allocator's unused memory (CUDA)
-        and run it again, then make room one tensor per attempt (:meth:`_make_room`) until it
-        fits; the error propagates when nothing is left to free."""
+        """Op ``k``, run again after each out-of-memory error until it fits
+        (:meth:`_until_fits`; none of its own inputs freed); the error propagates when nothing
+        is left to free."""
+        return self._until_fits(lambda: func(*args, **(kwargs or {})), k,
+                                lambda: frozenset(storage_key(x) for x in iter_tensors(args, kwargs)))
+
+    def _until_fits(self, attempt: Callable, k: int, keep: Callable[[], frozenset], deferrable: bool = False):
+        """``attempt()``'s value, tried again after each out-of-memory error: first once the
+        allocator's unused memory is released (CUDA), then once more after each tensor
+        :meth:`_make_room` frees (none whose storage key is in ``keep()``, op ``k``'s inputs),
+        the release repeated so that the freed pages count. A ``deferrable`` attempt gives up
+        after the release instead (:data:`_DEFERRED`; counted). Raises the last error when
+        nothing is left to free (or outside a step, ``k`` < 0)."""
         emptied = self._empty_cache is None
         while True:
             try:
-                return func(*args, **(kwargs or {}))
+                return attempt()
             except torch.OutOfMemoryError:
-                if emptied and not self._make_room(k, frozenset(storage_key(x) for x in iter_tensors(args, kwargs))):
-                    raise
+                if emptied:
+                    if deferrable:
+                        if self.stats is not None:
+                            self.stats.deferred_prefetches += 1
+                        return _DEFERRED
+                    if k < 0 or not self._make_room(k, keep()):
+                        raise
                 emptied = True
-                self.stats.oom_retries += 1
+                if self.stats is not None:
+                    self.stats.oom_retries += 1
                 if self._empty_cache is not None:
                     self._empty_cache()
 
@@ -465,9 +498,10 @@ class MigrationEngine(TorchDispatchMode):
         return self._drop_prefetched(k, keep) or self._spill(k, keep)
 
     def _spill(self, k: int, keep: frozenset) -> bool:
-        """Copy the resident tensor whose next use is furthest after op ``k`` (none in ``keep``,
-        none with a transfer in flight) to host memory, synchronously, and free its device
-        bytes; it comes back from that copy (:meth:`_launch_prefetch`). False when none is left."""
+        """Copy the resident tensor whose next use is furthest after op ``k`` (of the plan's and
+        the persistent tensors the plan leaves on the device; none in ``keep``, none with a
+        transfer in flight) to host memory, synchronously, and free its device bytes; it comes
+        back from that copy (:meth:`_launch_prefetch`). False when none is left."""
         best, best_gap = None, -1
         for tid, t in self.tensors.items():
             if (t.status != RESIDENT or t.job is not None or t.storage is None or t.storage.nbytes() == 0
@@ -673,26 +707,10 @@ class MigrationEngine(TorchDispatchMode):
         the allocator's unused memory (CUDA) and try once more. Where that fails too, a
         ``deferrable`` (planned) prefetch is left undone, ``t`` staying offloaded until its use
         (False); an allocation at ``t``'s use instead makes room one tensor per attempt, as an
-        op does (:meth:`_make_room`; none whose storage key is in ``keep``, op ``k``'s inputs),
+        op does (:meth:`_until_fits`; none whose storage key is in ``keep``, op ``k``'s inputs),
         and the error propagates when nothing is left to free (or outside a step, ``k`` < 0)."""
-        emptied = self._empty_cache is None
-        while True:
-            try:
-                self._resize(t.storage, t.nbytes)
-                return True
-            except torch.OutOfMemoryError:
-                if emptied:
-                    if deferrable:
-                        if self.stats is not None:
-                            self.stats.deferred_prefetches += 1
-                        return False
-                    if k < 0 or not self._make_room(k, keep):
-                        raise
-                else:
-                    emptied = True
-                    self._empty_cache()
-                if self.stats is not None:
-                    self.stats.oom_retries += 1
+        return self._until_fits(lambda: self._resize(t.storage, t.nbytes), k, lambda: keep,
+                                deferrable) is not _DEFERRED
 
     def _wait(self, t: _Tensor, k: int | None) -> None:
         """Block until ``t``'s transfer completes; a wait on an unfinished one is a stall."""
