@@ -671,14 +671,16 @@ class FailingResizeAt(FailingResize):
         storage.resize_(nbytes)
 
 
-def run_with_failing_allocations(tmp_path, resize, fail_op=None, min_gap=4):
-    """Steps 2-4 of an every-gap mixed plan (gaps of ``min_gap`` ops or more), step 3 with
-    ``resize`` armed (and ``fail_op``, a :class:`FailingOp`, around it), under a stand-in for
-    the allocator's cache release: (losses, parameters, step 2's stats, step 3's stats,
-    release calls)."""
+def run_with_failing_allocations(tmp_path, resize, fail_op=None, min_gap=4, plan=None, watch=None):
+    """Steps 2-4 of ``plan`` (default: an every-gap mixed plan, gaps of ``min_gap`` ops or
+    more), step 3 with ``resize`` armed (and ``fail_op``, a :class:`FailingOp`, around it),
+    under a stand-in for the allocator's cache release; ``watch(engine)`` before the first
+    step: (losses, parameters, step 2's stats, step 3's stats, release calls)."""
     model, opt, losses, trace = profiled()
-    plan = every_gap_plan(trace, alternate_tiers, min_gap=min_gap)
+    plan = plan or every_gap_plan(trace, alternate_tiers, min_gap=min_gap)
     eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), open_tiers(plan, tmp_path), CPU)
+    if watch is not None:
+        watch(eng)
     released = []
     eng._empty_cache, eng._resize = (lambda: released.append(eng._k)), resize
     resize.engine = eng
@@ -753,24 +755,19 @@ def test_a_spill_takes_a_tensor_the_plan_leaves_on_the_device(tmp_path):
     # A plan that moves one tensor only: where its allocation at its use does not fit, no
     # other tensor of the plan is resident, and the spill takes a parameter or optimizer
     # state the plan never moves; it comes back at its use. Training stays bit-exact.
-    model, opt, losses, trace = profiled()
+    _, _, _, trace = profiled()
     m = next(m for m in every_gap_plan(trace, min_gap=SPARSE_GAP).migrations if not m.wraps)
-    plan = MigrationPlan(trace.n_ops, 0, trace.peak_bytes(), 0, [m])
     ref_losses, ref_params = reference(5)
-    eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), open_tiers(plan, tmp_path), CPU)
-    spilled = record_spills(eng)
-    resize = FailingResizeAt({(m.prefetch_before, 0): 2, (m.needed_by, 0): 2})
-    eng._empty_cache, eng._resize, resize.engine = (lambda: None), resize, eng
-    eng.prime()
-    for s in range(2, 5):
-        resize.armed = s == 3
-        losses.append(eng.run_step(step_fn(model, opt, s), s))
-    eng.close()
+    watched = []
+    losses, params, _, failed, _ = run_with_failing_allocations(
+        tmp_path, FailingResizeAt({(m.prefetch_before, 0): 2, (m.needed_by, 0): 2}),
+        plan=MigrationPlan(trace.n_ops, 0, trace.peak_bytes(), 0, [m]),
+        watch=lambda eng: watched.append((eng, record_spills(eng))))
     assert losses == ref_losses
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), ref_params))
-    ((k, tid, _),) = spilled
+    assert all(torch.equal(p, q) for p, q in zip(params, ref_params))
+    ((eng, ((k, tid, _),)),) = watched
     assert k == m.needed_by and tid != m.tid and trace.tensors[tid].persistent
-    assert eng.history[1].spilled_bytes == trace.tensors[tid].nbytes
+    assert failed.spilled_bytes == trace.tensors[tid].nbytes
     assert all(t.spill is None for t in eng.tensors.values())
 
 
