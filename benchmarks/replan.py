@@ -1,9 +1,13 @@
 """Re-plan committed TeraIO runs with the current planner, on CPU: for each job directory
 (its ``trace.json[.gz]`` and ``plan.json[.gz]``), plan the trace again at the plan's own
 capacity, bandwidths, host cap (or at each of ``--host-cap-bytes``: 0 plans TeraIO-SSD) and
-options, and replay both plans through the simulator.
+options (or with ``--host-arena``: false, true or auto, ``plan_migrations``' ``host_arena``),
+and replay both plans through the simulator. The trace is planned as saved, the profiled
+step; ``--released-grads`` plans it as a run with ``release_grads`` does
+(``Trace.with_released_grads``).
 
-    python benchmarks/replan.py JOB_DIR [JOB_DIR ...] [--host-cap-bytes N [N ...]] --out FILE.json
+    python benchmarks/replan.py JOB_DIR [JOB_DIR ...] [--host-cap-bytes N [N ...]]
+        [--host-arena {false,true,auto}] [--released-grads] --out FILE.json
 
 Per job it reports, for the committed plan and the new one: bytes moved per tier and
 iteration, the bytes of each tier's slots (a plan without shared slots, made before
@@ -42,11 +46,14 @@ def _load(job: Path, stem: str) -> dict:
 
 def slot_bytes(plan: MigrationPlan) -> dict[str, int]:
     """Bytes of each tier's slots: one per owner, or one per tensor name in a plan
-    without shared slots (host slots rounded up as the host tier allocates them)."""
+    without shared slots (host slots rounded up as the host tier allocates them); for a
+    host tier as one region (``host_arena``), the region's bytes in use."""
     out = {}
     for tier, align in (("ssd", 1), ("host", HOST_ALIGN)):
         owners = {m.name: m.nbytes for m in plan.migrations if m.tier == tier and m.slot in ("", m.name)}
         out[tier] = sum(align_up(b, align) for b in owners.values())
+    if plan.meta.get("host_arena"):  # one region: its highest end
+        out["host"] = plan.meta["slot_bytes"]["host"]
     return out
 
 
@@ -65,20 +72,27 @@ def summary(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth) -> dict:
     return {"migrations": len(plan.migrations), "exposed": plan.meta.get("n_exposed", 0),
             "bytes_per_tier": plan.bytes_per_tier(), "slot_bytes": slot_bytes(plan),
             "most_bytes_held": {t: int(plan.tier_bytes_held(t).max(initial=0)) for t in ("ssd", "host")},
-            "predicted_peak_bytes": plan.predicted_peak_bytes,
+            "predicted_peak_bytes": plan.predicted_peak_bytes, "host_arena": plan.meta.get("host_arena", False),
+            **{k: plan.meta[k] for k in ("host_arena_auto",) if k in plan.meta},
             "simulated_iteration_s": sim.iteration_seconds, "simulated_stall_s": sim.stall_seconds}
 
 
-def replan(job: Path, host_cap_bytes: int | None = None) -> dict:
+def replan(job: Path, host_cap_bytes: int | None = None, host_arena: bool | str | None = None,
+           released_grads: bool = False) -> dict:
     """The committed plan of ``job`` and the current planner's, side by side; the new plan
-    at ``host_cap_bytes`` if given, else at the committed plan's host cap.
+    at ``host_cap_bytes`` if given, else at the committed plan's host cap, with
+    ``host_arena`` if given, else the committed plan's; with ``released_grads`` both plans
+    are simulated on the trace as a run with ``release_grads`` plans it.
 
     Raises:
-        ValueError: ``job`` lacks its trace or plan, or ``host_cap_bytes`` < 0.
+        ValueError: ``job`` lacks its trace or plan, ``host_cap_bytes`` < 0, or a bad
+            ``host_arena`` (``plan_migrations``).
     """
     if host_cap_bytes is not None and host_cap_bytes < 0:
         raise ValueError(f"host_cap_bytes={host_cap_bytes}; must be >= 0 (0: TeraIO-SSD)")
     trace = Trace.from_dict(_load(job, "trace"))
+    if released_grads:
+        trace = trace.with_released_grads()
     old = MigrationPlan.from_dict(_load(job, "plan"))
     meta = old.meta
     tiers = TierBandwidth(**meta["tiers_gbps"])
@@ -86,9 +100,10 @@ def replan(job: Path, host_cap_bytes: int | None = None) -> dict:
     new = plan_migrations(trace, old.capacity_bytes, tiers, host_cap_bytes=host_cap,
                           benefit=meta["benefit"], min_tensor_bytes=meta["min_tensor_bytes"],
                           use_ssd=meta["use_ssd"], allow_stalls=meta["allow_stalls"],
-                          shared_ssd=meta["shared_ssd"])
+                          shared_ssd=meta["shared_ssd"],
+                          host_arena=meta.get("host_arena", False) if host_arena is None else host_arena)
     return {"job": str(job), "capacity_bytes": old.capacity_bytes, "host_cap_bytes": meta["host_cap_bytes"],
-            "replanned_host_cap_bytes": host_cap,
+            "replanned_host_cap_bytes": host_cap, "released_grads": released_grads,
             "tiers_gbps": meta["tiers_gbps"], "ideal_s": float(trace.op_seconds.sum()),
             "beyond_host": beyond_host(trace, old.capacity_bytes, host_cap),
             "committed": summary(trace, old, tiers), "replanned": summary(trace, new, tiers)}
@@ -100,10 +115,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host-cap-bytes", type=int, nargs="+", default=[None],
                     help="host caps of the new plans, bytes, one row per job and cap "
                          "(default: each committed plan's; 0: TeraIO-SSD)")
+    ap.add_argument("--host-arena", choices=("false", "true", "auto"),
+                    help="the new plans' host packing (default: each committed plan's)")
+    ap.add_argument("--released-grads", action="store_true",
+                    help="plan the trace as a run with release_grads does (Trace.with_released_grads)")
     ap.add_argument("--out", type=Path, required=True)
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
-    rows = [replan(j, cap) for j in args.jobs for cap in args.host_cap_bytes]
+    arena = {None: None, "false": False, "true": True, "auto": "auto"}[args.host_arena]
+    rows = [replan(j, cap, arena, args.released_grads) for j in args.jobs for cap in args.host_cap_bytes]
     write_rows(args.out, "benchmarks/replan.py", argv, rows, ("committed", "replanned"))
 
 
@@ -117,6 +137,7 @@ def write_rows(out: Path, script: str, argv: list[str], rows: list[dict], kinds:
         for k in kinds:
             s = r[k]
             slots = f"slots {s['slot_bytes']} B, " if "slot_bytes" in s else ""
+            slots += "host tier as one region, " if s.get("host_arena") else ""
             print(f"  {k}: {slots}moved {s['bytes_per_tier']} B, held at most "
                   f"{s['most_bytes_held']} B, simulated {s['simulated_iteration_s']:.1f} s/iteration "
                   f"(compute {r['ideal_s']:.1f} s)")

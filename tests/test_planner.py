@@ -416,3 +416,37 @@ def test_allow_stalls_appends_exposed_migrations(seed):
         key = (m.tid, m.offload_after)
         assert key not in seen
         seen[key] = m
+
+
+@pytest.mark.parametrize("seed,host_cap,kept", [(21, 4 * GB, "arena"), (17, 2 * GB, "slots")])
+def test_auto_keeps_the_host_packing_the_simulator_puts_faster(seed, host_cap, kept):
+    # Two random traces, one where the region simulates faster and one where the slots do
+    # (found by search): "auto" returns that packing's plan, migration for migration, and
+    # records both simulated iterations.
+    tr = random_trace(seed, n_ops=40, n_tensors=25)
+    tiers = TierBandwidth(0.2, 0.2, 8.0, 8.0)
+    capacity = BASE + (tr.peak_bytes() - BASE) // 4
+    plans = {p: plan_migrations(tr, capacity, tiers, host_cap_bytes=host_cap, host_arena=p == "arena")
+             for p in ("slots", "arena")}
+    seconds = {p: simulate(tr, plan, tiers, shared_ssd=True).iteration_seconds for p, plan in plans.items()}
+    assert min(seconds, key=seconds.get) == kept and seconds["slots"] != seconds["arena"]
+    auto = plan_migrations(tr, capacity, tiers, host_cap_bytes=host_cap, host_arena="auto")
+    assert auto.migrations == plans[kept].migrations
+    assert auto.meta["host_arena"] is (kept == "arena")
+    assert auto.meta["host_arena_auto"] == seconds
+
+
+def test_auto_keeps_slots_on_a_tie_and_without_a_host_tier():
+    tr = random_trace(0, n_ops=50, n_tensors=30)
+    tiers = TierBandwidth(0.5, 0.5, 8.0, 8.0)
+    tie = plan_migrations(tr, BASE, tiers, host_cap_bytes=2 * GB, host_arena="auto")
+    assert tie.meta["host_arena_auto"]["slots"] == tie.meta["host_arena_auto"]["arena"]
+    assert tie.meta["host_arena"] is False and tie.host_offsets() is None
+    ssd = plan_migrations(tr, BASE, tiers, host_cap_bytes=0, host_arena="auto")
+    assert list(ssd.meta["host_arena_auto"]) == ["slots"] and ssd.meta["host_arena"] is False
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_host_arena_other_than_true_false_or_auto_is_refused(bad):
+    with pytest.raises(ValueError, match=rf"host_arena={bad!r}; valid: true, false or 'auto'"):
+        plan_migrations(random_trace(0), BASE, TierBandwidth(1.0, 1.0, 1.0, 1.0), host_cap_bytes=GB, host_arena=bad)

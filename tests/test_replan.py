@@ -119,3 +119,17 @@ def test_the_committed_host_packings_are_reproduced_and_keep_to_the_cap():
     assert [round(again[k]["simulated_iteration_s"], 1) for k in kinds] == [67.4, 30.8, 24.6, 25.5]
     ssd = [again[k]["bytes_per_tier"]["ssd"] for k in kinds]
     assert ssd[3] < ssd[2] < ssd[1] < ssd[0]
+
+
+def test_the_default_host_packing_kept_at_the_granite_cut_is_reproduced():
+    """host_arena_auto.md: planned as its run planned it, the Granite-8B cut's seq_short trace
+    is simulated at 68.19 s per iteration in slots and 25.88 s as one region, and the
+    default (auto) keeps the region."""
+    doc = json.loads((RESULT.parent / "host_arena_auto_fig7_h200.json").read_text())
+    (entry,) = [e for e in doc["jobs"] if "granite_8b_8l" in e["job"] and "seq2560" in e["job"]]
+    again = replan.replan(ROOT / entry["job"], host_arena="auto", released_grads=True)
+    simulated = again["replanned"]["host_arena_auto"]
+    assert simulated == pytest.approx(entry["replanned"]["host_arena_auto"], rel=1e-9)
+    assert (round(simulated["slots"], 2), round(simulated["arena"], 2)) == (68.19, 25.88)
+    assert again["replanned"]["host_arena"] is entry["replanned"]["host_arena"] is True
+    assert again["replanned"]["bytes_per_tier"] == entry["replanned"]["bytes_per_tier"]

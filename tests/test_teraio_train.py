@@ -66,16 +66,26 @@ def run_teraio(cfg, job_dir, device=CPU):
 # Mixed: SSD made slow so that host memory wins windows the SSD cannot cover.
 @pytest.mark.parametrize("system,hw,options", [
     ("teraio_ssd", {}, {}),
-    ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, {}),
+    ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, {"host_arena": False}),
     ("teraio_ssd", {}, {"release_grads": False}),
     ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, {"host_arena": True}),
-], ids=["ssd", "mixed", "ssd-held-grads", "mixed-arena"])
+    ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, {}),
+], ids=["ssd", "mixed", "ssd-held-grads", "mixed-arena", "mixed-auto"])
 def test_half_capacity_is_bit_identical(tmp_path, ref, system, hw, options):
-    check_bit_identical(tmp_path, ref, system, hw, fraction=0.5, options=options)
-    # With host_arena every host migration has its offset in the region, else none has.
+    result = check_bit_identical(tmp_path, ref, system, hw, fraction=0.5, options=options)
+    # The packing the plan kept (the option's, or by default the one simulated faster, both
+    # in the row): with host_arena every host migration has its offset in the region, else
+    # none has.
     plan = json.loads((tmp_path / "job" / "plan.json").read_text())
+    arena = plan["meta"]["host_arena"]
+    assert arena is options.get("host_arena", arena) is result["plan"]["host_arena"]
+    if "host_arena" not in options and system == "teraio_mixed":
+        simulated = result["plan"]["host_arena_auto"]
+        assert set(simulated) == {"slots", "arena"} and (simulated["arena"] < simulated["slots"]) is arena
+    elif "host_arena" not in options:  # no host tier: slots, the only packing planned
+        assert list(result["plan"]["host_arena_auto"]) == ["slots"] and arena is False
     offsets = [m["offset"] for m in plan["migrations"] if m["tier"] == "host"]
-    assert all((o >= 0) == options.get("host_arena", False) for o in offsets)
+    assert all((o >= 0) is arena for o in offsets)
 
 
 class ResidentBytes(TorchDispatchMode):
@@ -237,8 +247,8 @@ def test_bandwidth_starved_plan_stalls_but_fits(tmp_path, ref):
 @pytest.mark.gpu
 @pytest.mark.parametrize("system,hw,options", [
     ("teraio_ssd", {}, {}),
-    ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, {}),
-    ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, {"device_waits": False}),
+    ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, {"host_arena": False}),
+    ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, {"host_arena": False, "device_waits": False}),
     ("teraio_ssd", {}, {"release_grads": False}),
     ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, {"host_arena": True}),
 ], ids=["ssd", "mixed", "mixed-host-waits", "ssd-held-grads", "mixed-arena"])

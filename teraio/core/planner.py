@@ -64,7 +64,11 @@ periods never overlap (``teraio.core.slots``; each migration names its slot's ow
 ``Migration.slot``), and the host slots, pinned buffers allocated once
 (``teraio.core.storage.HostTier``), never hold more than ``host_cap_bytes`` in all.
 TeraIO-SSD is ``host_cap_bytes=0``; TeraIO-Mixed a positive cap. ``use_ssd=False`` plans
-for host memory only.
+for host memory only. With ``host_arena=True`` the host tier is one region of the cap
+instead, a byte offset per tensor (``teraio.core.slots.HostArena``): it holds more at once
+where slots sized by their first tensor leave gaps, and less where a tensor's later period
+finds its offset taken. ``host_arena="auto"`` plans both and keeps the one the simulator
+(``teraio.core.simulator.simulate``) puts at the shorter iteration, slots on a tie.
 
 When memory cannot fit
 ----------------------
@@ -520,7 +524,7 @@ class _Planner:
 def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
                     benefit: str = "pressure", min_tensor_bytes: int = 1 << 20,
                     use_ssd: bool = True, allow_stalls: bool = False, shared_ssd: bool = True,
-                    host_arena: bool = False) -> MigrationPlan:
+                    host_arena: bool | str = False) -> MigrationPlan:
     """Algorithm 1 (paper §3.2): a migration plan that brings ``trace``'s peak live bytes
     under ``capacity_bytes`` while hiding transfers behind compute.
 
@@ -544,7 +548,11 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
             (default; see the module docstring); False: two independent channels.
         host_arena: place host migrations in one region of ``host_cap_bytes``, a byte
             offset per tensor (``Migration.offset``; ``teraio.core.slots.HostArena``),
-            instead of in slots.
+            instead of in slots; ``"auto"``: plan both ways (one way at ``host_cap_bytes=0``)
+            and return the plan whose simulated iteration is shorter, slots on a tie. Its
+            ``meta["host_arena"]`` is the packing kept, ``meta["host_arena_auto"]`` the
+            simulated iteration seconds of each (``{"slots": s, "arena": s}``), and
+            ``meta["compile_seconds"]`` covers both plans and their simulations.
 
     Returns:
         the plan, migrations in the order chosen. If the peak cannot be brought under
@@ -552,9 +560,16 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
         ``plan.shortfall_bytes`` says by how much (also in ``plan.meta``).
 
     Raises:
-        ValueError: non-positive capacity, negative host cap, unknown benefit, or no tier
-            to migrate to (``use_ssd=False`` with ``host_cap_bytes=0``).
+        ValueError: non-positive capacity, negative host cap, unknown benefit, a
+            ``host_arena`` other than true, false or ``"auto"``, or no tier to migrate to
+            (``use_ssd=False`` with ``host_cap_bytes=0``).
     """
+    if not (isinstance(host_arena, bool) or host_arena == "auto"):
+        raise ValueError(f"host_arena={host_arena!r}; valid: true, false or 'auto'")
+    if host_arena == "auto":
+        return _fastest_packing(trace, capacity_bytes, tiers, host_cap_bytes, benefit=benefit,
+                                min_tensor_bytes=min_tensor_bytes, use_ssd=use_ssd,
+                                allow_stalls=allow_stalls, shared_ssd=shared_ssd)
     if not isinstance(capacity_bytes, (int, np.integer)) or capacity_bytes <= 0:
         raise ValueError(f"capacity_bytes={capacity_bytes!r}; must be a positive int (bytes)")
     if host_cap_bytes < 0:
@@ -594,6 +609,23 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
     }
     return MigrationPlan(n_ops=trace.n_ops, capacity_bytes=capacity_bytes, baseline_peak_bytes=baseline,
                          predicted_peak_bytes=predicted, migrations=migrations, meta=meta)
+
+
+def _fastest_packing(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
+                     **options) -> MigrationPlan:
+    """``plan_migrations(host_arena="auto")``: the host tier in slots and as one region,
+    the plan with the shorter simulated iteration kept (slots on a tie)."""
+    from teraio.core.simulator import simulate  # the simulator builds on this module
+
+    t0 = time.perf_counter()
+    plans = {packing: plan_migrations(trace, capacity_bytes, tiers, host_cap_bytes, **options,
+                                      host_arena=packing == "arena")
+             for packing in (("slots", "arena") if host_cap_bytes > 0 else ("slots",))}
+    seconds = {packing: simulate(trace, plan, tiers, shared_ssd=options["shared_ssd"]).iteration_seconds
+               for packing, plan in plans.items()}
+    kept = plans[min(seconds, key=lambda packing: (seconds[packing], packing != "slots"))]
+    kept.meta.update(host_arena_auto=seconds, compile_seconds=time.perf_counter() - t0)
+    return kept
 
 
 def predicted_live_bytes(trace: Trace, plan: MigrationPlan) -> np.ndarray:

@@ -35,9 +35,10 @@ On a CPU device with no capacity given nothing is capped (no pager, nothing to p
   ``release_grads``      free each gradient right after its last use in the optimizer step
                          and plan for it (``Trace.with_released_grads``, ``teraio.core.engine``);
                          default true
-  ``host_arena``         the host tier as one region, a byte offset per tensor
-                         (``teraio.core.slots.HostArena``), instead of slots shared by
-                         tensors whose periods never overlap; default false
+  ``host_arena``         true: the host tier as one region, a byte offset per tensor
+                         (``teraio.core.slots.HostArena``); false: slots shared by tensors
+                         whose periods never overlap; ``"auto"`` (default): both planned,
+                         the one simulated faster kept (``teraio.core.planner``)
   ``replan_on_drift``    when a step's shape differs from the profiled one's
                          (``workload.seq_len_schedule``), hand the engine's tensors back to a
                          pager, profile that step and plan again (counted in the row's
@@ -84,7 +85,7 @@ class TeraIOOptions:
     device_waits: bool = True
     release_grads: bool = True
     replan_on_drift: bool = True
-    host_arena: bool = False
+    host_arena: bool | str = "auto"
 
     def __post_init__(self) -> None:
         bad = []
@@ -96,9 +97,11 @@ class TeraIOOptions:
             bad.append(f"headroom_fraction={self.headroom_fraction!r}; valid: null or 0 <= x < 1")
         if not (isinstance(self.io_threads, int) and self.io_threads >= 1):
             bad.append(f"io_threads={self.io_threads!r}; valid: an int >= 1")
-        for flag in ("allow_stalls", "device_waits", "release_grads", "replan_on_drift", "host_arena"):
+        for flag in ("allow_stalls", "device_waits", "release_grads", "replan_on_drift"):
             if not isinstance(getattr(self, flag), bool):
                 bad.append(f"{flag}={getattr(self, flag)!r}; valid: true or false")
+        if not (isinstance(self.host_arena, bool) or self.host_arena == "auto"):
+            bad.append(f"host_arena={self.host_arena!r}; valid: true, false or auto")
         if bad:
             raise ValueError("system.options." + "; system.options.".join(bad))
 
@@ -328,7 +331,8 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
             plan.save(side / f"plan{suffix}.json")
             summary = {"capacity_bytes": plan_capacity, "predicted_peak_bytes": plan.predicted_peak_bytes,
                        "shortfall_bytes": plan.shortfall_bytes, "migrations": len(plan.migrations),
-                       "bytes_per_tier": plan.bytes_per_tier()}
+                       "bytes_per_tier": plan.bytes_per_tier(), "host_arena": plan.meta["host_arena"],
+                       **({"host_arena_auto": plan.meta["host_arena_auto"]} if "host_arena_auto" in plan.meta else {})}
             if not suffix:
                 measured.unoffloaded_peak_bytes = unoffloaded_peak
                 measured.plan_compile_seconds = compile_seconds
