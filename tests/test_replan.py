@@ -133,3 +133,13 @@ def test_the_default_host_packing_kept_at_the_granite_cut_is_reproduced():
     assert (round(simulated["slots"], 2), round(simulated["arena"], 2)) == (68.19, 25.88)
     assert again["replanned"]["host_arena"] is entry["replanned"]["host_arena"] is True
     assert again["replanned"]["bytes_per_tier"] == entry["replanned"]["bytes_per_tier"]
+
+
+def test_a_run_s_own_plan_is_given_back_when_planned_as_the_run_did():
+    """A fig9_h200 run of the current planner (release_grads): its trace planned with every
+    gradient released after its last use, as the run planned it, gives the committed plan's
+    summary back exactly; planned as saved it need not."""
+    job = ROOT / "runs/reference/h200/fig9_h200/llama3_8b_4l-teraio_mixed-h200-1ssd-4gb-bs8-mb2-seq3072-t2"
+    again = replan.replan(job, released_grads=True)
+    assert again["replanned"] == again["committed"]
+    assert again["replanned"]["host_arena"] is False and again["replanned"]["migrations"] == 449
