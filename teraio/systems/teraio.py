@@ -38,7 +38,8 @@ On a CPU device with no capacity given nothing is capped (no pager, nothing to p
   ``host_arena``         true: the host tier as one region, a byte offset per tensor
                          (``teraio.core.slots.HostArena``); false: slots shared by tensors
                          whose periods never overlap; ``"auto"`` (default): both planned,
-                         the one simulated faster kept (``teraio.core.planner``)
+                         the region kept where it simulates more than 2 % faster
+                         (``teraio.core.planner.REGION_MARGIN``)
   ``replan_on_drift``    when a step's shape differs from the profiled one's
                          (``workload.seq_len_schedule``), hand the engine's tensors back to a
                          pager, profile that step and plan again (counted in the row's
