@@ -284,6 +284,8 @@ def sweep_cli(tmp_path, *overrides) -> subprocess.CompletedProcess:
     (["system=zero_offload", "system.options.stage=1"], ["system.options.stage=1; zero_offload runs ZeRO stage 2 or 3"]),
     (["system=teraio_mixed", "system.options.benefit=speed"],
      ["system.options.benefit='speed'; valid: ('pressure', 'formula')"]),
+    (["system=teraio_mixed", "system.options.host_arena=sometimes"],
+     ["system.options.host_arena='sometimes'; valid: true, false or auto"]),
 ])
 def test_bad_input_stops_the_sweep_before_any_run(tmp_path, overrides, expected):
     p = sweep_cli(tmp_path, *overrides)

@@ -110,6 +110,14 @@ BENEFITS: tuple[str, ...] = ("pressure", "formula")
 # and 1.17 % from one trial's profile to the next (benchmarks/results/shared_slots/
 # host_arena_auto.md), so a smaller margin would let a point's trials run different packings.
 REGION_MARGIN = 0.02
+
+
+def is_host_arena(value) -> bool:
+    """Whether ``value`` is one that ``plan_migrations``' ``host_arena`` takes: true, false or
+    ``"auto"`` (1 and 0 are not)."""
+    return isinstance(value, bool) or value == "auto"
+
+
 CHANNELS: tuple[str, ...] = ("ssd_write", "ssd_read", "host_d2h", "host_h2d")
 # (offload channel, prefetch channel) of each tier.
 TIER_CHANNELS: dict[str, tuple[str, str]] = {"ssd": ("ssd_write", "ssd_read"),
@@ -571,7 +579,7 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
             ``host_arena`` other than true, false or ``"auto"``, or no tier to migrate to
             (``use_ssd=False`` with ``host_cap_bytes=0``).
     """
-    if not (isinstance(host_arena, bool) or host_arena == "auto"):
+    if not is_host_arena(host_arena):
         raise ValueError(f"host_arena={host_arena!r}; valid: true, false or 'auto'")
     if host_arena == "auto":
         return _fastest_packing(trace, capacity_bytes, tiers, host_cap_bytes, benefit=benefit,

@@ -66,7 +66,7 @@ from teraio.systems.loop import Step, Steps, StepStats, measure_steps
 from teraio.systems.measure import (apply_memory_cap, lift_memory_cap, param_digest, peak_memory, reset_peak_memory,
                             synchronize, timed)
 from teraio.workload.models import model_state_bytes
-from teraio.core.planner import BENEFITS, TierBandwidth, plan_migrations
+from teraio.core.planner import BENEFITS, TierBandwidth, is_host_arena, plan_migrations
 from teraio.core.pager import Pager, PagedStep, PagerStats
 from teraio.core.profiler import persistent_tensors, profile_step
 from teraio.result import Measurements, iteration_totals, kept_on_failure, progress_line
@@ -101,7 +101,7 @@ class TeraIOOptions:
         for flag in ("allow_stalls", "device_waits", "release_grads", "replan_on_drift"):
             if not isinstance(getattr(self, flag), bool):
                 bad.append(f"{flag}={getattr(self, flag)!r}; valid: true or false")
-        if not (isinstance(self.host_arena, bool) or self.host_arena == "auto"):
+        if not is_host_arena(self.host_arena):
             bad.append(f"host_arena={self.host_arena!r}; valid: true, false or auto")
         if bad:
             raise ValueError("system.options." + "; system.options.".join(bad))
