@@ -307,7 +307,8 @@ def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
                              f"paper's — {who}",
                              ["M: un-offloaded peak ÷ capacity (median over ok runs); persistent: "
                               "parameters, gradients and optimizer state at the un-offloaded peak "
-                              "(median over the runs' traces, memory_breakdown). Paper: M from its Fig. 7 tables; "
+                              "(median over the runs' traces, memory_breakdown; n/a where no run at the point has a "
+                              "trace: only TeraIO's runs profile one). Paper: M from its Fig. 7 tables; "
                               "persistent share estimated for the configuration the point stands "
                               "for, per stage of its 2-stage pipeline (memory_breakdown_paper_configs)."])
     paths += write_table(paper_breakdown_table(paper), out_dir / "memory_breakdown_paper_configs",
