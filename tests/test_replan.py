@@ -143,3 +143,31 @@ def test_a_run_s_own_plan_is_given_back_when_planned_as_the_run_did():
     again = replan.replan(job, released_grads=True)
     assert again["replanned"] == again["committed"]
     assert again["replanned"]["host_arena"] is False and again["replanned"]["migrations"] == 449
+
+
+def test_every_planning_file_still_names_the_trace_and_plan_it_was_made_from():
+    """Each entry of a committed planning file (``"jobs"``: replan.py, host_packing.py) names a
+    job dir whose trace and plan are the ones it was made from: the trace's compute time
+    (``ideal_s``) and the plan's capacity, and the committed plan's migrations and bytes per
+    tier where the entry records them. A rerun that moves a job dir's first attempt to
+    ``attempt.<n>/`` replaces the dir's own trace and plan, and fails this."""
+    from teraio.core.plan import MigrationPlan
+    from teraio.core.trace import Trace
+
+    files = [f for f in sorted((ROOT / "benchmarks" / "results").rglob("*.json"))
+             if isinstance(doc := json.loads(f.read_text()), dict) and "jobs" in doc]
+    assert len(files) >= 9
+    checked = 0
+    for f in files:
+        for entry in json.loads(f.read_text())["jobs"]:
+            job = ROOT / entry["job"]
+            trace = Trace.from_dict(replan._load(job, "trace"))
+            plan = MigrationPlan.from_dict(replan._load(job, "plan"))
+            where = (f.name, entry["job"])
+            assert float(trace.op_seconds.sum()) == entry["ideal_s"], where
+            assert plan.capacity_bytes == entry["capacity_bytes"], where
+            if "committed" in entry:
+                assert len(plan.migrations) == entry["committed"]["migrations"], where
+                assert plan.bytes_per_tier() == entry["committed"]["bytes_per_tier"], where
+            checked += 1
+    assert checked >= 40
