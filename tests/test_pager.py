@@ -49,6 +49,10 @@ def test_paged_ops_are_bit_exact_and_stay_within_the_limit():
     assert torch.equal(got, expected)
     assert pager.stats.evictions > 0 and pager.stats.restores > 0
     assert pager.stats.max_accounted_bytes <= 24 * KB
+    # Every evicted storage is 4 KiB and every buffer is kept for reuse (none released under
+    # the default host limit), so the host memory held only grew: its peak is what is held now.
+    assert pager.stats.max_host_bytes == pager.buffers.held_bytes
+    assert pager.stats.max_host_bytes >= pager.evicted_bytes > 0 and pager.stats.max_host_bytes % (4 * KB) == 0
     held = [x for x in xs if pager.holds(x.untyped_storage())]
     assert held and all(x.untyped_storage().nbytes() == 0 for x in held)
     assert all(pager.nbytes(x.untyped_storage()) == 4 * KB for x in xs)

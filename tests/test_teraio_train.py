@@ -169,6 +169,9 @@ def test_capped_from_the_first_allocation(tmp_path, ref, monkeypatch, system, hw
     assert [s["step"] for s in result["paged_steps"]] == [0, 1]
     for s in result["paged_steps"]:
         assert s["evictions"] > 0 and s["max_accounted_bytes"] <= capacity
+    # The host memory the pager held: step 1 starts with the buffers step 0 kept for reuse.
+    step0, step1 = (s["max_host_bytes"] for s in result["paged_steps"])
+    assert 0 < step0 <= step1
     for it in result["iterations"]:
         assert it["max_accounted_bytes"] <= capacity
     assert result["plan"]["shortfall_bytes"] == 0

@@ -57,6 +57,7 @@ class PagerStats:
     bytes_restored: int = 0
     oom_retries: int = 0
     max_accounted_bytes: int = 0  # peak of the accounted bytes at any op, outputs included
+    max_host_bytes: int = 0  # peak of the host memory its buffers held (HostBuffers.held_bytes)
 
 
 class _Page:
@@ -138,6 +139,11 @@ class HostBuffers:
         self.in_use_bytes = 0  # buffers holding evicted bytes, and pending ones
         self.free_bytes = 0
         self.keep_free = True  # keep returned buffers for reuse (see stop_keeping)
+
+    @property
+    def held_bytes(self) -> int:
+        """Host memory these buffers hold now: in use, pending and kept free, bytes."""
+        return self.in_use_bytes + self.free_bytes
 
     def take(self, nbytes: int) -> torch.Tensor:
         """A ``uint8`` CPU tensor of ``nbytes`` (contents undefined)."""
@@ -235,7 +241,8 @@ class Pager:
         unknown_output_bytes: bytes assumed for an op whose outputs cannot be sized on
             the meta device (:func:`fresh_output_bytes`).
         host_limit_bytes: host memory the evicted bytes may take (:class:`HostBuffers`);
-            default 80 % of this machine's RAM.
+            default 80 % of this machine's RAM (TeraIO's runs keep the default: the host
+            cap binds the plan's host tier, not the steps before it).
 
     Raises:
         CapacityError: the persistent storages alone are above ``limit_bytes`` and
@@ -287,6 +294,10 @@ class Pager:
         page.host = host
         self._away[key] = page
         self.evicted_bytes += page.nbytes
+        self._note_host()
+
+    def _note_host(self) -> None:
+        self.stats.max_host_bytes = max(self.stats.max_host_bytes, self.buffers.held_bytes)
 
     # ---- bookkeeping --------------------------------------------------------------
     def _on_device(self, storage: torch.UntypedStorage) -> bool:
@@ -403,6 +414,7 @@ class Pager:
         self.evicted_bytes += page.nbytes
         self.stats.evictions += 1
         self.stats.bytes_evicted += page.nbytes
+        self._note_host()
         return True
 
     def _restore(self, page: _Page, storage: torch.UntypedStorage) -> None:

@@ -285,7 +285,8 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
 
         def paged_step(step: int, body, note: str = ""):
             if pager is not None:
-                pager.stats = PagerStats(max_accounted_bytes=pager.resident_bytes)
+                pager.stats = PagerStats(max_accounted_bytes=pager.resident_bytes,
+                                         max_host_bytes=pager.buffers.held_bytes)
             reset_peak_memory(device)
             with timed(device) as t:
                 loss = body()
