@@ -213,16 +213,19 @@ def test_the_one_gpu_estimate_tracks_the_committed_h200_traces(traces, share, pe
 
 def test_the_granite_cuts_measured_share_from_its_kept_traces():
     """The persistent share at the un-offloaded peak of the Granite-8B 8-layer cut, as
-    ae_README.md (section 2) quotes it, from TeraIO-Mixed's traces: bs_small's row's, and
-    seq_short's row's and its first attempt's (attempt.1/), which profile the same step."""
+    ae_README.md (section 2) quotes it, from TeraIO-Mixed's traces: every trial's at bs_small
+    and at seq_short, and those of seq_short's slots rows (fig7_h200_host_slots/, its first
+    attempt's in attempt.1/ among them), which profile the same steps."""
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1] / "runs" / "reference" / "h200" / "fig7_h200"
-    shares = [round(100 * persistent_share(trace_breakdown(Trace.load(root / job / "trace.json.gz"))["at_peak"]), 1)
-              for job in ("granite_8b_8l-teraio_mixed-h200-bs8-mb2-seq5120-t0",
-                          "granite_8b_8l-teraio_mixed-h200-bs16-mb4-seq2560-t0",
-                          "granite_8b_8l-teraio_mixed-h200-bs16-mb4-seq2560-t0/attempt.1")]
-    assert shares == [23.1, 31.9, 31.9]
+    root = Path(__file__).resolve().parents[1] / "runs" / "reference" / "h200"
+    shares = {}
+    for trace in sorted(root.glob("fig7_h200*/granite_8b_8l-teraio_mixed-*/**/trace.json.gz")):
+        point = trace.relative_to(root).parts[1].split("-")[-2]
+        shares.setdefault(point, set()).add(
+            round(100 * persistent_share(trace_breakdown(Trace.load(trace))["at_peak"]), 1))
+    assert len(list(root.glob("fig7_h200_host_slots/*/**/trace.json.gz"))) == 3
+    assert shares == {"seq5120": {23.1}, "seq2560": {31.9}}
 
 
 def test_each_paper_micro_batch_is_the_one_whose_estimate_is_nearest_the_papers_m():
@@ -407,7 +410,7 @@ def test_the_capacity_estimate_tracks_ideals_measured_peaks_on_the_h200():
     rows = [json.loads(f.read_text()) for d in ("fig7_h200", "fig7_h200_first_estimate", "fig7_h200_granite_4l")
             for f in sorted((root / d).glob("*-ideal-*/result.json"))]
     rows = [r for r in rows if r["status"] == "ok" and r["measure"] == "measured"]
-    assert len(rows) == 23
+    assert len(rows) == 25
     gaps = {}
     for r in rows:
         p = r["point"]
