@@ -115,16 +115,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host-cap-bytes", type=int, nargs="+", default=[None],
                     help="host caps of the new plans, bytes, one row per job and cap "
                          "(default: each committed plan's; 0: TeraIO-SSD)")
+    argv = sys.argv[1:] if argv is None else argv
+    args, arena = parse_plan_options(ap, argv)
+    rows = [replan(j, cap, arena, args.released_grads) for j in args.jobs for cap in args.host_cap_bytes]
+    write_rows(args.out, "benchmarks/replan.py", argv, rows, ("committed", "replanned"))
+
+
+def parse_plan_options(ap: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.Namespace, bool | str | None]:
+    """Add ``--host-arena``, ``--released-grads`` and ``--out`` to ``ap``, parse ``argv``:
+    the arguments and the host packing as ``plan_migrations`` takes it (None: each committed
+    plan's)."""
     ap.add_argument("--host-arena", choices=("false", "true", "auto"),
                     help="the new plans' host packing (default: each committed plan's)")
     ap.add_argument("--released-grads", action="store_true",
                     help="plan the trace as a run with release_grads does (Trace.with_released_grads)")
     ap.add_argument("--out", type=Path, required=True)
-    argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
-    arena = {None: None, "false": False, "true": True, "auto": "auto"}[args.host_arena]
-    rows = [replan(j, cap, arena, args.released_grads) for j in args.jobs for cap in args.host_cap_bytes]
-    write_rows(args.out, "benchmarks/replan.py", argv, rows, ("committed", "replanned"))
+    return args, {None: None, "false": False, "true": True, "auto": "auto"}[args.host_arena]
 
 
 def write_rows(out: Path, script: str, argv: list[str], rows: list[dict], kinds: tuple[str, ...]) -> None:

@@ -171,3 +171,32 @@ def test_every_planning_file_still_names_the_trace_and_plan_it_was_made_from():
                 assert plan.bytes_per_tier() == entry["committed"]["bytes_per_tier"], where
             checked += 1
     assert checked >= 40
+
+
+def test_plans_from_two_profiles_of_one_step_differ_as_the_committed_file_says():
+    """The Granite-8B cut's seq_short, fig7_h200 trials 0 and 2: the same ops and tensors, op
+    times a median 2.4 % apart; planned from trial 2's times the step simulates 3.9 s longer
+    under either trial's times (benchmarks/results/plan_sensitivity/COMMAND.md)."""
+    import plan_sensitivity
+
+    doc = json.loads((ROOT / "benchmarks" / "results" / "plan_sensitivity" / "granite_seq_short_fig7_h200.json").read_text())
+    rows = [doc["jobs"][0], doc["jobs"][2]]
+    again = plan_sensitivity.sensitivity([ROOT / r["job"] for r in rows], released_grads=True)["jobs"]
+    for new, old in zip(again, rows):
+        assert new["replanned"] == old["replanned"]
+        for j, m in ((0, 0), (1, 2)):
+            assert new["simulated_s"][j] == pytest.approx(old["simulated_s"][m], rel=1e-9)
+    (a, b), (c, d) = again[0]["simulated_s"], again[1]["simulated_s"]
+    assert c - a > 3.5 and d - b > 3.5 and abs(a - b) < 0.3
+    assert round(100 * again[1]["op_rel_diff_median"], 1) == 2.4
+
+
+def test_plan_sensitivity_refuses_runs_of_other_configurations(tmp_path):
+    import plan_sensitivity
+
+    d = ROOT / "runs" / "reference" / "h200" / "fig7_h200"
+    with pytest.raises(ValueError, match=r"1 job\(s\) given; need 2 or more"):
+        plan_sensitivity.sensitivity([d / "llama3_8b_4l-teraio_mixed-h200-bs8-mb2-seq3072-t0"])
+    with pytest.raises(ValueError, match=r"other ops or tensors than"):
+        plan_sensitivity.sensitivity([d / "llama3_8b_4l-teraio_mixed-h200-bs8-mb2-seq3072-t0",
+                                      d / "llama3_8b_4l-teraio_mixed-h200-bs16-mb8-seq1536-t0"])
