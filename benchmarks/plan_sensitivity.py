@@ -6,7 +6,7 @@ options, or ``--host-arena``; ``--released-grads`` as a run with ``release_grads
 then replay every plan through the simulator under every run's op times.
 
     python benchmarks/plan_sensitivity.py JOB_DIR JOB_DIR [JOB_DIR ...]
-        [--host-arena {false,true,auto}] [--released-grads] --out FILE.json
+        [--host-arena {false,true,auto}] [--released-grads] [--jitter FRACTION SEEDS] --out FILE.json
 
 The file ``--out`` (replaced atomically) holds, per run (``jobs``, in the order given): its
 committed plan's capacity, the sum of its op times (``ideal_s``), the median and 90th
@@ -14,11 +14,12 @@ percentile of each op's relative difference from the first run's, its new plan's
 tier, and ``simulated_s``: that plan's iteration under each run's op times (FIFO,
 ``teraio.core.simulator.simulate``). Run i's ``simulated_s[i]`` is its own plan on its own
 trace; how far the runs' plans differ under one run's op times is what the planner makes of
-op-time noise.
+op-time noise. With ``--jitter``, ``jitter`` holds :func:`jitter` of the first run.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import sys
@@ -47,6 +48,46 @@ def _same_step(traces: list[Trace], jobs: list[Path]) -> None:
                              "give runs of one configuration")
 
 
+def _plan(job: Path, trace: Trace, host_arena: bool | str | None) -> tuple[MigrationPlan, int]:
+    """``trace`` planned at ``job``'s committed plan's capacity, rates, host cap and options
+    (``host_arena`` if not None), and that capacity."""
+    old = MigrationPlan.from_dict(_load(job, "plan"))
+    capacity, meta = old.capacity_bytes, old.meta
+    return plan_migrations(
+        trace, capacity, TierBandwidth(**meta["tiers_gbps"]), host_cap_bytes=meta["host_cap_bytes"],
+        benefit=meta["benefit"], min_tensor_bytes=meta["min_tensor_bytes"], use_ssd=meta["use_ssd"],
+        allow_stalls=meta["allow_stalls"], shared_ssd=meta["shared_ssd"],
+        host_arena=meta.get("host_arena", False) if host_arena is None else host_arena), capacity
+
+
+def jitter(job: Path, fraction: float, seeds: int, host_arena: bool | str | None = None,
+           released_grads: bool = False) -> dict:
+    """``job``'s trace planned ``seeds`` times, each with every op time multiplied by
+    ``1 + fraction * z`` (z standard normal, numpy seed 0, 1, ...; at least 0.01 of the
+    time), and each plan simulated under the trace's own op times: how far noise of that
+    size alone moves the planner's result. ``own_s``: the unjittered plan there.
+
+    Raises:
+        ValueError: ``fraction`` not in (0, 1), ``seeds`` < 1, or ``job`` lacks its trace or plan.
+    """
+    if not 0 < fraction < 1 or seeds < 1:
+        raise ValueError(f"fraction={fraction}, seeds={seeds}: need 0 < fraction < 1 and seeds >= 1")
+    trace = Trace.from_dict(_load(job, "trace"))
+    if released_grads:
+        trace = trace.with_released_grads()
+    tiers = TierBandwidth(**MigrationPlan.from_dict(_load(job, "plan")).meta["tiers_gbps"])
+    simulated, ssd = [], []
+    for seed in range(seeds):
+        z = np.random.default_rng(seed).standard_normal(len(trace.op_seconds))
+        noisy = dataclasses.replace(trace, op_seconds=trace.op_seconds * np.maximum(1 + fraction * z, 0.01))
+        plan, _ = _plan(job, noisy, host_arena)
+        simulated.append(simulate(trace, plan, tiers).iteration_seconds)
+        ssd.append(plan.bytes_per_tier().get("ssd", 0))
+    own, _ = _plan(job, trace, host_arena)
+    return {"job": str(job), "fraction": fraction, "own_s": simulate(trace, own, tiers).iteration_seconds,
+            "simulated_s": simulated, "ssd_bytes": ssd}
+
+
 def sensitivity(jobs: list[Path], host_arena: bool | str | None = None, released_grads: bool = False) -> dict:
     """Each run's plan simulated under each run's op times (module docstring).
 
@@ -60,16 +101,7 @@ def sensitivity(jobs: list[Path], host_arena: bool | str | None = None, released
     if released_grads:
         traces = [t.with_released_grads() for t in traces]
     _same_step(traces, jobs)
-    plans, capacities = [], []
-    for j, trace in zip(jobs, traces):
-        old = MigrationPlan.from_dict(_load(j, "plan"))
-        meta = old.meta
-        capacities.append(old.capacity_bytes)
-        plans.append(plan_migrations(
-            trace, old.capacity_bytes, TierBandwidth(**meta["tiers_gbps"]), host_cap_bytes=meta["host_cap_bytes"],
-            benefit=meta["benefit"], min_tensor_bytes=meta["min_tensor_bytes"], use_ssd=meta["use_ssd"],
-            allow_stalls=meta["allow_stalls"], shared_ssd=meta["shared_ssd"],
-            host_arena=meta.get("host_arena", False) if host_arena is None else host_arena))
+    plans, capacities = zip(*(_plan(j, trace, host_arena) for j, trace in zip(jobs, traces)))
     tiers = TierBandwidth(**MigrationPlan.from_dict(_load(jobs[0], "plan")).meta["tiers_gbps"])
     base = traces[0].op_seconds
     rows = []
@@ -86,9 +118,16 @@ def sensitivity(jobs: list[Path], host_arena: bool | str | None = None, released
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("jobs", nargs="+", type=Path, help="job directories of one configuration, with trace and plan")
+    ap.add_argument("--jitter", type=float, nargs=2, metavar=("FRACTION", "SEEDS"),
+                    help="also plan the first run's trace SEEDS times with its op times jittered "
+                         "by FRACTION (a standard deviation, e.g. 0.03), simulated on its own times")
     argv = sys.argv[1:] if argv is None else argv
     args, arena = parse_plan_options(ap, argv)
     doc = sensitivity(args.jobs, arena, args.released_grads)
+    if args.jitter:
+        doc["jitter"] = jitter(args.jobs[0], args.jitter[0], int(args.jitter[1]), arena, args.released_grads)
+        print(f"{args.jobs[0]}, op times jittered by {args.jitter[0]}: simulated "
+              + ", ".join(f"{x:.2f}" for x in doc["jitter"]["simulated_s"]) + f" s (own plan {doc['jitter']['own_s']:.2f} s)")
     write_atomic(args.out, json.dumps({"command": shlex.join(["python", "benchmarks/plan_sensitivity.py", *argv]),
                                        **doc}, indent=1).encode())
     for row in doc["jobs"]:

@@ -200,3 +200,21 @@ def test_plan_sensitivity_refuses_runs_of_other_configurations(tmp_path):
     with pytest.raises(ValueError, match=r"other ops or tensors than"):
         plan_sensitivity.sensitivity([d / "llama3_8b_4l-teraio_mixed-h200-bs8-mb2-seq3072-t0",
                                       d / "llama3_8b_4l-teraio_mixed-h200-bs16-mb8-seq1536-t0"])
+
+
+def test_jittered_op_times_alone_move_the_plan_as_the_committed_file_says():
+    """Trial 0's trace of the Granite-8B cut's seq_short planned with its op times jittered by
+    3 % (seed 0) simulates at the committed value under its own times; bad arguments are
+    refused."""
+    import plan_sensitivity
+
+    doc = json.loads((ROOT / "benchmarks" / "results" / "plan_sensitivity" / "granite_seq_short_fig7_h200.json").read_text())
+    job = ROOT / doc["jitter"]["job"]
+    again = plan_sensitivity.jitter(job, doc["jitter"]["fraction"], 1, released_grads=True)
+    assert again["simulated_s"][0] == pytest.approx(doc["jitter"]["simulated_s"][0], rel=1e-9)
+    assert again["ssd_bytes"][0] == doc["jitter"]["ssd_bytes"][0]
+    assert again["own_s"] == pytest.approx(doc["jobs"][0]["simulated_s"][0], rel=1e-9)
+    assert len(set(doc["jitter"]["ssd_bytes"])) > 1
+    with pytest.raises(ValueError, match=r"fraction=1.5, seeds=2: need 0 < fraction < 1"):
+        plan_sensitivity.jitter(job, 1.5, 2)
+
