@@ -123,6 +123,8 @@ def main(argv: list[str] | None = None) -> None:
                          "by FRACTION (a standard deviation, e.g. 0.03), simulated on its own times")
     argv = sys.argv[1:] if argv is None else argv
     args, arena = parse_plan_options(ap, argv)
+    if args.jitter and not (0 < args.jitter[0] < 1 and args.jitter[1] >= 1 and args.jitter[1] == int(args.jitter[1])):
+        ap.error(f"--jitter {args.jitter[0]:g} {args.jitter[1]:g}: FRACTION must be in (0, 1) and SEEDS a whole number >= 1")
     doc = sensitivity(args.jobs, arena, args.released_grads)
     if args.jitter:
         doc["jitter"] = jitter(args.jobs[0], args.jitter[0], int(args.jitter[1]), arena, args.released_grads)
@@ -134,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
         cells = ", ".join(f"{x:.2f}" for x in row["simulated_s"])
         print(f"{row['job']}: compute {row['ideal_s']:.2f} s, plan moves {row['replanned']['bytes_per_tier']} B; "
               f"simulated under each run's op times: {cells} s")
+
 
 if __name__ == "__main__":
     main()

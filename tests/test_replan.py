@@ -218,3 +218,13 @@ def test_jittered_op_times_alone_move_the_plan_as_the_committed_file_says():
     with pytest.raises(ValueError, match=r"fraction=1.5, seeds=2: need 0 < fraction < 1"):
         plan_sensitivity.jitter(job, 1.5, 2)
 
+
+def test_plan_sensitivity_refuses_a_bad_jitter_before_it_plans(tmp_path, capsys):
+    import plan_sensitivity
+
+    with pytest.raises(SystemExit):  # no trace exists there: it would fail later if it planned
+        plan_sensitivity.main([str(tmp_path / "a"), str(tmp_path / "b"), "--jitter", "0.03", "2.5",
+                               "--out", str(tmp_path / "out.json")])
+    assert "--jitter 0.03 2.5: FRACTION must be in (0, 1) and SEEDS a whole number >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "out.json").exists()
+
