@@ -41,11 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import teraio.core.planner as planner_module  # noqa: E402
 from teraio.core.plan import MigrationPlan  # noqa: E402
-from teraio.core.planner import TierBandwidth, plan_migrations  # noqa: E402
+from teraio.core.planner import TierBandwidth  # noqa: E402
 from teraio.core.slots import HOST_ALIGN, HostArena  # noqa: E402
 from teraio.core.trace import Trace  # noqa: E402
 
-from replan import _load, beyond_host, summary, write_rows  # noqa: E402
+from replan import _load, beyond_host, plan_as_committed, summary, write_rows  # noqa: E402
 
 
 class HeldBytes:
@@ -116,16 +116,11 @@ def plan_like(trace: Trace, old: MigrationPlan, host_cap: int, packing: str = "s
     """``trace`` planned again with ``old``'s capacity and options at ``host_cap``, its host
     tier packed in slots or a region (the planner's ``host_arena``) or as ``packing`` names
     (:data:`REPLACED`)."""
-    m = old.meta
-    args = dict(benefit=m["benefit"], min_tensor_bytes=m["min_tensor_bytes"], use_ssd=m["use_ssd"],
-                allow_stalls=m["allow_stalls"], shared_ssd=m["shared_ssd"])
-    tiers = TierBandwidth(**m["tiers_gbps"])
     if packing not in REPLACED:
-        return plan_migrations(trace, old.capacity_bytes, tiers, host_cap, **args,
-                               host_arena=packing == "tensor_arena")
+        return plan_as_committed(trace, old, host_cap, host_arena=packing == "tensor_arena")
     planner = type("Planner", (HostPackingPlanner,), {"packing": staticmethod(REPLACED[packing])})
     with mock.patch.object(planner_module, "_Planner", planner):
-        return plan_migrations(trace, old.capacity_bytes, tiers, host_cap, **args)
+        return plan_as_committed(trace, old, host_cap, host_arena=False)
 
 
 def compare(job: Path, host_cap: int | None) -> dict:

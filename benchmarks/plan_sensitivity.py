@@ -30,34 +30,29 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from replan import _load, parse_plan_options  # noqa: E402
+from replan import _load, load_trace, parse_plan_options, plan_as_committed  # noqa: E402
 
 from teraio.core.plan import MigrationPlan  # noqa: E402
-from teraio.core.planner import TierBandwidth, plan_migrations  # noqa: E402
+from teraio.core.planner import TierBandwidth  # noqa: E402
 from teraio.core.simulator import simulate  # noqa: E402
 from teraio.core.trace import Trace  # noqa: E402
 from teraio.files import write_atomic  # noqa: E402
 
 
+def _tensors(trace: Trace) -> list[tuple]:
+    return [(r.name, r.nbytes, r.kind, tuple(r.uses)) for r in trace.tensors]
+
+
 def _same_step(traces: list[Trace], jobs: list[Path]) -> None:
     first = traces[0]
-    key = [(r.name, r.nbytes, r.kind, tuple(r.uses)) for r in first.tensors]
     for t, job in zip(traces[1:], jobs[1:]):
-        if t.op_names != first.op_names or [(r.name, r.nbytes, r.kind, tuple(r.uses)) for r in t.tensors] != key:
+        if t.op_names != first.op_names or _tensors(t) != _tensors(first):
             raise ValueError(f"{job}: its trace has other ops or tensors than {jobs[0]}'s; "
                              "give runs of one configuration")
 
 
-def _plan(job: Path, trace: Trace, host_arena: bool | str | None) -> tuple[MigrationPlan, int]:
-    """``trace`` planned at ``job``'s committed plan's capacity, rates, host cap and options
-    (``host_arena`` if not None), and that capacity."""
-    old = MigrationPlan.from_dict(_load(job, "plan"))
-    capacity, meta = old.capacity_bytes, old.meta
-    return plan_migrations(
-        trace, capacity, TierBandwidth(**meta["tiers_gbps"]), host_cap_bytes=meta["host_cap_bytes"],
-        benefit=meta["benefit"], min_tensor_bytes=meta["min_tensor_bytes"], use_ssd=meta["use_ssd"],
-        allow_stalls=meta["allow_stalls"], shared_ssd=meta["shared_ssd"],
-        host_arena=meta.get("host_arena", False) if host_arena is None else host_arena), capacity
+def _committed(job: Path) -> MigrationPlan:
+    return MigrationPlan.from_dict(_load(job, "plan"))
 
 
 def jitter(job: Path, fraction: float, seeds: int, host_arena: bool | str | None = None,
@@ -72,18 +67,17 @@ def jitter(job: Path, fraction: float, seeds: int, host_arena: bool | str | None
     """
     if not 0 < fraction < 1 or seeds < 1:
         raise ValueError(f"fraction={fraction}, seeds={seeds}: need 0 < fraction < 1 and seeds >= 1")
-    trace = Trace.from_dict(_load(job, "trace"))
-    if released_grads:
-        trace = trace.with_released_grads()
-    tiers = TierBandwidth(**MigrationPlan.from_dict(_load(job, "plan")).meta["tiers_gbps"])
+    trace = load_trace(job, released_grads)
+    committed = _committed(job)
+    tiers = TierBandwidth(**committed.meta["tiers_gbps"])
     simulated, ssd = [], []
     for seed in range(seeds):
         z = np.random.default_rng(seed).standard_normal(len(trace.op_seconds))
         noisy = dataclasses.replace(trace, op_seconds=trace.op_seconds * np.maximum(1 + fraction * z, 0.01))
-        plan, _ = _plan(job, noisy, host_arena)
+        plan = plan_as_committed(noisy, committed, host_arena=host_arena)
         simulated.append(simulate(trace, plan, tiers).iteration_seconds)
         ssd.append(plan.bytes_per_tier().get("ssd", 0))
-    own, _ = _plan(job, trace, host_arena)
+    own = plan_as_committed(trace, committed, host_arena=host_arena)
     return {"job": str(job), "fraction": fraction, "own_s": simulate(trace, own, tiers).iteration_seconds,
             "simulated_s": simulated, "ssd_bytes": ssd}
 
@@ -97,17 +91,16 @@ def sensitivity(jobs: list[Path], host_arena: bool | str | None = None, released
     """
     if len(jobs) < 2:
         raise ValueError(f"{len(jobs)} job(s) given; need 2 or more runs of one configuration")
-    traces = [Trace.from_dict(_load(j, "trace")) for j in jobs]
-    if released_grads:
-        traces = [t.with_released_grads() for t in traces]
+    traces = [load_trace(j, released_grads) for j in jobs]
     _same_step(traces, jobs)
-    plans, capacities = zip(*(_plan(j, trace, host_arena) for j, trace in zip(jobs, traces)))
-    tiers = TierBandwidth(**MigrationPlan.from_dict(_load(jobs[0], "plan")).meta["tiers_gbps"])
+    committed = [_committed(j) for j in jobs]
+    tiers = TierBandwidth(**committed[0].meta["tiers_gbps"])
     base = traces[0].op_seconds
     rows = []
-    for j, trace, plan, capacity in zip(jobs, traces, plans, capacities):
+    for j, trace, old in zip(jobs, traces, committed):
+        plan = plan_as_committed(trace, old, host_arena=host_arena)
         rel = np.abs(trace.op_seconds - base) / np.maximum(base, 1e-9)
-        rows.append({"job": str(j), "capacity_bytes": capacity, "ideal_s": float(trace.op_seconds.sum()),
+        rows.append({"job": str(j), "capacity_bytes": old.capacity_bytes, "ideal_s": float(trace.op_seconds.sum()),
                      "op_rel_diff_median": float(np.median(rel)), "op_rel_diff_p90": float(np.percentile(rel, 90)),
                      "replanned": {"bytes_per_tier": plan.bytes_per_tier(),
                                    "host_arena": bool(plan.meta.get("host_arena", False))},

@@ -77,6 +77,34 @@ def summary(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth) -> dict:
             "simulated_iteration_s": sim.iteration_seconds, "simulated_stall_s": sim.stall_seconds}
 
 
+def load_trace(job: Path, released_grads: bool = False) -> Trace:
+    """``job``'s trace, as saved or (``released_grads``) as a run with ``release_grads``
+    plans it (``Trace.with_released_grads``).
+
+    Raises:
+        ValueError: ``job`` has no trace.
+    """
+    trace = Trace.from_dict(_load(job, "trace"))
+    return trace.with_released_grads() if released_grads else trace
+
+
+def plan_as_committed(trace: Trace, committed: MigrationPlan, host_cap_bytes: int | None = None,
+                      host_arena: bool | str | None = None) -> MigrationPlan:
+    """``trace`` planned by the current planner as ``committed`` was: at its capacity, rates,
+    host cap (``host_cap_bytes`` if given) and options (host packing: ``host_arena`` if given).
+
+    Raises:
+        ValueError: a bad ``host_arena`` (``plan_migrations``).
+    """
+    meta = committed.meta
+    return plan_migrations(trace, committed.capacity_bytes, TierBandwidth(**meta["tiers_gbps"]),
+                           host_cap_bytes=meta["host_cap_bytes"] if host_cap_bytes is None else host_cap_bytes,
+                           benefit=meta["benefit"], min_tensor_bytes=meta["min_tensor_bytes"],
+                           use_ssd=meta["use_ssd"], allow_stalls=meta["allow_stalls"],
+                           shared_ssd=meta["shared_ssd"],
+                           host_arena=meta.get("host_arena", False) if host_arena is None else host_arena)
+
+
 def replan(job: Path, host_cap_bytes: int | None = None, host_arena: bool | str | None = None,
            released_grads: bool = False) -> dict:
     """The committed plan of ``job`` and the current planner's, side by side; the new plan
@@ -90,18 +118,12 @@ def replan(job: Path, host_cap_bytes: int | None = None, host_arena: bool | str 
     """
     if host_cap_bytes is not None and host_cap_bytes < 0:
         raise ValueError(f"host_cap_bytes={host_cap_bytes}; must be >= 0 (0: TeraIO-SSD)")
-    trace = Trace.from_dict(_load(job, "trace"))
-    if released_grads:
-        trace = trace.with_released_grads()
+    trace = load_trace(job, released_grads)
     old = MigrationPlan.from_dict(_load(job, "plan"))
     meta = old.meta
     tiers = TierBandwidth(**meta["tiers_gbps"])
     host_cap = meta["host_cap_bytes"] if host_cap_bytes is None else host_cap_bytes
-    new = plan_migrations(trace, old.capacity_bytes, tiers, host_cap_bytes=host_cap,
-                          benefit=meta["benefit"], min_tensor_bytes=meta["min_tensor_bytes"],
-                          use_ssd=meta["use_ssd"], allow_stalls=meta["allow_stalls"],
-                          shared_ssd=meta["shared_ssd"],
-                          host_arena=meta.get("host_arena", False) if host_arena is None else host_arena)
+    new = plan_as_committed(trace, old, host_cap, host_arena)
     return {"job": str(job), "capacity_bytes": old.capacity_bytes, "host_cap_bytes": meta["host_cap_bytes"],
             "replanned_host_cap_bytes": host_cap, "released_grads": released_grads,
             "tiers_gbps": meta["tiers_gbps"], "ideal_s": float(trace.op_seconds.sum()),
