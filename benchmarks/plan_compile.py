@@ -3,15 +3,17 @@
 :func:`teraio.core.planner.plan_migrations` on a saved trace, on this machine's CPU.
 
     python benchmarks/plan_compile.py TRACE --label NAME --paper-m M_PERCENT \
-        [--host-cap-gb 170] [--ssd-gbps 16] [--host-gbps 50] [--repeats 3] \
-        [--synthesize L:L2] [--note TEXT] [--out benchmarks/results/plan_compile_cpu.json]
+        [--host-cap-gb 170] [--ssd-gbps 16] [--host-gbps 50] [--host-arena {false,true,auto}] \
+        [--repeats 3] [--synthesize L:L2] [--note TEXT] [--out benchmarks/results/plan_compile_cpu.json]
 
 Setting (the paper's TeraIO-Mixed on its server, §4.1): capacity = the trace's
 un-offloaded peak / M; SSD tier ``--ssd-gbps`` GB/s each way (4 x 990 PRO per GPU,
 ~16 GB/s); host tier ``--host-gbps`` GB/s each way (the paper states none:
 ``conf/hardware/paper_h100nvl.yaml``'s assumption) capped at ``--host-cap-gb`` GB (170 GB
-for Llama3-8B, 770 GB for Llama3-70B: what ZeRO-Infinity uses); ``allow_stalls`` and the
-other options as ``conf/system/teraio_ssd.yaml``. ``--synthesize L:L2`` first turns an
+for Llama3-8B, 770 GB for Llama3-70B: what ZeRO-Infinity uses), packed as ``--host-arena``
+says (default ``auto``, TeraIO's: the planner plans the host tier in slots and as one region
+and keeps the faster, so it plans twice); ``allow_stalls`` and the other options as
+``conf/system/teraio_ssd.yaml``. ``--synthesize L:L2`` first turns an
 L-layer trace into an L2-layer one (:func:`teraio.core.synth.synthesize_layers`).
 
 The result is one entry, keyed by ``--label``, of the JSON file ``--out`` (other entries
@@ -30,6 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 
@@ -37,6 +40,7 @@ from teraio.files import write_atomic  # noqa: E402
 from teraio.core.planner import TierBandwidth, plan_migrations  # noqa: E402
 from teraio.core.synth import synthesize_layers  # noqa: E402
 from teraio.core.trace import Trace  # noqa: E402
+from replan import HOST_ARENA  # noqa: E402
 
 # Camera-ready Table 1, for comparison only; the paper's machine and what its
 # time includes are not stated.
@@ -44,7 +48,8 @@ PAPER_SECONDS = {"llama3_8b": 31.2, "granite_8b": 37.9, "llama3_70b": 396.6}
 
 
 def time_plan(trace: Trace, paper_m: float, ssd_gbps: float = 16.0, host_gbps: float = 50.0,
-              host_cap_bytes: int = 170 * 10**9, repeats: int = 3, min_tensor_bytes: int = 1 << 20) -> dict:
+              host_cap_bytes: int = 170 * 10**9, repeats: int = 3, min_tensor_bytes: int = 1 << 20,
+              host_arena: bool | str = "auto") -> dict:
     """Plan ``trace`` ``repeats`` times at capacity = peak / (``paper_m`` / 100) and report
     wall times (s) and the plan's size.
 
@@ -62,7 +67,7 @@ def time_plan(trace: Trace, paper_m: float, ssd_gbps: float = 16.0, host_gbps: f
     for _ in range(repeats):
         t0 = time.perf_counter()
         plan = plan_migrations(trace, capacity, tiers, host_cap_bytes=host_cap_bytes, allow_stalls=True,
-                               min_tensor_bytes=min_tensor_bytes)
+                               min_tensor_bytes=min_tensor_bytes, host_arena=host_arena)
         seconds.append(time.perf_counter() - t0)
     return {
         "seconds": seconds, "median_seconds": statistics.median(seconds),
@@ -72,11 +77,12 @@ def time_plan(trace: Trace, paper_m: float, ssd_gbps: float = 16.0, host_gbps: f
                                                     "n_layers", "device")},
                   "synthesized": trace.meta.get("synthesized")},
         "setting": {"paper_m_percent": paper_m, "capacity_bytes": capacity, "tiers_gbps": tiers.__dict__,
-                    "host_cap_bytes": host_cap_bytes, "min_tensor_bytes": min_tensor_bytes, "allow_stalls": True},
+                    "host_cap_bytes": host_cap_bytes, "min_tensor_bytes": min_tensor_bytes, "allow_stalls": True, "host_arena": host_arena},
         "plan": {"n_migrations": len(plan.migrations), "predicted_peak_bytes": plan.predicted_peak_bytes,
                  "bytes_per_tier": plan.bytes_per_tier(),
                  **{k: plan.meta[k] for k in ("n_exposed", "stop_reason", "n_candidates", "evaluations",
-                                              "shortfall_bytes")}},
+                                              "shortfall_bytes", "host_arena")},
+                 "host_arena_auto": plan.meta.get("host_arena_auto")},
     }
 
 
@@ -107,6 +113,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--host-cap-gb", type=float, default=170.0, help="host tier cap, GB (0: TeraIO-SSD)")
     p.add_argument("--ssd-gbps", type=float, default=16.0, help="SSD tier, GB/s each way")
     p.add_argument("--host-gbps", type=float, default=50.0, help="host tier, GB/s each way")
+    p.add_argument("--host-arena", choices=tuple(HOST_ARENA), default="auto",
+                   help="host tier packing: false (slots), true (one region) or auto (both, the faster kept)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--synthesize", metavar="L:L2", help="synthesize L2 layers from this L-layer trace first")
     p.add_argument("--paper-key", help="key of PAPER_SECONDS to compare with (default: the trace's "
@@ -123,7 +131,8 @@ def main(argv: list[str] | None = None) -> dict:
         trace = synthesize_layers(trace, L, L2)
     entry = {"command": shlex.join(["python", "benchmarks/plan_compile.py", *(argv or sys.argv[1:])]),
              "trace_file": str(a.trace), "note": a.note, "machine": machine(),
-             **time_plan(trace, a.paper_m, a.ssd_gbps, a.host_gbps, int(a.host_cap_gb * 1e9), a.repeats)}
+             **time_plan(trace, a.paper_m, a.ssd_gbps, a.host_gbps, int(a.host_cap_gb * 1e9), a.repeats,
+                          host_arena=HOST_ARENA[a.host_arena])}
     # A synthesized stand-in (e.g. 8B widths at 80 layers) is no paper model.
     key = a.paper_key or (None if a.synthesize else trace.meta.get("model"))
     entry["paper_seconds"] = PAPER_SECONDS.get(key)

@@ -143,17 +143,21 @@ def main(argv: list[str] | None = None) -> None:
     write_rows(args.out, "benchmarks/replan.py", argv, rows, ("committed", "replanned"))
 
 
+# --host-arena's values, as plan_migrations' host_arena takes them
+HOST_ARENA = {"false": False, "true": True, "auto": "auto"}
+
+
 def parse_plan_options(ap: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.Namespace, bool | str | None]:
     """Add ``--host-arena``, ``--released-grads`` and ``--out`` to ``ap``, parse ``argv``:
     the arguments and the host packing as ``plan_migrations`` takes it (None: each committed
     plan's)."""
-    ap.add_argument("--host-arena", choices=("false", "true", "auto"),
+    ap.add_argument("--host-arena", choices=tuple(HOST_ARENA),
                     help="the new plans' host packing (default: each committed plan's)")
     ap.add_argument("--released-grads", action="store_true",
                     help="plan the trace as a run with release_grads does (Trace.with_released_grads)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
-    return args, {None: None, "false": False, "true": True, "auto": "auto"}[args.host_arena]
+    return args, None if args.host_arena is None else HOST_ARENA[args.host_arena]
 
 
 def write_rows(out: Path, script: str, argv: list[str], rows: list[dict], kinds: tuple[str, ...]) -> None:

@@ -29,6 +29,23 @@ def test_plan_compile_adds_an_entry_and_keeps_the_others(tmp_path):
     assert entry["setting"]["capacity_bytes"] == int(entry["trace"]["peak_bytes"] / 1.8)
     assert entry["plan"]["n_migrations"] > 0 and entry["plan"]["shortfall_bytes"] == 0
     assert entry["paper_seconds"] is None and "--synthesize 2:5" in entry["command"]
+    # TeraIO's default packing: both planned, the faster kept and both simulated times kept
+    assert entry["setting"]["host_arena"] == "auto" and entry["plan"]["host_arena"] in (True, False)
+    assert set(entry["plan"]["host_arena_auto"]) == {"slots", "arena"}
+
+
+def test_plan_compile_times_the_host_packing_it_is_given(tmp_path, capsys):
+    path, out = tmp_path / "toy.json.gz", tmp_path / "pc.json"
+    layered_trace(2, mm_seconds=10e-3).save(path)
+    args = [str(path), "--label", "toy", "--paper-m", "180", "--host-cap-gb", "0.2", "--repeats", "1", "--out", str(out)]
+    slots = plan_compile.main(args + ["--host-arena", "false"])
+    assert slots["setting"]["host_arena"] is False and slots["plan"]["host_arena"] is False
+    assert slots["plan"]["host_arena_auto"] is None
+    region = plan_compile.main(args + ["--host-arena", "true"])
+    assert region["plan"]["host_arena"] is True
+    with pytest.raises(SystemExit):
+        plan_compile.main(args + ["--host-arena", "region"])
+    assert "invalid choice: 'region'" in capsys.readouterr().err
 
 
 def test_plan_compile_refuses_a_model_that_fits():

@@ -116,3 +116,49 @@ def test_host_arena_ranges_never_meet_over_a_shared_op():
         for u, c, d, o in placed[i + 1:]:
             if u != t and ops(a, b) & ops(c, d):
                 assert off + sizes[t] <= o or o + sizes[u] <= off
+
+
+def lowest_free_offset(ar, periods, sizes, placed, period, n, cap):
+    """What HostArena.offsets must answer, by brute force over op sets: the tensor's own
+    offset if placed and free over the period, else the lowest offset whose bytes meet no
+    placed range over a shared op and end within ``cap``; -1 where none is."""
+    ops = lambda a, b: {k % n for k in range(a, b)}
+    t, a, b = periods[period]
+    size = sizes[t]
+    taken = [(o, o + sizes[u]) for (u, c, d, o) in placed if ops(a, b) & ops(c, d)]
+    free = lambda s: s + size <= cap and all(s + size <= lo or hi <= s for lo, hi in taken)
+    if t in ar.at:
+        return ar.at[t] if all(ar.at[t] + size <= lo or hi <= ar.at[t] for lo, hi in taken) else -1
+    return next((s for s in sorted({0, *(hi for _, hi in taken)}) if free(s)), -1)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("block", [7, 1 << 21])
+def test_host_arena_offsets_answer_every_candidate_as_brute_force_does(seed, block, monkeypatch):
+    # The planner asks for all candidates at once: each answer (own offset, lowest free
+    # offset, or -1) equals a brute-force search over op sets, with the candidates split
+    # into blocks or not, at every stage of filling a small region.
+    monkeypatch.setattr("teraio.core.slots._BLOCK", block)
+    rng = np.random.default_rng(seed)
+    n, cap, tensors = 40, 2048, 30
+    periods = []
+    for t in range(tensors):
+        a = int(rng.integers(0, n))
+        periods += [(t, a, a + int(rng.integers(1, n))), (t, (a + n // 2) % n, (a + n // 2) % n + 2)]
+    sizes = {t: int(rng.integers(1, 12)) * 64 for t in range(tensors)}
+    ar = arena(periods, n_ops=n, cap=cap)
+    every = np.arange(len(periods))
+    nbytes = np.array([sizes[t] for t, _, _ in periods])
+    placed, refused = [], 0
+    for i in rng.permutation(len(periods)):
+        got = ar.offsets(every, nbytes)
+        want = [lowest_free_offset(ar, periods, sizes, placed, p, n, cap) for p in every]
+        assert got.tolist() == want
+        assert ar.room(every, nbytes).tolist() == [w >= 0 for w in want]
+        if got[i] >= 0:
+            t, a, b = periods[i]
+            assert ar.place(int(i), sizes[t]) == got[i]
+            placed.append((t, a, b, int(got[i])))
+        else:
+            refused += 1
+    assert refused > 5 and len(placed) > 20

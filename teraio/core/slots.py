@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+_BLOCK = 1 << 21  # HostArena.offsets: candidate × placed-range pairs per block
 HOST_ALIGN = 64  # bytes: the host tier rounds each slot up to a cache line (the CPU allocator's alignment)
 
 
@@ -155,32 +156,43 @@ class HostArena:
         self._lo, self._hi, self._off, self._end = (np.zeros(0, np.int64) for _ in range(4))
         self.at: dict[int, int] = {}
 
-    def _meets(self, period: int) -> np.ndarray:
-        """bool per placed period: its ops meet ``period``'s (cyclic)."""
-        a, b = self.a[period], self.b[period]
-        meet = np.zeros(len(self._lo), dtype=bool)
-        for shift in (-self.n, 0, self.n):
-            meet |= (self._lo + shift < b) & (a < self._hi + shift)
-        return meet
+    def offsets(self, periods: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        """Where each period's bytes would go, int64 ``[len(periods)]``: its tensor's offset
+        where that is free over the period, else (a tensor not placed yet) the lowest offset
+        free over it (first fit); -1 where none is. One pass over the placed ranges for all
+        candidates (the planner asks for hundreds at each of its steps), in blocks of at most
+        ``_BLOCK`` candidate × range pairs."""
+        periods = np.asarray(periods, np.int64)
+        size = align_up(np.asarray(nbytes, np.int64), self.align)
+        fixed = np.array([self.at.get(int(t), -1) for t in self.tid[periods]], dtype=np.int64)
+        order = np.argsort(self._off, kind="stable")  # placed ranges by offset
+        lo, hi, off, end = (x[order] for x in (self._lo, self._hi, self._off, self._end))
+        out = np.empty(len(periods), dtype=np.int64)
+        rows = max(1, _BLOCK // max(1, len(off)))
+        for s in range(0, len(periods), rows):
+            p, sz, fx = periods[s:s + rows], size[s:s + rows, None], fixed[s:s + rows, None]
+            a, b = self.a[p, None], self.b[p, None]
+            meet = np.zeros((len(p), len(off)), dtype=bool)
+            for shift in (-self.n, 0, self.n):  # cyclic: the period meets a range's ops
+                meet |= (lo + shift < b) & (a < hi + shift)
+            clash = (meet & (off < fx + sz) & (fx < end)).any(axis=1)
+            # the region's end as one more range that every period meets: the gap below it
+            # is the free space above the highest meeting range
+            meet = np.concatenate([meet, np.ones((len(p), 1), bool)], axis=1)
+            reach = np.maximum.accumulate(np.where(meet, np.append(end, self.cap), 0), axis=1)
+            before = np.concatenate([np.zeros((len(p), 1), np.int64), reach[:, :-1]], axis=1)
+            gap = meet & (np.append(off, self.cap) - before >= sz)  # a free gap below a meeting range
+            first = np.where(gap.any(axis=1), before[np.arange(len(p)), gap.argmax(axis=1)], -1)
+            out[s:s + rows] = np.where(fx[:, 0] >= 0, np.where(clash, -1, fx[:, 0]), first)
+        return out
 
     def offset(self, period: int, nbytes: int) -> int:
-        """Where ``period``'s ``nbytes`` would go: its tensor's offset where that is free over
-        the period, else (a tensor not placed yet) the lowest free offset; -1 where none is."""
-        size = int(align_up(int(nbytes), self.align))
-        meet = self._meets(period)
-        off, end = self._off[meet], self._end[meet]
-        fixed = self.at.get(int(self.tid[period]))
-        if fixed is not None:
-            return -1 if ((off < fixed + size) & (fixed < end)).any() else fixed
-        order = np.argsort(off, kind="stable")
-        off, end = off[order], end[order]
-        starts = np.concatenate([[0], np.maximum.accumulate(end)])
-        fits = np.flatnonzero(np.concatenate([off, [self.cap]]) - starts >= size)
-        return int(starts[fits[0]]) if len(fits) else -1
+        """:meth:`offsets` of one period."""
+        return int(self.offsets(np.array([period]), np.array([nbytes]))[0])
 
     def room(self, periods: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
-        """bool per candidate period: :meth:`offset` finds a place for it."""
-        return np.array([self.offset(int(p), int(s)) >= 0 for p, s in zip(periods, nbytes)], dtype=bool)
+        """bool per candidate period: :meth:`offsets` finds a place for it."""
+        return self.offsets(periods, nbytes) >= 0
 
     def place(self, period: int, nbytes: int) -> int:
         """Reserve ``period``'s range and return its offset.
