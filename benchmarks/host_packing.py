@@ -45,7 +45,7 @@ from teraio.core.planner import TierBandwidth  # noqa: E402
 from teraio.core.slots import HOST_ALIGN, HostArena  # noqa: E402
 from teraio.core.trace import Trace  # noqa: E402
 
-from replan import _load, beyond_host, plan_as_committed, summary, write_rows  # noqa: E402
+from replan import beyond_host, load_plan, load_trace, plan_as_committed, summary, write_rows  # noqa: E402
 
 
 class HeldBytes:
@@ -124,8 +124,7 @@ def plan_like(trace: Trace, old: MigrationPlan, host_cap: int, packing: str = "s
 
 
 def compare(job: Path, host_cap: int | None) -> dict:
-    trace = Trace.from_dict(_load(job, "trace"))
-    old = MigrationPlan.from_dict(_load(job, "plan"))
+    trace, old = load_trace(job), load_plan(job)
     cap = old.meta["host_cap_bytes"] if host_cap is None else host_cap
     tiers = TierBandwidth(**old.meta["tiers_gbps"])
     return {"job": str(job), "capacity_bytes": old.capacity_bytes, "host_cap_bytes": cap,

@@ -30,9 +30,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from replan import _load, load_trace, parse_plan_options, plan_as_committed  # noqa: E402
+from replan import load_plan, load_trace, parse_plan_options, plan_as_committed  # noqa: E402
 
-from teraio.core.plan import MigrationPlan  # noqa: E402
 from teraio.core.planner import TierBandwidth  # noqa: E402
 from teraio.core.simulator import simulate  # noqa: E402
 from teraio.core.trace import Trace  # noqa: E402
@@ -51,10 +50,6 @@ def _same_step(traces: list[Trace], jobs: list[Path]) -> None:
                              "give runs of one configuration")
 
 
-def _committed(job: Path) -> MigrationPlan:
-    return MigrationPlan.from_dict(_load(job, "plan"))
-
-
 def jitter(job: Path, fraction: float, seeds: int, host_arena: bool | str | None = None,
            released_grads: bool = False) -> dict:
     """``job``'s trace planned ``seeds`` times, each with every op time multiplied by
@@ -68,7 +63,7 @@ def jitter(job: Path, fraction: float, seeds: int, host_arena: bool | str | None
     if not 0 < fraction < 1 or seeds < 1:
         raise ValueError(f"fraction={fraction}, seeds={seeds}: need 0 < fraction < 1 and seeds >= 1")
     trace = load_trace(job, released_grads)
-    committed = _committed(job)
+    committed = load_plan(job)
     tiers = TierBandwidth(**committed.meta["tiers_gbps"])
     simulated, ssd = [], []
     for seed in range(seeds):
@@ -93,7 +88,7 @@ def sensitivity(jobs: list[Path], host_arena: bool | str | None = None, released
         raise ValueError(f"{len(jobs)} job(s) given; need 2 or more runs of one configuration")
     traces = [load_trace(j, released_grads) for j in jobs]
     _same_step(traces, jobs)
-    committed = [_committed(j) for j in jobs]
+    committed = [load_plan(j) for j in jobs]
     tiers = TierBandwidth(**committed[0].meta["tiers_gbps"])
     base = traces[0].op_seconds
     rows = []

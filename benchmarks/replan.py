@@ -88,6 +88,15 @@ def load_trace(job: Path, released_grads: bool = False) -> Trace:
     return trace.with_released_grads() if released_grads else trace
 
 
+def load_plan(job: Path) -> MigrationPlan:
+    """``job``'s committed plan.
+
+    Raises:
+        ValueError: ``job`` has no plan.
+    """
+    return MigrationPlan.from_dict(_load(job, "plan"))
+
+
 def plan_as_committed(trace: Trace, committed: MigrationPlan, host_cap_bytes: int | None = None,
                       host_arena: bool | str | None = None) -> MigrationPlan:
     """``trace`` planned by the current planner as ``committed`` was: at its capacity, rates,
@@ -119,7 +128,7 @@ def replan(job: Path, host_cap_bytes: int | None = None, host_arena: bool | str 
     if host_cap_bytes is not None and host_cap_bytes < 0:
         raise ValueError(f"host_cap_bytes={host_cap_bytes}; must be >= 0 (0: TeraIO-SSD)")
     trace = load_trace(job, released_grads)
-    old = MigrationPlan.from_dict(_load(job, "plan"))
+    old = load_plan(job)
     meta = old.meta
     tiers = TierBandwidth(**meta["tiers_gbps"])
     host_cap = meta["host_cap_bytes"] if host_cap_bytes is None else host_cap_bytes
