@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# A run of benchmarks/reference_h200.sh longer than one device call: `start` launches it in
+# its own process session (setsid), which a warm GPU machine keeps running after the call
+# returns; `wait` blocks until it has ended or SECONDS have passed, prints its log's tail, and
+# once it has ended copies its archive and log to OUT. The machine must stay warm in between
+# (the next call within its idle release).
+#   detached.sh start TAG            (EXP, NAME, ARGS, BUDGET_S, TIMEOUT_S as reference_h200.sh)
+#   detached.sh wait TAG SECONDS     (OUT: where the archive and log go)
+# Run from the repository root on the GPU machine, after `source scripts/remote_env.sh`.
+set -uo pipefail
+verb=${1:?"usage: detached.sh start TAG | wait TAG SECONDS"}
+TAG=${2:?"a TAG names the run (archive <TAG>.tar.gz)"}
+dir=/tmp/detached/$TAG
+case "$verb" in
+  start)
+    [ -e "$dir" ] && { echo "a run tagged $TAG was already started ($dir)"; exit 2; }
+    mkdir -p "$dir/out"
+    TAG=$TAG OUT=$dir/out setsid bash -c 'bash benchmarks/reference_h200.sh; echo $? > "$0/rc"' \
+      "$dir" < /dev/null > "$dir/stdout" 2>&1 &
+    echo "started $TAG (pid $!) at $(date -u +%FT%TZ)";;
+  wait)
+    secs=${3:?"SECONDS: how long to wait at most"}
+    [ -d "$dir" ] || { echo "no run tagged $TAG was started"; exit 2; }
+    end=$((SECONDS + secs))
+    while [ ! -e "$dir/rc" ] && [ "$SECONDS" -lt "$end" ]; do sleep 5; done
+    tail -n 30 "$dir/stdout"
+    if [ -e "$dir/rc" ]; then
+      mkdir -p "${OUT:?}" && cp "$dir"/out/* "$OUT"/ && echo "ended rc=$(cat "$dir/rc")"
+    else
+      echo "still running at $(date -u +%FT%TZ)"
+    fi;;
+  *) echo "unknown verb '$verb': valid are start, wait"; exit 2;;
+esac
