@@ -74,7 +74,8 @@ def summarize_runs(runs: pd.DataFrame) -> pd.DataFrame:
     that has it: M is a property of the model and workload, known even for an OOM),
     ``peak_fraction`` (peak allocated ÷ capacity), ``measured_steps`` (the measured
     iterations of each ok trial, distinct counts joined by "/", e.g. ``"4"`` or ``"2/4"``;
-    empty with no ok trial), ``transfers_path``/``oplog_path``/``job_dir`` of the first ok trial.
+    empty with no ok trial), ``warmup_steps`` (the same for the unmeasured steps before them),
+    ``transfers_path``/``oplog_path``/``job_dir`` of the first ok trial.
     """
     rows = []
     for _, g in runs.groupby(GROUP_KEYS, dropna=False, sort=False):
@@ -89,7 +90,8 @@ def summarize_runs(runs: pd.DataFrame) -> pd.DataFrame:
             out[name] = ok[name].mean() if len(ok) else math.nan
         for name in ("capacity_bytes", "unoffloaded_peak_bytes", "memory_pressure"):
             out[name] = g[name].median()
-        out["measured_steps"] = "/".join(str(int(n)) for n in sorted(ok["n_iterations"].dropna().unique()))
+        for name, col in (("measured_steps", "n_iterations"), ("warmup_steps", "warmup_steps")):
+            out[name] = "/".join(str(int(n)) for n in sorted(ok[col].dropna().unique()))
         ok_sorted = ok.sort_values("trial", na_position="last")
         for name in ("job_dir", "transfers_path", "oplog_path"):
             out[name] = _first(ok_sorted[name])
@@ -107,7 +109,7 @@ def with_not_run(summary: pd.DataFrame, not_run) -> pd.DataFrame:
     for keys, g in summary.groupby(COMPARE_KEYS + ["config"], dropna=False, sort=False):
         here = set(g["system"].dropna())
         rows += [{**dict(zip(COMPARE_KEYS + ["config"], keys)), "system": s, "n_runs": 0, "n": 0,
-                  "n_failed": 0, "failures": "", "measured_steps": "", "not_run": True}
+                  "n_failed": 0, "failures": "", "measured_steps": "", "warmup_steps": "", "not_run": True}
                  for s in not_run if s not in here]
     if not rows:
         return shown

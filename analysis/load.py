@@ -12,7 +12,9 @@ into two tidy pandas frames.
 - outcome: ``status`` (ok | oom | error | timeout, or ``non-finite`` for an ``ok`` row whose
   tokens/s or a loss is not finite), ``error``, ``failed`` (status ≠ ok),
   ``measure`` (measured | modeled);
-- throughput: ``tokens_per_s`` (tokens/s), ``n_iterations``, ``iteration_seconds`` (mean, s);
+- throughput: ``tokens_per_s`` (tokens/s), ``n_iterations``, ``iteration_seconds`` (mean, s),
+  ``warmup_steps`` (the run config's ``workload.warmup_steps``: steps run before the measured
+  ones, not measured; null where the config has none);
 - stalls: ``stall_count``, ``stall_seconds`` (totals over measured iterations, s),
   ``stall_count_per_iter``, ``stall_seconds_per_iter``;
 - bytes: ``bytes_ssd``, ``bytes_host`` (offloaded + prefetched over measured iterations);
@@ -161,7 +163,8 @@ def _finite_row(result: dict) -> bool:
 def _rows(result: dict, root: Path, job_rel: Path) -> tuple[dict, list[dict]]:
     point = result.get("point") or {}
     hw = ((result.get("config") or {}).get("hardware")) or {}
-    stages = (((result.get("config") or {}).get("workload")) or {}).get("pipeline_stages") or 1
+    workload = ((result.get("config") or {}).get("workload")) or {}
+    stages = workload.get("pipeline_stages") or 1
     ssd_dirs = hw.get("ssd_dirs")
     ident = {k: point.get(k) for k in POINT_KEYS}
     status, error = result.get("status"), result.get("error")
@@ -202,6 +205,7 @@ def _rows(result: dict, root: Path, job_rel: Path) -> tuple[dict, list[dict]]:
     run = {
         **ident,
         "tokens_per_s": _num(result.get("tokens_per_s")), "n_iterations": n_it,
+        "warmup_steps": workload.get("warmup_steps"),
         "iteration_seconds": (float(np.mean([_num(i.get("seconds")) for i in its]))
                               if its else math.nan),
         "stall_count": _num(result.get("stall_count")),
@@ -239,7 +243,7 @@ def _typed(rows: list[dict], columns: list[str]) -> pd.DataFrame:
             df[c] = df[c].astype("str").where(df[c].notna())
         elif c == "failed":
             df[c] = df[c].astype(bool)
-        elif c in ("step", "n_iterations"):
+        elif c in ("step", "n_iterations", "warmup_steps"):
             df[c] = pd.to_numeric(df[c]).astype("Int64")
         else:
             df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
@@ -247,8 +251,8 @@ def _typed(rows: list[dict], columns: list[str]) -> pd.DataFrame:
 
 
 RUN_COLUMNS = list(ID_COLUMNS) + [
-    "tokens_per_s", "n_iterations", "iteration_seconds", "stall_count", "stall_seconds",
-    "stall_count_per_iter", "stall_seconds_per_iter", "bytes_ssd", "bytes_host",
+    "tokens_per_s", "n_iterations", "warmup_steps", "iteration_seconds", "stall_count",
+    "stall_seconds", "stall_count_per_iter", "stall_seconds_per_iter", "bytes_ssd", "bytes_host",
     "peak_allocated_bytes", "peak_reserved_bytes", "peak_host_rss_bytes", "capacity_bytes",
     "unoffloaded_peak_bytes", "memory_pressure", "peak_fraction", *TIER_RATE_KEYS, "plan_compile_seconds",
     "profile_seconds", "ssd_io_mode", "gpu_name", "n_gpus", "wall_seconds", "started_at",

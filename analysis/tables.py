@@ -61,6 +61,7 @@ def throughput_table(summary: pd.DataFrame) -> pd.DataFrame:
         pd.Series(False, index=summary.index)
     d = pd.DataFrame(_key_columns(summary))
     d["n"] = summary["n"].astype(int).astype(str)
+    d["warm-up"] = summary["warmup_steps"].replace("", NA)
     d["steps"] = summary["measured_steps"].replace("", NA)
     d["n failed"] = [str(int(n)) + (f" ({f})" if f else "")
                      for n, f in zip(summary["n_failed"], summary["failures"])]
@@ -221,8 +222,9 @@ def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
     its = agg.summarize_iterations(sweep.iterations)
     ci_note = ("mean ± 95% confidence interval over ok trials (Student t, n-1 degrees of "
                "freedom; no interval for n = 1); failed trials are excluded and counted in "
-               f"'n failed'; {FAILED} = every trial failed (oom, error or timeout); steps: measured "
-               "iterations per ok trial, after the warm-up ones.")
+               f"'n failed'; {FAILED} = every trial failed (oom, error or timeout); warm-up: steps "
+               "run and not measured before the measured ones, per ok trial (0: the measured step "
+               "is the first, with its one-time setup); steps: measured iterations per ok trial.")
     why_not_run = [f"{NOT_RUN}: no row of this system at this point; why, from not_run.yaml beside "
                    "the rows: " + "; ".join(f"{agg.system_label(s)}: {why}" for s, why in sweep.not_run.items())
                    ] if sweep.not_run else []

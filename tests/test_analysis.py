@@ -259,13 +259,13 @@ def test_written_tables_show_values_failures_and_missing_keys(sweep_dir, tmp_pat
             "(no GPU: a machinery check, not comparable with the paper)") in md
     lines = {tuple(c.strip() for c in ln.strip("|").split("|")) for ln in md.splitlines()
              if ln.startswith("| tiny")}
-    assert ("tiny", "cpu_test", "bs4_seq64", "8.00", "2", "1", "TeraIO-Mixed", "measured", "3", "2",
+    assert ("tiny", "cpu_test", "bs4_seq64", "8.00", "2", "1", "TeraIO-Mixed", "measured", "3", "n/a", "2",
             "0", f"93.00 ± {T2 * math.sqrt(3):.2f}", "88.6", "measured") in lines
-    assert ("tiny", "cpu_test", "bs4_seq64", "8.00", "2", "1", "TeraIO-SSD", "measured", "2", "2",
+    assert ("tiny", "cpu_test", "bs4_seq64", "8.00", "2", "1", "TeraIO-SSD", "measured", "2", "n/a", "2",
             "1 (error)", f"82.00 ± {2 * T1:.2f}", f"{100 * 82 / 105:.1f}", "measured") in lines
-    assert ("tiny", "cpu_test", "bs8_seq64", "8.00", "2", "2", "ZeRO-Offload", "measured", "0", "n/a",
+    assert ("tiny", "cpu_test", "bs8_seq64", "8.00", "2", "2", "ZeRO-Offload", "measured", "0", "n/a", "n/a",
             "2 (oom×2)", "×", "×", "measured") in lines
-    assert ("tiny", "cpu_test", "bs8_seq64", "8.00", "2", "n/a", "TeraIO-SSD", "measured", "2", "2",
+    assert ("tiny", "cpu_test", "bs8_seq64", "8.00", "2", "n/a", "TeraIO-SSD", "measured", "2", "n/a", "2",
             "0", f"125.0 ± {T1 * 5 * math.sqrt(2) / math.sqrt(2):.2f}", f"{100 * 125 / 205:.1f}",
             "measured") in lines
     tex = paths["tables/throughput.tex"].read_text()
@@ -301,7 +301,7 @@ def test_systems_not_run_at_a_point_are_listed_with_why(sweep_dir, tmp_path):
     md = analyze(sweep_dir, tmp_path / "out")["tables/throughput.md"].read_text()
     lines = table_lines(md)
     not_run = ("tiny", "cpu_test", "bs8_seq64", "8.00", "2", "n/a", "ZeRO-Infinity", "n/a", "0", "n/a",
-               "0", "not run", "n/a", "n/a")
+               "n/a", "0", "not run", "n/a", "n/a")
     assert lines - before == {not_run} and before <= lines
     assert "ZeRO-Infinity: one slow drive here" in md
     assert load_sweep(sweep_dir).not_run == {"zero_infinity": "one slow drive here"}
@@ -609,17 +609,20 @@ def test_the_committed_h200_slice_regenerates_its_tables_exactly(tmp_path):
         assert (tmp_path / "out" / "tables" / table.name).read_text() == table.read_text(), table.name
 
 
-def test_trials_of_different_lengths_show_each_count_of_measured_steps(tmp_path):
+def test_trials_of_different_lengths_show_each_count_of_measured_and_warm_up_steps(tmp_path):
     cfg = dict(system="teraio_ssd", batch=4, seq=64, micro=2)
     write_run(tmp_path, "t0", trial=0, tps=90.0, **cfg)
     job = write_run(tmp_path, "t1", trial=1, tps=96.0, **cfg)
     r = json.loads((job / "result.json").read_text())
     r["iterations"] += [{**r["iterations"][-1], "step": k} for k in (5, 6)]
+    r["config"]["workload"] = {"warmup_steps": 0, "measure_steps": 4}
     (job / "result.json").write_text(json.dumps(r))
     (g,) = agg.summarize_runs(load_sweep(tmp_path).runs).to_dict("records")
     assert g["measured_steps"] == "2/4"
+    assert g["warmup_steps"] == "0"  # trial 0's config names none: no count
     from analysis.tables import throughput_table
-    assert throughput_table(agg.add_pct_of_ideal(agg.summarize_runs(load_sweep(tmp_path).runs)))["steps"].tolist() == ["2/4"]
+    table = throughput_table(agg.add_pct_of_ideal(agg.summarize_runs(load_sweep(tmp_path).runs)))
+    assert (table["warm-up"].tolist(), table["steps"].tolist()) == (["0"], ["2/4"])
 
 
 def test_tier_rates_are_exact_on_a_hand_made_log():
