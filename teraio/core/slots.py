@@ -155,15 +155,30 @@ class HostArena:
         # per placed period: its ops [lo, hi) (unrolled) and its byte range [off, end)
         self._lo, self._hi, self._off, self._end = (np.zeros(0, np.int64) for _ in range(4))
         self.at: dict[int, int] = {}
+        # per period: its last answer and the (aligned) size asked, -1 where none is kept.
+        # Ranges are only ever added, so an answer stays right until a new range meets the
+        # period and overlaps the answer's bytes (or its tensor gets its offset): ``place``
+        # forgets exactly those.
+        self._memo = np.full(len(self.tid), -1, np.int64)
+        self._memo_size = np.full(len(self.tid), -1, np.int64)
 
     def offsets(self, periods: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
         """Where each period's bytes would go, int64 ``[len(periods)]``: its tensor's offset
         where that is free over the period, else (a tensor not placed yet) the lowest offset
         free over it (first fit); -1 where none is. One pass over the placed ranges for all
         candidates (the planner asks for hundreds at each of its steps), in blocks of at most
-        ``_BLOCK`` candidate × range pairs."""
+        ``_BLOCK`` candidate × range pairs, for the periods not answered since the last
+        range that could change their answer."""
         periods = np.asarray(periods, np.int64)
         size = align_up(np.asarray(nbytes, np.int64), self.align)
+        out, new = self._memo[periods], self._memo_size[periods] != size
+        if new.any():  # a period asked twice with two sizes keeps the last in the memo
+            out[new] = self._search(periods[new], size[new])
+            self._memo[periods[new]], self._memo_size[periods[new]] = out[new], size[new]
+        return out
+
+    def _search(self, periods: np.ndarray, size: np.ndarray) -> np.ndarray:
+        """:meth:`offsets` over the placed ranges (``size`` aligned)."""
         fixed = np.array([self.at.get(int(t), -1) for t in self.tid[periods]], dtype=np.int64)
         order = np.argsort(self._off, kind="stable")  # placed ranges by offset
         lo, hi, off, end = (x[order] for x in (self._lo, self._hi, self._off, self._end))
@@ -204,11 +219,21 @@ class HostArena:
         if off < 0:
             raise ValueError(f"period {period} ({nbytes} B) of tensor {int(self.tid[period])} has no free "
                              f"offset in the {self.cap} B region")
-        self.at.setdefault(int(self.tid[period]), off)
+        t = int(self.tid[period])
+        if t not in self.at:
+            self.at[t] = off
+            self._memo_size[self.tid == t] = -1
+        end = off + int(align_up(int(nbytes), self.align))
+        lo, hi = self.a[period], self.b[period]
+        meet = np.zeros(len(self.tid), dtype=bool)
+        for shift in (-self.n, 0, self.n):
+            meet |= (lo + shift < self.b) & (self.a < hi + shift)
+        kept = self._memo >= 0  # no range frees space: a -1 stays -1
+        self._memo_size[kept & meet & (self._memo < end) & (off < self._memo + self._memo_size)] = -1
         self._lo = np.append(self._lo, self.a[period])
         self._hi = np.append(self._hi, self.b[period])
         self._off = np.append(self._off, off)
-        self._end = np.append(self._end, off + int(align_up(int(nbytes), self.align)))
+        self._end = np.append(self._end, end)
         return off
 
     @property
