@@ -6,11 +6,12 @@
 # (the next call within its idle release).
 #   detached.sh start TAG            (EXP, NAME, ARGS, BUDGET_S, TIMEOUT_S as reference_h200.sh)
 #   detached.sh wait TAG SECONDS     (OUT: where the archive and log go)
+# A run's state lives in DETACHED_DIR/TAG (default /tmp/detached).
 # Run from the repository root on the GPU machine, after `source scripts/remote_env.sh`.
 set -uo pipefail
 verb=${1:?"usage: detached.sh start TAG | wait TAG SECONDS"}
 TAG=${2:?"a TAG names the run (archive <TAG>.tar.gz)"}
-dir=/tmp/detached/$TAG
+dir=${DETACHED_DIR:-/tmp/detached}/$TAG
 case "$verb" in
   start)
     [ -e "$dir" ] && { echo "a run tagged $TAG was already started ($dir)"; exit 2; }
