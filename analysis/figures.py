@@ -6,7 +6,8 @@ the sweep cannot draw it. Every title carries :func:`load.describe` (sweep, tria
 hardware). Artists carry a ``gid`` so tests and readers can find them: ``"bar"`` (Fig. 7
 bars), ``"failed"`` (× marks), ``"stall"``/``"overlapped"``/``"compute"``/``"total"``
 (Fig. 8 segments), ``"series"``/``"ideal"`` (Fig. 9 lines), ``"offload"``/``"prefetch"``
-(Fig. 10 lines).
+(Fig. 10 lines). Fig. 10(1)'s areas, one point per op, are rasterized in the PDF (axes and
+text stay vector), so its size does not grow with a run's op count.
 
 - Fig. 7: tokens/s per config (x) and system (hue), bars = mean of ok trials at the
   system's best micro-batch, error bars = 95 % t interval, × = every trial failed, M under
@@ -389,7 +390,8 @@ def fig10_memory_breakdown(sweep: Sweep) -> Figure:
             series = {g: sum(kinds[k] for k in ks) for g, ks in bd.GROUPS.items()}
             series[bd.ALLOCATOR] = trace.required_bytes() - trace.live_bytes()
             t = trace.op_start_seconds()[:-1]
-            polys = ax.stackplot(t, *[v / GIB for v in series.values()], labels=list(series), lw=0)
+            polys = ax.stackplot(t, *[v / GIB for v in series.values()], labels=list(series), lw=0,
+                                 rasterized=True)
             for poly, name in zip(polys, series):
                 poly.set_gid(name)
             ax.set_xlabel("seconds of profiled kernel time into the iteration")

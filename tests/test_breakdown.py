@@ -107,6 +107,7 @@ def test_every_analysis_shows_the_breakdown_of_runs_with_a_trace(tmp_path):
     fig = fig10_memory_breakdown(load_sweep(tmp_path / "sweep"))
     gids = {a.get_gid() for ax in fig.axes for a in ax.collections}
     assert {"parameters", "gradients", "optimizer state", "activations", "temporaries", "allocator"} <= gids
+    assert all(a.get_rasterized() for ax in fig.axes for a in ax.collections)   # one point per op
 
 
 def test_a_scaled_point_is_compared_with_the_paper_configuration_it_stands_for():
