@@ -3,7 +3,9 @@
 # its own process session (setsid), which a warm GPU machine keeps running after the call
 # returns; `wait` blocks until it has ended or SECONDS have passed, prints its log's tail, and
 # once it has ended copies its archive and log to OUT. The machine must stay warm in between
-# (the next call within its idle release).
+# (the next call within its idle release, 30 s on the lent H200, which a next call from this
+# side has missed each time it was tried: runs/reference/h200/fig7_h200/COMMAND.md); the
+# reliable use is `start` then `wait` in the same call, with SECONDS near the call's limit.
 #   detached.sh start TAG            (EXP, NAME, ARGS, BUDGET_S, TIMEOUT_S as reference_h200.sh)
 #   detached.sh wait TAG SECONDS     (OUT: where the archive and log go)
 # A run's state lives in DETACHED_DIR/TAG (default /tmp/detached).
