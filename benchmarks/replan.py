@@ -1,13 +1,14 @@
 """Re-plan committed TeraIO runs with the current planner, on CPU: for each job directory
 (its ``trace.json[.gz]`` and ``plan.json[.gz]``), plan the trace again at the plan's own
 capacity, bandwidths, host cap (or at each of ``--host-cap-bytes``: 0 plans TeraIO-SSD) and
-options (or with ``--host-arena``: false, true or auto, ``plan_migrations``' ``host_arena``),
-and replay both plans through the simulator. The trace is planned as saved, the profiled
+options (or with ``--host-arena``: false, true or auto, ``plan_migrations``' ``host_arena``;
+with ``--ssd-cap-bytes``, the SSD tier's files within that room, ``ssd_cap_bytes``), and
+replay both plans through the simulator. The trace is planned as saved, the profiled
 step; ``--released-grads`` plans it as a run with ``release_grads`` does
 (``Trace.with_released_grads``).
 
     python benchmarks/replan.py JOB_DIR [JOB_DIR ...] [--host-cap-bytes N [N ...]]
-        [--host-arena {false,true,auto}] [--released-grads] --out FILE.json
+        [--host-arena {false,true,auto}] [--ssd-cap-bytes N] [--released-grads] --out FILE.json
 
 Per job it reports, for the committed plan and the new one: bytes moved per tier and
 iteration, the bytes of each tier's slots (a plan without shared slots, made before
@@ -26,12 +27,14 @@ import shlex
 import sys
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from teraio.core.plan import MigrationPlan  # noqa: E402
 from teraio.core.planner import TierBandwidth, plan_migrations  # noqa: E402
 from teraio.core.simulator import simulate  # noqa: E402
-from teraio.core.slots import HOST_ALIGN, align_up  # noqa: E402
+from teraio.core.slots import HOST_ALIGN, align_up, ssd_file_bytes  # noqa: E402
 from teraio.core.trace import Trace  # noqa: E402
 from teraio.files import write_atomic  # noqa: E402
 
@@ -57,6 +60,13 @@ def slot_bytes(plan: MigrationPlan) -> dict[str, int]:
     return out
 
 
+def ssd_files(plan: MigrationPlan) -> int:
+    """Bytes the SSD tier's files take for the plan's SSD slots (each slot in whole stripes,
+    ``teraio.core.slots.ssd_file_bytes``), one slot per owner."""
+    owners = {m.name: m.nbytes for m in plan.migrations if m.tier == "ssd" and m.slot in ("", m.name)}
+    return int(ssd_file_bytes(np.array(list(owners.values()), np.int64)).sum())
+
+
 def beyond_host(trace: Trace, capacity_bytes: int, host_cap_bytes: int) -> dict[str, int]:
     """What no plan at this capacity and host cap can keep off the drive:
     ``{"bytes": b, "ops": n}``, where b is the most bytes that must be off the GPU beyond the
@@ -72,7 +82,9 @@ def summary(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth) -> dict:
     return {"migrations": len(plan.migrations), "exposed": plan.meta.get("n_exposed", 0),
             "bytes_per_tier": plan.bytes_per_tier(), "slot_bytes": slot_bytes(plan),
             "most_bytes_held": {t: int(plan.tier_bytes_held(t).max(initial=0)) for t in ("ssd", "host")},
-            "predicted_peak_bytes": plan.predicted_peak_bytes, "host_arena": plan.meta.get("host_arena", False),
+            "predicted_peak_bytes": plan.predicted_peak_bytes, "shortfall_bytes": plan.shortfall_bytes,
+            "ssd_file_bytes": ssd_files(plan),
+            "host_arena": plan.meta.get("host_arena", False),
             **{k: plan.meta[k] for k in ("host_arena_auto",) if k in plan.meta},
             "simulated_iteration_s": sim.iteration_seconds, "simulated_stall_s": sim.stall_seconds}
 
@@ -98,9 +110,10 @@ def load_plan(job: Path) -> MigrationPlan:
 
 
 def plan_as_committed(trace: Trace, committed: MigrationPlan, host_cap_bytes: int | None = None,
-                      host_arena: bool | str | None = None) -> MigrationPlan:
+                      host_arena: bool | str | None = None, ssd_cap_bytes: int | None = None) -> MigrationPlan:
     """``trace`` planned by the current planner as ``committed`` was: at its capacity, rates,
-    host cap (``host_cap_bytes`` if given) and options (host packing: ``host_arena`` if given).
+    host cap (``host_cap_bytes`` if given) and options (host packing: ``host_arena`` if given;
+    the SSD files within ``ssd_cap_bytes`` if given, else as committed).
 
     Raises:
         ValueError: a bad ``host_arena`` (``plan_migrations``).
@@ -111,15 +124,17 @@ def plan_as_committed(trace: Trace, committed: MigrationPlan, host_cap_bytes: in
                            benefit=meta["benefit"], min_tensor_bytes=meta["min_tensor_bytes"],
                            use_ssd=meta["use_ssd"], allow_stalls=meta["allow_stalls"],
                            shared_ssd=meta["shared_ssd"],
-                           host_arena=meta.get("host_arena", False) if host_arena is None else host_arena)
+                           host_arena=meta.get("host_arena", False) if host_arena is None else host_arena,
+                           ssd_cap_bytes=meta.get("ssd_cap_bytes") if ssd_cap_bytes is None else ssd_cap_bytes)
 
 
 def replan(job: Path, host_cap_bytes: int | None = None, host_arena: bool | str | None = None,
-           released_grads: bool = False) -> dict:
+           released_grads: bool = False, ssd_cap_bytes: int | None = None) -> dict:
     """The committed plan of ``job`` and the current planner's, side by side; the new plan
     at ``host_cap_bytes`` if given, else at the committed plan's host cap, with
-    ``host_arena`` if given, else the committed plan's; with ``released_grads`` both plans
-    are simulated on the trace as a run with ``release_grads`` plans it.
+    ``host_arena`` if given, else the committed plan's, and its SSD files within
+    ``ssd_cap_bytes`` if given; with ``released_grads`` both plans are simulated on the
+    trace as a run with ``release_grads`` plans it.
 
     Raises:
         ValueError: ``job`` lacks its trace or plan, ``host_cap_bytes`` < 0, or a bad
@@ -132,9 +147,10 @@ def replan(job: Path, host_cap_bytes: int | None = None, host_arena: bool | str 
     meta = old.meta
     tiers = TierBandwidth(**meta["tiers_gbps"])
     host_cap = meta["host_cap_bytes"] if host_cap_bytes is None else host_cap_bytes
-    new = plan_as_committed(trace, old, host_cap, host_arena)
+    new = plan_as_committed(trace, old, host_cap, host_arena, ssd_cap_bytes)
     return {"job": str(job), "capacity_bytes": old.capacity_bytes, "host_cap_bytes": meta["host_cap_bytes"],
             "replanned_host_cap_bytes": host_cap, "released_grads": released_grads,
+            "replanned_ssd_cap_bytes": new.meta["ssd_cap_bytes"],
             "tiers_gbps": meta["tiers_gbps"], "ideal_s": float(trace.op_seconds.sum()),
             "beyond_host": beyond_host(trace, old.capacity_bytes, host_cap),
             "committed": summary(trace, old, tiers), "replanned": summary(trace, new, tiers)}
@@ -146,9 +162,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host-cap-bytes", type=int, nargs="+", default=[None],
                     help="host caps of the new plans, bytes, one row per job and cap "
                          "(default: each committed plan's; 0: TeraIO-SSD)")
+    ap.add_argument("--ssd-cap-bytes", type=int,
+                    help="the new plans' room for SSD files, bytes (default: each committed plan's)")
     argv = sys.argv[1:] if argv is None else argv
     args, arena = parse_plan_options(ap, argv)
-    rows = [replan(j, cap, arena, args.released_grads) for j in args.jobs for cap in args.host_cap_bytes]
+    rows = [replan(j, cap, arena, args.released_grads, args.ssd_cap_bytes)
+            for j in args.jobs for cap in args.host_cap_bytes]
     write_rows(args.out, "benchmarks/replan.py", argv, rows, ("committed", "replanned"))
 
 

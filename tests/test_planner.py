@@ -6,7 +6,7 @@ from teraio.core.plan import Migration, MigrationPlan
 from teraio.core.planner import (TierBandwidth, _Planner, inactive_periods, plan_migrations, predicted_live_bytes,
                             reserved_bandwidth)
 from teraio.core.simulator import simulate
-from teraio.core.slots import HOST_ALIGN, align_up
+from teraio.core.slots import HOST_ALIGN, align_up, ssd_file_bytes
 from teraio.core.synth import layered_trace
 from teraio.core.trace import TensorRecord, Trace
 
@@ -279,13 +279,14 @@ def test_wrap_around_period_not_offloaded_at_iteration_start():
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("benefit", ["pressure", "formula"])
-def test_lazy_greedy_picks_what_full_rescoring_picks(seed, benefit):
+@pytest.mark.parametrize("ssd_cap", [None, 4 * GB], ids=["ssd-uncapped", "ssd-capped"])
+def test_lazy_greedy_picks_what_full_rescoring_picks(seed, benefit, ssd_cap):
     tr = random_trace(seed, n_ops=50, n_tensors=40)
     tiers, host_cap = TierBandwidth(2.0, 3.0, 5.0, 4.0), 3 * GB
     cap = BASE + (tr.peak_bytes() - BASE) // 4
-    plan = plan_migrations(tr, cap, tiers, host_cap, benefit=benefit)
+    plan = plan_migrations(tr, cap, tiers, host_cap, benefit=benefit, ssd_cap_bytes=ssd_cap)
     # Reference: re-score every remaining candidate every round.
-    ref = _Planner(tr, cap, tiers, host_cap, benefit, True, inactive_periods(tr), True)
+    ref = _Planner(tr, cap, tiers, host_cap, benefit, True, inactive_periods(tr), True, ssd_cap=ssd_cap)
     alive = np.ones(len(ref.s), dtype=bool)
     chosen = []
     while ref.live.max() > cap:
@@ -299,6 +300,35 @@ def test_lazy_greedy_picks_what_full_rescoring_picks(seed, benefit):
         chosen.append((int(ref.p_tid[c]), int(ref.a[c]), f % tr.n_ops, p % tr.n_ops, ref.tiers[choice[c]]))
     assert len(chosen) > 3
     assert [(m.tid, m.offload_after, m.free_before, m.prefetch_before, m.tier) for m in plan.migrations] == chosen
+    if ssd_cap is not None:
+        assert ssd_file_bytes_of(plan) == plan.meta["ssd_file_bytes"] <= ssd_cap
+
+
+def ssd_file_bytes_of(plan: MigrationPlan) -> int:
+    """Bytes the SSD tier's files take for the plan's SSD slots (whole stripes)."""
+    return sum({m.name: ssd_file_bytes(m.nbytes) for m in plan.migrations
+                if m.tier == "ssd" and m.slot == m.name}.values())
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ssd_files_stay_under_the_ssd_cap(seed):
+    # A cap at half of what the uncapped plan's SSD files take: the capped plan's files fit
+    # it; what no longer fits goes to host memory or stays, so the SSD-only plan falls
+    # further short.
+    tr = random_trace(seed, n_ops=50, n_tensors=30)
+    tiers, cap = TierBandwidth(4.0, 4.0, 8.0, 8.0), BASE + (tr.peak_bytes() - BASE) // 2
+    free = plan_migrations(tr, cap, tiers, host_cap_bytes=0)
+    assert free.meta["ssd_cap_bytes"] is None
+    half = ssd_file_bytes_of(free) // 2
+    ssd_only = plan_migrations(tr, cap, tiers, host_cap_bytes=0, ssd_cap_bytes=half)
+    assert ssd_file_bytes_of(ssd_only) == ssd_only.meta["ssd_file_bytes"] <= half
+    assert ssd_only.shortfall_bytes > free.shortfall_bytes and ssd_only.meta["ssd_cap_bytes"] == half
+    mixed = plan_migrations(tr, cap, tiers, host_cap_bytes=8 * GB, ssd_cap_bytes=half, allow_stalls=True)
+    assert ssd_file_bytes_of(mixed) <= half and any(m.tier == "host" for m in mixed.migrations)
+    check_shared_slots(tr, mixed)
+    # A cap the files never reach changes nothing.
+    roomy = plan_migrations(tr, cap, tiers, host_cap_bytes=0, ssd_cap_bytes=10 * ssd_file_bytes_of(free))
+    assert roomy.migrations == free.migrations
 
 
 def test_plan_json_round_trip(tmp_path):
@@ -356,6 +386,7 @@ def test_plan_meta_and_fits_without_migrations():
     (dict(capacity_bytes=0), "capacity_bytes"),
     (dict(benefit="area"), "benefit"),
     (dict(host_cap_bytes=-1), "host_cap_bytes"),
+    (dict(ssd_cap_bytes=-1), "ssd_cap_bytes"),
     (dict(use_ssd=False, host_cap_bytes=0), "no tier"),
 ])
 def test_bad_arguments_are_named(kwargs, match):

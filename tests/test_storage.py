@@ -11,7 +11,8 @@ import weakref
 import pytest
 import torch
 
-from teraio.core.storage import HostTier, SSDTier, TierIOError
+from teraio.core.slots import ssd_file_bytes
+from teraio.core.storage import HostTier, SSDTier, TierIOError, drive_room_bytes
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -413,6 +414,36 @@ def test_ssd_too_little_free_space_is_rejected_naming_path_and_bytes(tmp_path, m
     with pytest.raises(ValueError, match=rf"{re.escape(str(tmp_path / 'd'))}.*10000 bytes free.*12288 bytes"):
         SSDTier([str(tmp_path / "d")], {"a": 4096, "b": 4097})
     assert os.listdir(tmp_path / "d") == []
+
+
+@pytest.mark.parametrize("n_dirs", [1, 2, 3, 5])
+def test_the_planners_ssd_file_bytes_are_what_the_tier_allocates(tmp_path, n_dirs):
+    # teraio.core.slots.ssd_file_bytes, which the planner's SSD cap counts, against the
+    # files the tier makes for the same slots (sizes around 4 KiB and stripe boundaries).
+    stripe = 64 << 10
+    sizes = [1, 4095, 4096, 4097, stripe - 1, stripe, stripe + 1, 3 * stripe + 5, 7 * stripe]
+    slots = {f"t{i}": n for i, n in enumerate(sizes)}
+    dirs = [str(tmp_path / f"d{i}") for i in range(n_dirs)]
+    for d in dirs:
+        os.mkdir(d)
+    with SSDTier(dirs, slots, backend="buffered", stripe_bytes=stripe):
+        made = sum(os.path.getsize(os.path.join(d, f)) for d in dirs for f in os.listdir(d))
+    assert made == sum(ssd_file_bytes(n, stripe) for n in sizes)
+
+
+def test_drive_room_is_the_free_bytes_less_the_reserve_shared_by_dirs_of_one_filesystem(tmp_path, monkeypatch):
+    dirs = [str(tmp_path / "a"), str(tmp_path / "b")]
+    for d in dirs:
+        os.mkdir(d)
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=10_001))
+    assert drive_room_bytes(dirs[:1], reserve=1) == 10_000
+    assert drive_room_bytes(dirs, reserve=1) == 10_000  # one filesystem: 5,000 per directory
+    assert drive_room_bytes(dirs, reserve=20_000) == 0
+    with pytest.raises(ValueError, match=re.escape(str(tmp_path / "gone"))):
+        drive_room_bytes([str(tmp_path / "gone")])
+    with pytest.raises(ValueError, match="at least one"):
+        drive_room_bytes([])
 
 
 def test_ssd_failed_write_raises_naming_tensor_and_path_and_poisons_the_slot(tmp_path, monkeypatch):

@@ -350,6 +350,27 @@ def test_too_small_offload_dir_is_refused_before_the_engine_runs(tmp_path, monke
     assert result["iterations"] == []
 
 
+def test_the_ssd_tier_is_planned_within_the_drives_free_room(tmp_path, ref, monkeypatch):
+    # With half the room its SSD files take on a roomy drive, TeraIO-Mixed plans its SSD
+    # files within that half, moves more through host memory, and trains bit-identically.
+    import shutil
+
+    (tmp_path / "ssd").mkdir()
+    probe = run_teraio(config("teraio_mixed", tmp_path / "ssd", None), tmp_path / "probe")
+    capacity = int(probe["unoffloaded_peak_bytes"] * 0.5)
+    roomy = run_teraio(config("teraio_mixed", tmp_path / "ssd", capacity), tmp_path / "roomy")
+    need = roomy["plan"]["ssd_file_bytes"]
+    assert need > 0 and roomy["plan"]["ssd_cap_bytes"] > need
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage",
+                        lambda p: real(p)._replace(free=teraio.core.storage.SSD_FREE_RESERVE + need // 2))
+    tight = run_teraio(config("teraio_mixed", tmp_path / "ssd", capacity), tmp_path / "tight")
+    assert tight["plan"]["ssd_cap_bytes"] == need // 2 >= tight["plan"]["ssd_file_bytes"]
+    assert tight["plan"]["bytes_per_tier"]["host"] > roomy["plan"]["bytes_per_tier"]["host"]
+    assert tight["plan"]["shortfall_bytes"] == 0
+    assert (tight["losses"], tight["final_params_sha256"]) == ref
+
+
 def test_the_emulated_capacity_binds_before_the_model_is_built(tmp_path, monkeypatch):
     calls = cap_then_build(monkeypatch, teraio.systems.teraio, teraio.workload.pipeline)
     cfg = config("teraio_mixed", tmp_path, 1 << 30)

@@ -63,7 +63,9 @@ earlier), and only if the host copy fits: each tier's slots are shared by tensor
 periods never overlap (``teraio.core.slots``; each migration names its slot's owner in
 ``Migration.slot``), and the host slots, pinned buffers allocated once
 (``teraio.core.storage.HostTier``), never hold more than ``host_cap_bytes`` in all.
-TeraIO-SSD is ``host_cap_bytes=0``; TeraIO-Mixed a positive cap. ``use_ssd=False`` plans
+The SSD tier's files, its slots in whole stripes, stay under ``ssd_cap_bytes`` when given
+(the drives' free room): a candidate whose new SSD slot would pass it may still go to host
+memory. TeraIO-SSD is ``host_cap_bytes=0``; TeraIO-Mixed a positive cap. ``use_ssd=False`` plans
 for host memory only. With ``host_arena=True`` the host tier is one region of the cap
 instead, a byte offset per tensor (``teraio.core.slots.HostArena``): it holds more at once
 where slots sized by their first tensor leave gaps, and less where a tensor's later period
@@ -101,7 +103,7 @@ import time
 import numpy as np
 
 from teraio.core.plan import Migration, MigrationPlan
-from teraio.core.slots import HOST_ALIGN, HostArena, SlotBins
+from teraio.core.slots import HOST_ALIGN, HostArena, SlotBins, ssd_file_bytes
 from teraio.core.trace import Trace
 
 BENEFITS: tuple[str, ...] = ("pressure", "formula")
@@ -284,7 +286,8 @@ class _Planner:
     window never needs splitting), host occupancy, and per-candidate cached scores."""
 
     def __init__(self, trace: Trace, capacity: int, tiers: TierBandwidth, host_cap: int,
-                 benefit: str, use_ssd: bool, periods: Periods, shared_ssd: bool, host_arena: bool = False):
+                 benefit: str, use_ssd: bool, periods: Periods, shared_ssd: bool, host_arena: bool = False,
+                 ssd_cap: int | None = None):
         self.n = trace.n_ops
         self.capacity = capacity
         self.benefit = benefit
@@ -297,12 +300,14 @@ class _Planner:
         self.tau2 = np.concatenate([trace.op_seconds, trace.op_seconds])
         self.s, self.a, self.b, self.p_tid = periods.nbytes, periods.a, periods.b, periods.tid
         # Slots shared by tensors whose periods never overlap (teraio.core.slots): the host
-        # tier's bins stay under the cap; the SSD tier's only set the size of its files.
+        # tier's bins stay under the cap, the SSD tier's files under the drives' room.
         # With host_arena the host tier is one region, a byte offset per tensor instead.
         self.host_arena = host_arena
         host = HostArena if host_arena else SlotBins
         self.bins = {"host": host(self.n, self.p_tid, self.a, self.b, host_cap, align=HOST_ALIGN),
-                     "ssd": SlotBins(self.n, self.p_tid, self.a, self.b)}
+                     "ssd": SlotBins(self.n, self.p_tid, self.a, self.b, ssd_cap, footprint=ssd_file_bytes)}
+        # Until the SSD files come within one largest slot of the cap, every candidate has room there.
+        self._ssd_largest = int(ssd_file_bytes(int(self.s.max()))) if len(self.s) else 0
         self._prefix_cache: dict[int, np.ndarray] = {}
 
     # ---- scoring (vectorized over candidates) -------------------------------------------
@@ -327,6 +332,8 @@ class _Planner:
         ok = (f < b) & (p > f)
         if tier == "host":
             ok &= self.host_room(idx)
+        else:
+            ok &= self.ssd_room(idx)
         ben = np.zeros(len(idx))
         for size in np.unique(s[ok]):
             m = ok & (s == size)
@@ -381,6 +388,17 @@ class _Planner:
         """bool per candidate: its tensor has a host slot already, shares a free one, or a
         new one still fits the cap (with ``host_arena``: its period finds a free range)."""
         return self.bins["host"].room(idx if self.host_arena else self.p_tid[idx], self.s[idx])
+
+    def ssd_room(self, idx: np.ndarray) -> np.ndarray:
+        """bool per candidate: its tensor has an SSD slot already, shares a free one, or a
+        new one's stripes still fit the SSD cap (always, without a cap)."""
+        return self.bins["ssd"].room(self.p_tid[idx], self.s[idx])
+
+    def ssd_room_may_shrink(self) -> bool:
+        """Whether the SSD cap can refuse some candidate now: the files are within one
+        largest slot of it."""
+        ssd = self.bins["ssd"]
+        return ssd.cap is not None and ssd.tier_bytes + self._ssd_largest > ssd.cap
 
     def slot_of(self, c: int, tier: str, trace: Trace) -> str:
         """The name of the owner of the ``tier`` slot that candidate c's tensor was placed in
@@ -438,6 +456,8 @@ class _Planner:
             assert (f, p) == (fwin[c], pwin[c]), "accepted a stale window"
             if tier == "host":  # host room shrank for every candidate, not only overlapping ones
                 fresh &= choice != self.tiers.index("host")
+            elif self.ssd_room_may_shrink():  # so may SSD room, near its cap
+                fresh &= choice != self.tiers.index("ssd")
             t = trace.tensors[int(self.p_tid[c])]
             self.hidden[c] = (len(migrations), f, p)
             migrations.append(Migration(
@@ -493,7 +513,8 @@ class _Planner:
                 i = np.flatnonzero(fresh)
                 tier[i[self.host_room(i)]] = 1
             if "ssd" in self.tiers:
-                tier[fresh & (tier < 0)] = 0
+                i = np.flatnonzero(fresh & (tier < 0))
+                tier[i[self.ssd_room(i)]] = 0
             ok &= tier >= 0
             ben = np.zeros(N)
             for size in np.unique(s[ok]):
@@ -538,7 +559,7 @@ class _Planner:
 def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
                     benefit: str = "pressure", min_tensor_bytes: int = 1 << 20,
                     use_ssd: bool = True, allow_stalls: bool = False, shared_ssd: bool = True,
-                    host_arena: bool | str = False) -> MigrationPlan:
+                    host_arena: bool | str = False, ssd_cap_bytes: int | None = None) -> MigrationPlan:
     """Algorithm 1 (paper §3.2): a migration plan that brings ``trace``'s peak live bytes
     under ``capacity_bytes`` while hiding transfers behind compute.
 
@@ -568,6 +589,10 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
             ``meta["host_arena"]`` is the packing kept, ``meta["host_arena_auto"]`` the
             simulated iteration seconds of each (``{"slots": s, "arena": s}``), and
             ``meta["compile_seconds"]`` covers both plans and their simulations.
+        ssd_cap_bytes: most bytes the SSD tier's files may take (its slots in whole
+            stripes, ``teraio.core.slots.ssd_file_bytes``): the room on its drives. A
+            candidate whose SSD slot would pass it goes to host memory or stays; None: no
+            cap. ``meta["ssd_file_bytes"]`` is what the plan's SSD slots take.
 
     Returns:
         the plan, migrations in the order chosen. If the peak cannot be brought under
@@ -575,7 +600,7 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
         ``plan.shortfall_bytes`` says by how much (also in ``plan.meta``).
 
     Raises:
-        ValueError: non-positive capacity, negative host cap, unknown benefit, a
+        ValueError: non-positive capacity, negative host or SSD cap, unknown benefit, a
             ``host_arena`` other than true, false or ``"auto"``, or no tier to migrate to
             (``use_ssd=False`` with ``host_cap_bytes=0``).
     """
@@ -584,11 +609,14 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
     if host_arena == "auto":
         return _fastest_packing(trace, capacity_bytes, tiers, host_cap_bytes, benefit=benefit,
                                 min_tensor_bytes=min_tensor_bytes, use_ssd=use_ssd,
-                                allow_stalls=allow_stalls, shared_ssd=shared_ssd)
+                                allow_stalls=allow_stalls, shared_ssd=shared_ssd,
+                                ssd_cap_bytes=ssd_cap_bytes)
     if not isinstance(capacity_bytes, (int, np.integer)) or capacity_bytes <= 0:
         raise ValueError(f"capacity_bytes={capacity_bytes!r}; must be a positive int (bytes)")
     if host_cap_bytes < 0:
         raise ValueError(f"host_cap_bytes={host_cap_bytes!r}; must be >= 0 bytes")
+    if ssd_cap_bytes is not None and ssd_cap_bytes < 0:
+        raise ValueError(f"ssd_cap_bytes={ssd_cap_bytes!r}; must be >= 0 bytes or None")
     if benefit not in BENEFITS:
         raise ValueError(f"benefit={benefit!r}; valid: {BENEFITS}")
     if not use_ssd and host_cap_bytes == 0:
@@ -600,7 +628,7 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
     baseline = trace.peak_bytes()
     periods = inactive_periods(trace, min_tensor_bytes)
     planner = _Planner(trace, capacity_bytes, tiers, int(host_cap_bytes), benefit, use_ssd, periods, shared_ssd,
-                       host_arena)
+                       host_arena, None if ssd_cap_bytes is None else int(ssd_cap_bytes))
     if baseline > capacity_bytes:
         migrations, stats = planner.run(trace)
         if allow_stalls and stats["stop_reason"] != "fits":
@@ -617,9 +645,11 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
         "tiers_gbps": dataclasses.asdict(tiers), "host_cap_bytes": int(host_cap_bytes),
         "use_ssd": use_ssd, "allow_stalls": allow_stalls, "min_tensor_bytes": int(min_tensor_bytes),
         "shared_ssd": shared_ssd, "host_arena": host_arena,
+        "ssd_cap_bytes": None if ssd_cap_bytes is None else int(ssd_cap_bytes),
         "n_exposed": 0, "n_widened": 0,
         "shortfall_bytes": max(0, predicted - capacity_bytes), **stats,
         "slot_bytes": {t: planner.bins[t].held_bytes for t in ("ssd", "host")},
+        "ssd_file_bytes": planner.bins["ssd"].tier_bytes,
         "compile_seconds": time.perf_counter() - t0,
     }
     return MigrationPlan(n_ops=trace.n_ops, capacity_bytes=capacity_bytes, baseline_peak_bytes=baseline,

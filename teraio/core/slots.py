@@ -24,11 +24,22 @@ import numpy as np
 
 _BLOCK = 1 << 21  # HostArena.offsets: candidate × placed-range pairs per block
 HOST_ALIGN = 64  # bytes: the host tier rounds each slot up to a cache line (the CPU allocator's alignment)
+FILE_ALIGN = 4096  # bytes: GDS needs 4 KiB-aligned file offsets (kvikio CuFile.pwrite notes)
+SSD_STRIPE = 8 << 20  # bytes: the SSD tier's stripe (teraio.core.storage.SSDTier's default)
 
 
 def align_up(n, a: int):
     """``n`` (an int or an int array) rounded up to a multiple of ``a``."""
     return (n + a - 1) // a * a
+
+
+def ssd_file_bytes(nbytes, stripe: int = SSD_STRIPE):
+    """Bytes the SSD tier's files take for a slot of ``nbytes`` (an int or an int array):
+    one 4 KiB-aligned stripe when it fits one, else whole stripes
+    (``teraio.core.storage.SSDTier``'s layout, over any number of drives)."""
+    n = np.asarray(nbytes, np.int64)
+    out = np.where(n > stripe, align_up(n, stripe), align_up(n, FILE_ALIGN))
+    return int(out) if out.ndim == 0 else out
 
 
 class SlotBins:
@@ -39,17 +50,26 @@ class SlotBins:
         tid, a, b: the candidate periods as arrays ``[n_periods]``: tensor id, last use
             ``a`` in ``[0, n_ops)``, next use ``b`` unrolled (``a < b <= a + n_ops``), as
             ``teraio.core.planner.Periods`` holds them.
-        cap_bytes: most bytes the bins may hold in all (None: no cap).
+        cap_bytes: most bytes the bins may take in the tier in all (None: no cap).
         align: each bin's bytes are rounded up to this (the host tier's 64 B).
+        footprint: bytes a bin of ``nbytes`` takes in the tier, for the cap (vectorized over
+            an int array; default: its aligned size). The SSD tier's is
+            :func:`ssd_file_bytes`: its files hold whole stripes.
+
+    Attributes:
+        held_bytes: the sum of the bins' (aligned) sizes.
+        tier_bytes: the sum of their footprints, what the cap bounds.
     """
 
     def __init__(self, n_ops: int, tid: np.ndarray, a: np.ndarray, b: np.ndarray,
-                 cap_bytes: int | None = None, align: int = 1):
+                 cap_bytes: int | None = None, align: int = 1, footprint=None):
         if cap_bytes is not None and cap_bytes < 0:
             raise ValueError(f"cap_bytes={cap_bytes!r}; must be >= 0 or None")
         self.n = n_ops
         self.cap = cap_bytes
         self.align = align
+        self.footprint = footprint or (lambda nbytes: align_up(nbytes, align))
+        self.tier_bytes = 0
         self._a, self._b = np.asarray(a, np.int64), np.asarray(b, np.int64)
         # Tensor ids compacted to 0..T-1, so that per-tensor sums are one bincount.
         self._tids, self._tix = np.unique(np.asarray(tid, np.int64), return_inverse=True)
@@ -82,7 +102,7 @@ class SlotBins:
         if self.cap is None:
             return np.ones(len(tid), dtype=bool)
         placed = np.fromiter(self.bin_of, dtype=np.int64, count=len(self.bin_of))
-        ok = np.isin(tid, placed) | (self.held_bytes + align_up(nbytes, self.align) <= self.cap)
+        ok = np.isin(tid, placed) | (self.tier_bytes + self.footprint(nbytes) <= self.cap)
         if self.size:
             col = np.searchsorted(self._tids, tid)
             fits = (np.asarray(self.size)[:, None] >= nbytes[None, :]) & ~self._busy[:, col]
@@ -110,15 +130,17 @@ class SlotBins:
             self._busy[j] = self._busy_row(self._occ[j])
         else:
             size = align_up(int(nbytes), self.align)
-            if self.cap is not None and self.held_bytes + size > self.cap:
+            taken = int(self.footprint(int(nbytes)))
+            if self.cap is not None and self.tier_bytes + taken > self.cap:
                 raise ValueError(f"no bin of >= {nbytes} B is free over tensor {tid}'s periods and a new "
-                                 f"one would hold {self.held_bytes + size} B, above the cap of {self.cap} B")
+                                 f"one would take {self.tier_bytes + taken} B, above the cap of {self.cap} B")
             j = len(self.size)
             self.size.append(size)
             self.owner.append(tid)
             self._occ.append(occ)
             self._busy = np.vstack([self._busy, self._busy_row(occ)[None, :]])
             self.held_bytes += size
+            self.tier_bytes += taken
         self.bin_of[tid] = j
         return self.owner[j]
 

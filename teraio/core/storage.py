@@ -35,10 +35,31 @@ from dataclasses import dataclass
 
 import torch
 
-from teraio.core.slots import HOST_ALIGN, align_up
+from teraio.core.slots import FILE_ALIGN, HOST_ALIGN, SSD_STRIPE, align_up
 
-_FILE_ALIGN = 4096  # GDS needs 4 KiB-aligned file offsets (kvikio CuFile.pwrite notes)
 BACKENDS: tuple[str, ...] = ("auto", "direct", "buffered", "kvikio")
+SSD_FREE_RESERVE = 1 << 30  # bytes a plan leaves free on each drive's filesystem (side files, logs)
+
+
+def drive_room_bytes(dirs: list[str], reserve: int = SSD_FREE_RESERVE) -> int:
+    """Most bytes the SSD tier's files may take over ``dirs`` (one per drive), for the
+    planner's ``ssd_cap_bytes``: the tier spreads its slots evenly over the directories, so
+    each may take its filesystem's free bytes less ``reserve``, shared among that
+    filesystem's directories. :class:`SSDTier` still checks each file's share when it opens.
+
+    Raises:
+        ValueError: no directory, or one that does not exist.
+    """
+    if not dirs:
+        raise ValueError("the SSD tier needs at least one offload directory, got none")
+    by_fs: dict[int, list[str]] = {}
+    for d in dirs:
+        try:
+            by_fs.setdefault(os.stat(d).st_dev, []).append(d)
+        except OSError as e:
+            raise ValueError(f"offload dir {d!r} cannot be read ({e}); hardware.ssd_dirs must exist") from e
+    each = min(max(0, shutil.disk_usage(ds[0]).free - reserve) // len(ds) for ds in by_fs.values())
+    return each * len(dirs)
 
 
 class TierIOError(RuntimeError):
@@ -334,15 +355,15 @@ class SSDTier:
     """
 
     def __init__(self, dirs: list[str], slots: dict[str, int], backend: str = "auto", threads: int = 4,
-                 stripe_bytes: int = 8 << 20, shares: dict[str, str] | None = None):
+                 stripe_bytes: int = SSD_STRIPE, shares: dict[str, str] | None = None):
         if not dirs:
             raise ValueError("SSDTier needs at least one offload directory, got none")
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r}; valid: {BACKENDS}")
         if threads < 1:
             raise ValueError(f"threads={threads}; need >= 1")
-        if stripe_bytes <= 0 or stripe_bytes % _FILE_ALIGN:
-            raise ValueError(f"stripe_bytes={stripe_bytes}; must be a positive multiple of {_FILE_ALIGN}")
+        if stripe_bytes <= 0 or stripe_bytes % FILE_ALIGN:
+            raise ValueError(f"stripe_bytes={stripe_bytes}; must be a positive multiple of {FILE_ALIGN}")
         _check_slots(slots)
         if backend == "kvikio" and not torch.cuda.is_available():
             raise ValueError("backend='kvikio' needs a CUDA driver (kvikio does no I/O without "
@@ -508,7 +529,7 @@ class SSDTier:
                 raise OSError(errno.EIO, f"kvikio moved {moved} of {st.nbytes} bytes at file offset {st.offset}")
             return
         bounce, stream = self._worker_state(part.device)
-        span = align_up(st.nbytes, _FILE_ALIGN)
+        span = align_up(st.nbytes, FILE_ALIGN)
         if kind == "write":
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                 bounce[:st.nbytes].copy_(part, non_blocking=stream is not None)
@@ -532,11 +553,11 @@ class SSDTier:
         local = self._local
         if getattr(local, "bounce", None) is None:
             cuda = device.type == "cuda"
-            raw = pinned_empty(self._stripe_bytes + _FILE_ALIGN, "SSD tier bounce buffer") if cuda \
-                else torch.empty(self._stripe_bytes + _FILE_ALIGN, dtype=torch.uint8)
+            raw = pinned_empty(self._stripe_bytes + FILE_ALIGN, "SSD tier bounce buffer") if cuda \
+                else torch.empty(self._stripe_bytes + FILE_ALIGN, dtype=torch.uint8)
             if cuda:
                 self._bounce.append(raw)
-            skip = -raw.data_ptr() % _FILE_ALIGN
+            skip = -raw.data_ptr() % FILE_ALIGN
             local.bounce = raw[skip:skip + self._stripe_bytes]
             local.stream = torch.cuda.Stream(device) if cuda else None
         return local.bounce, local.stream
@@ -572,7 +593,7 @@ def _stripe_layout(slots: dict[str, int], n_files: int, stripe: int):
             f = (first + j) % n_files
             count = len(range(j, n_stripes, n_files))
             base[f] = fill[f]
-            fill[f] += count * stripe if count > 1 else align_up(min(stripe, nbytes), _FILE_ALIGN)
+            fill[f] += count * stripe if count > 1 else align_up(min(stripe, nbytes), FILE_ALIGN)
         pieces = []
         for j in range(n_stripes):
             f = (first + j) % n_files

@@ -72,7 +72,7 @@ from teraio.core.profiler import persistent_tensors, profile_step
 from teraio.result import Measurements, iteration_totals, kept_on_failure, progress_line
 from teraio.workload.pipeline import build_training, gather_stages
 from teraio.workload.step import make_batch
-from teraio.core.storage import HostTier, SSDTier
+from teraio.core.storage import SSD_FREE_RESERVE, HostTier, SSDTier, drive_room_bytes
 
 
 
@@ -228,8 +228,10 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
     Raises:
         ValueError: bad options, a model whose parameters do not fit the capacity, a plan
             that cannot bring the peak under the capacity (before any planned step runs;
-            the message names the smallest capacity the plan reaches), or an SSD directory
-            that is missing/unwritable/too small.
+            the message names the smallest capacity the plan reaches and the SSD room it
+            planned in: the SSD tier's files are planned within the free bytes of
+            ``hardware.ssd_dirs``, shared by the stages, ``teraio.core.storage.drive_room_bytes``), or an SSD
+            directory that is missing/unwritable/too small.
         teraio.core.pager.CapacityError: an op's own inputs and outputs exceed the capacity.
         torch.OutOfMemoryError: the capacity was exceeded.
         FloatingPointError: a loss that is not finite.
@@ -326,14 +328,18 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
             plan_capacity = limit if limit is not None else int(unoffloaded_peak * (1 - headroom))
             host_cap = cfg.hardware.host_mem_cap_bytes if spec.host_tier else 0
             t0 = time.perf_counter()
+            # The SSD tier's files within the drives' free room, shared by the pipeline's stages.
+            ssd_cap = drive_room_bytes(list(cfg.hardware.ssd_dirs)) // w.pipeline_stages
             plan = plan_migrations(trace, plan_capacity, bandwidths, host_cap_bytes=host_cap,
                                    benefit=opts.benefit, min_tensor_bytes=opts.min_tensor_bytes,
-                                   allow_stalls=opts.allow_stalls, host_arena=opts.host_arena)
+                                   allow_stalls=opts.allow_stalls, host_arena=opts.host_arena,
+                                   ssd_cap_bytes=ssd_cap)
             compile_seconds = time.perf_counter() - t0
             plan.save(side / f"plan{suffix}.json")
             summary = {"capacity_bytes": plan_capacity, "predicted_peak_bytes": plan.predicted_peak_bytes,
                        "shortfall_bytes": plan.shortfall_bytes, "migrations": len(plan.migrations),
                        "bytes_per_tier": plan.bytes_per_tier(), "host_arena": plan.meta["host_arena"],
+                       "ssd_cap_bytes": ssd_cap, "ssd_file_bytes": plan.meta["ssd_file_bytes"],
                        **({"host_arena_auto": plan.meta["host_arena_auto"]} if "host_arena_auto" in plan.meta else {})}
             if not suffix:
                 measured.unoffloaded_peak_bytes = unoffloaded_peak
@@ -347,7 +353,9 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
                     f"headroom {headroom}) peaks at {plan.predicted_peak_bytes} B, {plan.shortfall_bytes} B over; "
                     f"the smallest capacity it reaches is hardware.gpu_capacity_bytes="
                     f"{math.ceil(plan.predicted_peak_bytes / (1 - headroom))}"
-                    + ("" if opts.allow_stalls else " (or allow stalls: system.options.allow_stalls=true)"))
+                    + ("" if opts.allow_stalls else " (or allow stalls: system.options.allow_stalls=true)")
+                    + f"; its SSD files take {plan.meta['ssd_file_bytes']} B of the {ssd_cap} B free on "
+                    f"hardware.ssd_dirs={list(cfg.hardware.ssd_dirs)} (less {SSD_FREE_RESERVE} B kept free)")
             tiers = open_tiers(plan, cfg, device, opts.io_threads)
             measured.ssd_io_mode = tiers["ssd"].mode if "ssd" in tiers else None
             eng = MigrationEngine(trace, plan, persistent_tensors(model, optimizer), tiers, device,
