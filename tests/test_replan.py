@@ -228,3 +228,22 @@ def test_plan_sensitivity_refuses_a_bad_jitter_before_it_plans(tmp_path, capsys)
     assert "--jitter 0.03 2.5: FRACTION must be in (0, 1) and SEEDS a whole number >= 1" in capsys.readouterr().err
     assert not (tmp_path / "out.json").exists()
 
+
+
+def test_the_drive_room_replan_is_reproduced():
+    """Trial 1's first attempt at the Granite-8B cut's bs_mid planned 70.8 GB of SSD slots
+    where the drive had 68.4 GB free; planned within that room (less 1 GiB) its trace falls
+    3.16 GB short, while trial 0's plan is unchanged (benchmarks/results/ssd_room/)."""
+    doc = json.loads((ROOT / "benchmarks" / "results" / "ssd_room" / "replan_granite_bs_mid.json").read_text())
+    first, trial0, _ = doc["jobs"]
+    room = 68_409_909_248 - (1 << 30)
+    for entry in (first, trial0):
+        again = replan.replan(ROOT / entry["job"], ssd_cap_bytes=room, released_grads=True)
+        assert again["replanned_ssd_cap_bytes"] == entry["replanned_ssd_cap_bytes"] == room
+        for kind in ("committed", "replanned"):
+            for key in ("ssd_file_bytes", "shortfall_bytes", "bytes_per_tier", "migrations"):
+                assert again[kind][key] == entry[kind][key], (entry["job"], kind, key)
+    assert first["committed"]["ssd_file_bytes"] == 70_836_027_392 > room >= first["replanned"]["ssd_file_bytes"]
+    assert first["replanned"]["shortfall_bytes"] == 3_159_051_069
+    assert trial0["replanned"]["migrations"] == trial0["committed"]["migrations"]
+    assert trial0["replanned"]["bytes_per_tier"] == trial0["committed"]["bytes_per_tier"]
