@@ -183,6 +183,22 @@ def test_missing_swap_dir_fails_before_training(tmp_path):
     assert not (tmp_path / "job" / zero.CONFIG_FILE).exists()
 
 
+def test_a_swap_dir_with_too_little_room_fails_before_training(tmp_path, monkeypatch):
+    import shutil
+
+    cfg = make_cfg("zero_infinity", ssd_dir=tmp_path)
+    need = zero.swap_bytes_needed(cfg, zero.resolve_options("zero_infinity", {}))
+    # the 9 parameters of >= 1 MiB (see below), 12 B per element
+    assert need == 12 * sum(p.numel() for p in build_meta_model(MODEL, WORKLOAD.seq_len).parameters()
+                            if p.numel() * 4 >= 1 << 20)
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=need - 1))
+    result = run_point(cfg, tmp_path / "job", runner=zero.run)
+    assert result["status"] == "error"
+    assert f"{tmp_path} has {need - 1} B free; DeepSpeed swaps at least {need} B" in result["error"]
+    assert not (tmp_path / "job" / zero.CONFIG_FILE).exists()
+
+
 # --- training with DeepSpeed on CPU (gloo) ----------------------------------------------
 
 def check_row(result: dict, job_dir: Path, reference: list[float]) -> None:
@@ -220,11 +236,13 @@ def test_zero_infinity_swaps_to_nvme_and_follows_plain_torch(tmp_path, reference
     ssd = tmp_path / "ssd"
     ssd.mkdir()
     seen: list[set[str]] = []
+    swapped: list[int] = []
     step = deepspeed.DeepSpeedEngine.step
 
     def step_and_look(self, *args, **kwargs):
         out = step(self, *args, **kwargs)
         seen.append({str(p.relative_to(ssd)) for p in ssd.rglob("*.swp")})
+        swapped.append(sum(p.stat().st_size for p in ssd.rglob("*.swp")))
         return out
 
     monkeypatch.setattr(deepspeed.DeepSpeedEngine, "step", step_and_look)
@@ -232,7 +250,8 @@ def test_zero_infinity_swaps_to_nvme_and_follows_plain_torch(tmp_path, reference
     # Several optimizer sub-groups, so that the pipelined swapper reads ahead and writes
     # behind (with Table 4's 4 buffers it ran out here and on the H200).
     options = {"ds_config": {"zero_optimization": {"sub_group_size": 500_000}}}
-    result = run_point(make_cfg("zero_infinity", options, ssd_dir=ssd), job, runner=zero.run)
+    cfg = make_cfg("zero_infinity", options, ssd_dir=ssd)
+    result = run_point(cfg, job, runner=zero.run)
     check_row(result, job, reference)
     assert len(seen) == 8  # 4 iterations x 2 micro-batches
     files = seen[-1]
@@ -245,6 +264,8 @@ def test_zero_infinity_swaps_to_nvme_and_follows_plain_torch(tmp_path, reference
     assert not any(ssd.iterdir())  # the run's swap directory is removed afterwards
     swap = json.loads((job / zero.CONFIG_FILE).read_text())["zero_optimization"]
     assert swap["offload_param"]["nvme_path"].startswith(str(ssd / "zero-job-"))
+    # what the check before DeepSpeed starts asks of the drive is at most what it swapped
+    assert max(swapped) >= zero.swap_bytes_needed(cfg, zero.resolve_options("zero_infinity", options))
 
 
 # --- on a CUDA GPU (nccl) ----------------------------------------------------------------

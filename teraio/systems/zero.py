@@ -268,12 +268,38 @@ def deepspeed_config(cfg: RunConfig, opts: dict, largest_param_numel: int, world
     return _deep_merge(ds, opts["ds_config"])
 
 
-def _check_swap_dir(path: Path) -> None:
+# Bytes zero_infinity swaps at least per element of a swapped parameter: the FP32 weight
+# (offload_param) and its two AdamW moments (offload_optimizer).
+SWAP_BYTES_PER_ELEMENT = 12
+
+
+def swap_bytes_needed(cfg: RunConfig, opts: dict, world: int = 1, local_world: int = 1) -> int:
+    """A lower bound on the bytes zero_infinity swaps to its directory on this host:
+    :data:`SWAP_BYTES_PER_ELEMENT` per element of each parameter DeepSpeed swaps (one of at
+    least ``param_persistence_threshold`` elements and at least ``aio.block_size`` and
+    1 MiB), for the ``local_world`` of ``world`` ranks that share the directory. DeepSpeed
+    also swaps the FP32 partition the optimizer steps, and the smaller parameters' state,
+    so it writes more."""
+    smallest = max(opts["aio"]["block_size"], 1 << 20)
+    swapped = sum(p.numel() for p in build_meta_model(cfg.model, cfg.workload.seq_len).parameters()
+                  if p.numel() >= opts["param_persistence_threshold"] and p.numel() * 4 >= smallest)
+    return SWAP_BYTES_PER_ELEMENT * swapped * local_world // world
+
+
+def _check_swap_dir(path: Path, need: int) -> None:
+    """Refuse a swap directory that is missing, not writable, or has fewer than ``need``
+    bytes free (:func:`swap_bytes_needed`), before DeepSpeed starts."""
     if not path.is_dir():
         raise ValueError(f"zero_infinity swap directory {path} does not exist "
                          "(hardware.ssd_dirs[0] or system.options.nvme_path)")
     if not os.access(path, os.W_OK | os.X_OK):
         raise ValueError(f"zero_infinity swap directory {path} is not writable")
+    free = shutil.disk_usage(path).free
+    if free < need:
+        raise ValueError(f"zero_infinity swap directory {path} has {free} B free; DeepSpeed swaps at least "
+                         f"{need} B there ({SWAP_BYTES_PER_ELEMENT} B per element of each swapped parameter: "
+                         "its FP32 weight and two AdamW moments); point hardware.ssd_dirs[0] or "
+                         "system.options.nvme_path at a larger drive")
 
 
 def _free_port() -> int:
@@ -348,11 +374,11 @@ def _run(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measurem
     w = cfg.workload
     largest = max(p.numel() for p in build_meta_model(cfg.model, w.seq_len).parameters())
     swap_dir = None
+    world = int(os.environ.get("WORLD_SIZE", 1))
     if cfg.system.name == "zero_infinity":
         root = Path(opts["nvme_path"] or cfg.hardware.ssd_dirs[0])
-        _check_swap_dir(root)
+        _check_swap_dir(root, swap_bytes_needed(cfg, opts, world, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
         swap_dir = root / f"zero-{job_dir.name}-{time.time_ns()}"
-    world = int(os.environ.get("WORLD_SIZE", 1))
     ds_config = deepspeed_config(cfg, opts, largest, world, str(swap_dir) if swap_dir else None)
     measured.extras["zero_micro_batch_size"] = ds_config["train_micro_batch_size_per_gpu"]
     job_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,59 @@
+"""What zero_infinity swaps to its drive at least, at points of an experiment, beside a
+drive's free bytes: :func:`teraio.systems.zero.swap_bytes_needed` (12 B per element of
+each parameter DeepSpeed swaps), which the runner checks before DeepSpeed starts. On CPU,
+from the configs alone.
+
+    python benchmarks/swap_bytes.py --experiment fig7_h200 \\
+        --points "model=llama3_8b fig7.point=full" "model=granite_8b_8l fig7.point=seq_short" \\
+        --free-bytes N --out FILE.json
+
+The file ``--out`` is replaced atomically.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from teraio.files import write_atomic  # noqa: E402
+from teraio.harness.compose import register_resolvers, run_config  # noqa: E402
+from teraio.systems import zero  # noqa: E402
+
+
+def needed(experiment: str, point: str) -> dict:
+    """The point's model, its zero_infinity swap lower bound, bytes, on one rank."""
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = run_config(compose("config", [f"+experiment={experiment}", *shlex.split(point),
+                                            "system=zero_infinity"]))
+    opts = zero.resolve_options("zero_infinity", cfg.system.options)
+    return {"point": point, "model": cfg.model.name, "swap_bytes_at_least": zero.swap_bytes_needed(cfg, opts)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--experiment", required=True)
+    ap.add_argument("--points", nargs="+", required=True, help="overrides of one point, quoted")
+    ap.add_argument("--free-bytes", type=int, required=True, help="the drive's free bytes")
+    ap.add_argument("--out", type=Path, required=True)
+    argv = sys.argv[1:] if argv is None else argv
+    args = ap.parse_args(argv)
+    rows = [{**r, "fits": r["swap_bytes_at_least"] <= args.free_bytes}
+            for r in (needed(args.experiment, p) for p in args.points)]
+    doc = {"command": shlex.join(["python", "benchmarks/swap_bytes.py", *argv]),
+           "free_bytes": args.free_bytes, "points": rows}
+    write_atomic(args.out, json.dumps(doc, indent=1).encode())
+    for r in rows:
+        print(f"{r['point']}: at least {r['swap_bytes_at_least']} B, {'fits' if r['fits'] else 'does not fit'} "
+              f"{args.free_bytes} B free")
+
+
+if __name__ == "__main__":
+    main()
