@@ -47,24 +47,28 @@ def _load(job: Path, stem: str) -> dict:
     raise ValueError(f"{job}: no {stem}.json or {stem}.json.gz")
 
 
+def owner_slots(plan: MigrationPlan, tier: str) -> dict[str, int]:
+    """``tier``'s slots, owner name -> bytes: one per owner, or one per tensor name in a plan
+    without shared slots."""
+    return {m.name: m.nbytes for m in plan.migrations if m.tier == tier and m.slot in ("", m.name)}
+
+
 def slot_bytes(plan: MigrationPlan) -> dict[str, int]:
-    """Bytes of each tier's slots: one per owner, or one per tensor name in a plan
-    without shared slots (host slots rounded up as the host tier allocates them); for a
-    host tier as one region (``host_arena``), the region's bytes in use."""
+    """Bytes of each tier's slots (:func:`owner_slots`; host slots rounded up as the host
+    tier allocates them); for a host tier as one region (``host_arena``), the region's
+    bytes in use."""
     out = {}
     for tier, align in (("ssd", 1), ("host", HOST_ALIGN)):
-        owners = {m.name: m.nbytes for m in plan.migrations if m.tier == tier and m.slot in ("", m.name)}
-        out[tier] = sum(align_up(b, align) for b in owners.values())
+        out[tier] = sum(align_up(b, align) for b in owner_slots(plan, tier).values())
     if plan.meta.get("host_arena"):  # one region: its highest end
         out["host"] = plan.meta["slot_bytes"]["host"]
     return out
 
 
 def ssd_files(plan: MigrationPlan) -> int:
-    """Bytes the SSD tier's files take for the plan's SSD slots (each slot in whole stripes,
-    ``teraio.core.slots.ssd_file_bytes``), one slot per owner."""
-    owners = {m.name: m.nbytes for m in plan.migrations if m.tier == "ssd" and m.slot in ("", m.name)}
-    return int(ssd_file_bytes(np.array(list(owners.values()), np.int64)).sum())
+    """Bytes the SSD tier's files take for the plan's SSD slots (:func:`owner_slots`, each in
+    whole stripes, ``teraio.core.slots.ssd_file_bytes``)."""
+    return int(ssd_file_bytes(np.array(list(owner_slots(plan, "ssd").values()), np.int64)).sum())
 
 
 def beyond_host(trace: Trace, capacity_bytes: int, host_cap_bytes: int) -> dict[str, int]:

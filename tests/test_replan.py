@@ -229,7 +229,6 @@ def test_plan_sensitivity_refuses_a_bad_jitter_before_it_plans(tmp_path, capsys)
     assert not (tmp_path / "out.json").exists()
 
 
-
 def test_the_drive_room_replan_is_reproduced():
     """Trial 1's first attempt at the Granite-8B cut's bs_mid planned 70.8 GB of SSD slots
     where the drive had 68.4 GB free; planned within that room (less 1 GiB) its trace falls

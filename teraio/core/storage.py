@@ -52,14 +52,21 @@ def drive_room_bytes(dirs: list[str], reserve: int = SSD_FREE_RESERVE) -> int:
     """
     if not dirs:
         raise ValueError("the SSD tier needs at least one offload directory, got none")
-    by_fs: dict[int, list[str]] = {}
-    for d in dirs:
-        try:
-            by_fs.setdefault(os.stat(d).st_dev, []).append(d)
-        except OSError as e:
-            raise ValueError(f"offload dir {d!r} cannot be read ({e}); hardware.ssd_dirs must exist") from e
-    each = min(max(0, shutil.disk_usage(ds[0]).free - reserve) // len(ds) for ds in by_fs.values())
+    try:
+        groups = _by_filesystem(dirs)
+    except OSError as e:
+        raise ValueError(f"offload dir {e.filename!r} cannot be read ({e}); hardware.ssd_dirs must exist") from e
+    each = min(max(0, shutil.disk_usage(dirs[ix[0]]).free - reserve) // len(ix) for ix in groups.values())
     return each * len(dirs)
+
+
+def _by_filesystem(dirs: list[str]) -> dict[int, list[int]]:
+    """Indices into ``dirs`` grouped by the filesystem each lies on (``st_dev``), groups and
+    indices in the order of ``dirs``. Raises OSError for a directory it cannot stat."""
+    groups: dict[int, list[int]] = {}
+    for i, d in enumerate(dirs):
+        groups.setdefault(os.stat(d).st_dev, []).append(i)
+    return groups
 
 
 class TierIOError(RuntimeError):
@@ -432,16 +439,12 @@ class SSDTier:
 
     @staticmethod
     def _check_free_space(dirs: list[str], share: list[int]) -> None:
-        need_by_fs: dict[int, int] = {}
-        for d, need in zip(dirs, share):
-            dev = os.stat(d).st_dev
-            need_by_fs[dev] = need_by_fs.get(dev, 0) + need
-        for d in dirs:
-            dev = os.stat(d).st_dev
+        for ix in _by_filesystem(dirs).values():
+            d, need = dirs[ix[0]], sum(share[i] for i in ix)
             free = shutil.disk_usage(d).free
-            if free < need_by_fs[dev]:
+            if free < need:
                 raise ValueError(f"offload dir {d!r} has {free} bytes free; the plan needs "
-                                 f"{need_by_fs[dev]} bytes on its filesystem")
+                                 f"{need} bytes on its filesystem")
 
     @staticmethod
     def _allocate(path: str, nbytes: int) -> None:
