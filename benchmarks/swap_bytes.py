@@ -34,7 +34,7 @@ def needed(experiment: str, point: str) -> dict:
         cfg = run_config(compose("config", [f"+experiment={experiment}", *shlex.split(point),
                                             "system=zero_infinity"]))
     opts = zero.resolve_options("zero_infinity", cfg.system.options)
-    return {"point": point, "model": cfg.model.name, "swap_bytes_at_least": zero.swap_bytes_needed(cfg, opts)}
+    return {"point": point, "model": cfg.model.name, "swap_bytes_at_least": zero.swap_bytes_needed(zero.param_numels(cfg), opts)}
 
 
 def main(argv: list[str] | None = None) -> None:

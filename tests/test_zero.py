@@ -187,7 +187,7 @@ def test_a_swap_dir_with_too_little_room_fails_before_training(tmp_path, monkeyp
     import shutil
 
     cfg = make_cfg("zero_infinity", ssd_dir=tmp_path)
-    need = zero.swap_bytes_needed(cfg, zero.resolve_options("zero_infinity", {}))
+    need = zero.swap_bytes_needed(zero.param_numels(cfg), zero.resolve_options("zero_infinity", {}))
     # the 9 parameters of >= 1 MiB (see below), 12 B per element
     assert need == 12 * sum(p.numel() for p in build_meta_model(MODEL, WORKLOAD.seq_len).parameters()
                             if p.numel() * 4 >= 1 << 20)
@@ -265,7 +265,7 @@ def test_zero_infinity_swaps_to_nvme_and_follows_plain_torch(tmp_path, reference
     swap = json.loads((job / zero.CONFIG_FILE).read_text())["zero_optimization"]
     assert swap["offload_param"]["nvme_path"].startswith(str(ssd / "zero-job-"))
     # what the check before DeepSpeed starts asks of the drive is at most what it swapped
-    assert max(swapped) >= zero.swap_bytes_needed(cfg, zero.resolve_options("zero_infinity", options))
+    assert max(swapped) >= zero.swap_bytes_needed(zero.param_numels(cfg), zero.resolve_options("zero_infinity", options))
 
 
 # --- on a CUDA GPU (nccl) ----------------------------------------------------------------

@@ -273,16 +273,22 @@ def deepspeed_config(cfg: RunConfig, opts: dict, largest_param_numel: int, world
 SWAP_BYTES_PER_ELEMENT = 12
 
 
-def swap_bytes_needed(cfg: RunConfig, opts: dict, world: int = 1, local_world: int = 1) -> int:
-    """A lower bound on the bytes zero_infinity swaps to its directory on this host:
+def param_numels(cfg: RunConfig) -> list[int]:
+    """Elements of each parameter of ``cfg``'s model, in ``parameters()`` order (built on the
+    meta device: nothing is allocated)."""
+    return [p.numel() for p in build_meta_model(cfg.model, cfg.workload.seq_len).parameters()]
+
+
+def swap_bytes_needed(numels: list[int], opts: dict, world: int = 1, local_world: int = 1) -> int:
+    """A lower bound on the bytes zero_infinity swaps to its directory on this host, for a
+    model whose parameters have ``numels`` elements (:func:`param_numels`):
     :data:`SWAP_BYTES_PER_ELEMENT` per element of each parameter DeepSpeed swaps (one of at
     least ``param_persistence_threshold`` elements and at least ``aio.block_size`` and
     1 MiB), for the ``local_world`` of ``world`` ranks that share the directory. DeepSpeed
     also swaps the FP32 partition the optimizer steps, and the smaller parameters' state,
     so it writes more."""
     smallest = max(opts["aio"]["block_size"], 1 << 20)
-    swapped = sum(p.numel() for p in build_meta_model(cfg.model, cfg.workload.seq_len).parameters()
-                  if p.numel() >= opts["param_persistence_threshold"] and p.numel() * 4 >= smallest)
+    swapped = sum(n for n in numels if n >= opts["param_persistence_threshold"] and n * 4 >= smallest)
     return SWAP_BYTES_PER_ELEMENT * swapped * local_world // world
 
 
@@ -372,14 +378,14 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
 def _run(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measurements) -> None:
     opts = resolve_options(cfg.system.name, cfg.system.options)
     w = cfg.workload
-    largest = max(p.numel() for p in build_meta_model(cfg.model, w.seq_len).parameters())
+    numels = param_numels(cfg)
     swap_dir = None
     world = int(os.environ.get("WORLD_SIZE", 1))
     if cfg.system.name == "zero_infinity":
         root = Path(opts["nvme_path"] or cfg.hardware.ssd_dirs[0])
-        _check_swap_dir(root, swap_bytes_needed(cfg, opts, world, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
+        _check_swap_dir(root, swap_bytes_needed(numels, opts, world, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
         swap_dir = root / f"zero-{job_dir.name}-{time.time_ns()}"
-    ds_config = deepspeed_config(cfg, opts, largest, world, str(swap_dir) if swap_dir else None)
+    ds_config = deepspeed_config(cfg, opts, max(numels), world, str(swap_dir) if swap_dir else None)
     measured.extras["zero_micro_batch_size"] = ds_config["train_micro_batch_size_per_gpu"]
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / CONFIG_FILE).write_text(json.dumps(ds_config, indent=1))
