@@ -222,21 +222,22 @@ def _run_owned_point(cfg: DictConfig, job_dir: Path) -> str:
         rc, tail = 0, []
     status = read_status(result_path)
     log_tail = "\n".join(tail)
+    cause = None  # why the worker wrote no row, where the sweep writes it
     if rc is None and status != "ok":
+        cause = f"killed after timeout_s={run.timeout_s} s"
         write_result(result_path, failure_row(
-            run, "timeout", f"killed after timeout_s={run.timeout_s} s; last output:\n{log_tail}", started))
+            run, "timeout", f"{cause}; last output:\n{log_tail}", started))
     elif status is None:
         why = f"exit code {rc}" + (" (killed by a signal: the host OOM killer?)" if rc and rc < 0 else "")
-        write_result(result_path, failure_row(
-            run, "error", f"worker ended ({why}) without writing result.json; last output:\n{log_tail}",
-            started))
+        cause = f"worker ended ({why}) without writing result.json"
+        write_result(result_path, failure_row(run, "error", f"{cause}; last output:\n{log_tail}", started))
     row = json.loads(result_path.read_text())
     if row["status"] == "ok":
         console.print(f"[green]✓ ok[/green] {row['tokens_per_s']:.1f} tokens/s "
                       f"({time.time() - started:.1f} s)")
-    else:
+    else:  # the cause, else the last line of the worker's error (its exception)
         last = [ln for ln in (row["error"] or "").strip().splitlines() if ln.strip()][-1:]
-        console.print(f"[red]✗ {row['status']}[/red] {escape(last[0]) if last else ''}")
+        console.print(f"[red]✗ {row['status']}[/red] {escape(cause or (last[0] if last else ''))}")
     return row["status"]
 
 

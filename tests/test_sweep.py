@@ -113,6 +113,9 @@ def test_failed_points_become_rows_and_rerun_resumes_without_overwriting(tmp_pat
     assert "exit code 3" in row(runs, 1)["error"] and "fake worker trial 1: crash" in row(runs, 1)["error"]
     assert "timeout_s=2" in row(runs, 2)["error"]
     assert "out of memory" in row(runs, 3)["error"]
+    out = " ".join(p.stdout.split())  # the console wraps long lines
+    assert "✗ error worker ended (exit code 3) without writing result.json" in out  # the cause, not the log's last line
+    assert "✗ timeout killed after timeout_s=2 s" in out
     for t in range(4):  # every row carries its point and the config it ran
         r = row(runs, t)
         assert r["point"]["trial"] == t and r["config"]["trial"] == t
