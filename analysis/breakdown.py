@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from teraio.config import ModelConfig
+from teraio.systems.teraio import CUDA_HEADROOM_FRACTION
 from teraio.workload.models import pipeline_estimate, softmax_working_bytes
 from teraio.core.trace import Trace
 
@@ -195,7 +196,11 @@ def scaled_frame(experiment: str = "fig7_h200", conf_dir: Path = CONF_DIR) -> pd
     ``paper_largest_op_share``: the same at the paper configuration on its GPU.
     ``zero_sequence_share``: what one sequence holds for backward (activations, attention
     probabilities, logits) over that capacity: the ZeRO baselines keep it on the GPU (no
-    activation checkpointing, paper §4.1), so above 1 their rows end ``oom``."""
+    activation checkpointing, paper §4.1), so above 1 their rows end ``oom``.
+    ``ssd_floor_bytes``: what TeraIO-SSD (no host tier) must hold on its drives at once, the
+    peak less the capacity its plan keeps usable on a GPU (``headroom_fraction``'s CUDA
+    default); a drive with less free room cannot hold its plan (``benchmarks/replan.py``
+    measures it from a trace as ``beyond_host``)."""
     import yaml
 
     paper = paper_frame(conf_dir)
@@ -221,7 +226,8 @@ def scaled_frame(experiment: str = "fig7_h200", conf_dir: Path = CONF_DIR) -> pd
                          "paper_largest_op_share": softmax_working_bytes(
                              model, int(est["micro_batch_size"].iloc[0]), int(est["seq_len"].iloc[0]))
                          / paper_capacity,
-                         "zero_sequence_share": sequence["activations"] / capacity})
+                         "zero_sequence_share": sequence["activations"] / capacity,
+                         "ssd_floor_bytes": one["peak_bytes"] - (1 - CUDA_HEADROOM_FRACTION) * capacity})
     return pd.DataFrame(rows)
 
 

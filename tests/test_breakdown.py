@@ -2,6 +2,8 @@
 the pipeline estimate of a configuration computed from the model's shapes."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -158,6 +160,30 @@ def test_fig7_h200_points_match_the_papers_memory_makeup_and_its_file_quotes_the
         + [("llama3_70b_4l", p) for p in ("bs_small", "bs_mid", "bs_large", "seq_short", "seq_long")])
     # ZeRO-Offload's committed rows (one sequence per micro-batch) ran where one sequence takes 46 %
     assert f.set_index(["model", "point"]).loc[("llama3_8b_4l", "bs_small"), "zero_sequence_share"] < 0.5
+
+
+def test_the_ssd_floor_estimate_is_the_peak_beyond_the_usable_capacity_and_meets_the_traces():
+    """TeraIO-SSD's drive floor from the shapes: the peak less 92 % of the capacity (peak / M);
+    against ``beyond_host`` that benchmarks/replan.py measured from the Granite-8B cut's
+    committed traces with no host tier, within 5 %."""
+    import json
+
+    from analysis.breakdown import scaled_frame
+    from teraio.systems.teraio import CUDA_HEADROOM_FRACTION
+
+    f = scaled_frame("fig7_h200").set_index(["model", "point"])
+    capacity = f["peak_bytes"] / (f["paper_m"] / 100)
+    assert CUDA_HEADROOM_FRACTION == 0.08
+    assert np.allclose(f["ssd_floor_bytes"], f["peak_bytes"] - 0.92 * capacity, rtol=0, atol=1)
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "ssd_room"
+    point_of = {"bs8-mb2-seq5120": "bs_small", "bs16-mb2-seq5120": "bs_mid", "bs16-mb4-seq2560": "seq_short"}
+    traced = [(point, job["beyond_host"]["bytes"])
+              for name in ("replan_granite_ssd_only_bs.json", "replan_granite_ssd_only.json")
+              for job in json.loads((results / name).read_text())["jobs"]
+              for config, point in point_of.items() if f"-h200-{config}-" in job["job"]]
+    assert sorted(p for p, _ in traced) == ["bs_mid", "bs_small", "seq_short", "seq_short"]
+    for point, measured in traced:
+        assert f.loc[("granite_8b_8l", point), "ssd_floor_bytes"] == pytest.approx(measured, rel=0.05), point
     # the points that match M only are more than 10 points from the paper's make-up
     assert (scaled_frame("fig7_h200_m_only")["distance"] > 10).all()
     # the Llama3-8B cut's parameters, as ae_README.md (§7) states them: 1.05 B of 1.92 B are
@@ -182,7 +208,6 @@ def test_the_one_gpu_estimate_tracks_the_committed_h200_traces(traces, share, pe
     """The estimate behind the fig7_h200 points against what the profiler measured on the H200
     (TeraIO-Mixed's traces of the Llama3-8B cut, 3 trials each)."""
     import json
-    from pathlib import Path
 
     from analysis.breakdown import load_model
     from teraio.workload.models import attention_bytes
@@ -217,7 +242,6 @@ def test_the_granite_cuts_measured_share_from_its_kept_traces():
     ae_README.md (section 2) quotes it, from TeraIO-Mixed's traces: every trial's at bs_small
     and at seq_short, and those of seq_short's slots rows (fig7_h200_host_slots/, its first
     attempt's in attempt.1/ among them), which profile the same steps."""
-    from pathlib import Path
 
     root = Path(__file__).resolve().parents[1] / "runs" / "reference" / "h200"
     shares = {}
@@ -403,7 +427,6 @@ def test_the_capacity_estimate_tracks_ideals_measured_peaks_on_the_h200():
     the 4-layer estimate would be 14.7 % low.
     The 8-layer Granite cut's estimate is the one above its measured peak, by 2.7 % at 4 x 2,560."""
     import json
-    from pathlib import Path
 
     from analysis.breakdown import load_model
 

@@ -75,6 +75,10 @@ from teraio.workload.step import make_batch
 from teraio.core.storage import SSD_FREE_RESERVE, HostTier, SSDTier, drive_room_bytes
 
 
+CUDA_HEADROOM_FRACTION = 0.08
+"""Default ``headroom_fraction`` on CUDA: the share of the capacity kept out of the plan and
+the pager (on CPU: none)."""
+
 
 @dataclasses.dataclass
 class TeraIOOptions:
@@ -249,7 +253,7 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
         raise ValueError(f"workload.warmup_steps={w.warmup_steps}: TeraIO needs >= 2 "
                          "(one step to create the optimizer state, one profiled step)")
     headroom = opts.headroom_fraction if opts.headroom_fraction is not None else (
-        0.08 if device.type == "cuda" else 0.0)
+        CUDA_HEADROOM_FRACTION if device.type == "cuda" else 0.0)
     capacity, emulated = device_capacity(cfg, device)
     limit = int(capacity * (1 - headroom)) if capacity is not None else None
     if w.pipeline_stages == 1:  # a stage holds a share of the model: its own step tells
