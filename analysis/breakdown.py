@@ -23,7 +23,6 @@ import numpy as np
 import pandas as pd
 
 from teraio.config import ModelConfig
-from teraio.systems.teraio import CUDA_HEADROOM_FRACTION
 from teraio.workload.models import pipeline_estimate, softmax_working_bytes
 from teraio.core.trace import Trace
 
@@ -202,6 +201,8 @@ def scaled_frame(experiment: str = "fig7_h200", conf_dir: Path = CONF_DIR) -> pd
     default); a drive with less free room cannot hold its plan (``benchmarks/replan.py``
     measures it from a trace as ``beyond_host``)."""
     import yaml
+
+    from teraio.systems.teraio import CUDA_HEADROOM_FRACTION  # the TeraIO system's imports: only here
 
     paper = paper_frame(conf_dir)
     paper_capacity = yaml.safe_load((conf_dir / "hardware" / "paper_h100nvl.yaml").read_text())["gpu_capacity_bytes"]

@@ -160,6 +160,16 @@ def test_fig7_h200_points_match_the_papers_memory_makeup_and_its_file_quotes_the
         + [("llama3_70b_4l", p) for p in ("bs_small", "bs_mid", "bs_large", "seq_short", "seq_long")])
     # ZeRO-Offload's committed rows (one sequence per micro-batch) ran where one sequence takes 46 %
     assert f.set_index(["model", "point"]).loc[("llama3_8b_4l", "bs_small"), "zero_sequence_share"] < 0.5
+    # the points that match M only are more than 10 points from the paper's make-up
+    assert (scaled_frame("fig7_h200_m_only")["distance"] > 10).all()
+    # the Llama3-8B cut's parameters, as ae_README.md (§7) states them: 1.05 B of 1.92 B are
+    # the embedding and output layers
+    from analysis.breakdown import load_model
+    from teraio.workload.models import build_meta_model
+    net = build_meta_model(load_model("llama3_8b_4l"), 1024)
+    counts = {n: p.numel() for n, p in net.named_parameters()}
+    outer = sum(v for n, v in counts.items() if n.startswith(("tok_embeddings.", "output.")))
+    assert (round(outer / 1e9, 2), round(sum(counts.values()) / 1e9, 2)) == (1.05, 1.92)
 
 
 def test_the_ssd_floor_estimate_is_the_peak_beyond_the_usable_capacity_and_meets_the_traces():
@@ -184,16 +194,6 @@ def test_the_ssd_floor_estimate_is_the_peak_beyond_the_usable_capacity_and_meets
     assert sorted(p for p, _ in traced) == ["bs_mid", "bs_small", "seq_short", "seq_short"]
     for point, measured in traced:
         assert f.loc[("granite_8b_8l", point), "ssd_floor_bytes"] == pytest.approx(measured, rel=0.05), point
-    # the points that match M only are more than 10 points from the paper's make-up
-    assert (scaled_frame("fig7_h200_m_only")["distance"] > 10).all()
-    # the Llama3-8B cut's parameters, as ae_README.md (§7) states them: 1.05 B of 1.92 B are
-    # the embedding and output layers
-    from analysis.breakdown import load_model
-    from teraio.workload.models import build_meta_model
-    net = build_meta_model(load_model("llama3_8b_4l"), 1024)
-    counts = {n: p.numel() for n, p in net.named_parameters()}
-    outer = sum(v for n, v in counts.items() if n.startswith(("tok_embeddings.", "output.")))
-    assert (round(outer / 1e9, 2), round(sum(counts.values()) / 1e9, 2)) == (1.05, 1.92)
 
 
 @pytest.mark.parametrize("traces,share,peak_gap", [
@@ -242,7 +242,6 @@ def test_the_granite_cuts_measured_share_from_its_kept_traces():
     ae_README.md (section 2) quotes it, from TeraIO-Mixed's traces: every trial's at bs_small
     and at seq_short, and those of seq_short's slots rows (fig7_h200_host_slots/, its first
     attempt's in attempt.1/ among them), which profile the same steps."""
-
     root = Path(__file__).resolve().parents[1] / "runs" / "reference" / "h200"
     shares = {}
     for trace in sorted(root.glob("fig7_h200*/granite_8b_8l-teraio_mixed-*/**/trace.json.gz")):
