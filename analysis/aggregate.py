@@ -54,6 +54,15 @@ def _ci_columns(out: dict, name: str, values) -> None:
     out[f"{name}_mean"], out[f"{name}_ci95"] = mean, half
 
 
+def ran_micro_batch(g: pd.DataFrame) -> str:
+    """The micro-batches a group's rows trained with (``ran_micro_batch_size``, failed rows
+    too: they ran with their setting), distinct values joined by "/"; the point's
+    ``micro_batch_size`` for rows that predate the column; empty if neither is known."""
+    col = g["ran_micro_batch_size"] if "ran_micro_batch_size" in g.columns else g["micro_batch_size"]
+    vals = col.fillna(g["micro_batch_size"]).dropna().unique()
+    return "/".join(str(int(v)) for v in sorted(vals))
+
+
 def sort_groups(df: pd.DataFrame) -> pd.DataFrame:
     """Rows in the paper's order: model, hardware, batch, sequence, variant, system."""
     keys = [k for k in COMPARE_KEYS + ["micro_batch_size"] if k in df.columns]
@@ -74,7 +83,9 @@ def summarize_runs(runs: pd.DataFrame) -> pd.DataFrame:
     that has it: M is a property of the model and workload, known even for an OOM),
     ``peak_fraction`` (peak allocated ÷ capacity), ``measured_steps`` (the measured
     iterations of each ok trial, distinct counts joined by "/", e.g. ``"4"`` or ``"2/4"``;
-    empty with no ok trial), ``warmup_steps`` (the same for the unmeasured steps before them),
+    empty with no ok trial), ``warmup_steps`` (the same for the unmeasured steps before them;
+    both empty for a ``modeled`` group, where no step ran), ``ran_micro_batch`` (the
+    micro-batches the group's rows trained with, :func:`ran_micro_batch`),
     ``transfers_path``/``oplog_path``/``job_dir`` of the first ok trial.
     """
     rows = []
@@ -91,7 +102,9 @@ def summarize_runs(runs: pd.DataFrame) -> pd.DataFrame:
         for name in ("capacity_bytes", "unoffloaded_peak_bytes", "memory_pressure"):
             out[name] = g[name].median()
         for name, col in (("measured_steps", "n_iterations"), ("warmup_steps", "warmup_steps")):
-            out[name] = "/".join(str(int(n)) for n in sorted(ok[col].dropna().unique()))
+            ran = ok[ok["measure"] != "modeled"]
+            out[name] = "/".join(str(int(n)) for n in sorted(ran[col].dropna().unique()))
+        out["ran_micro_batch"] = ran_micro_batch(g)
         ok_sorted = ok.sort_values("trial", na_position="last")
         for name in ("job_dir", "transfers_path", "oplog_path"):
             out[name] = _first(ok_sorted[name])
@@ -236,7 +249,7 @@ def summarize_iterations(iterations: pd.DataFrame) -> pd.DataFrame:
         first = g.iloc[0]
         per_run = g.groupby("job_dir", dropna=False)[value_cols].mean()
         out = {k: first[k] for k in GROUP_KEYS}
-        out.update(config=first["config"], n=len(per_run), n_iterations=len(g),
+        out.update(config=first["config"], n=len(per_run), n_iterations=len(g), ran_micro_batch=ran_micro_batch(g),
                    instrumented=bool(g[["stall_seconds", "migration_seconds"]].notna().all().all()))
         for c in value_cols:
             _ci_columns(out, c, per_run[c])

@@ -27,7 +27,13 @@ into two tidy pandas frames.
 - one-time costs and facts: ``plan_compile_seconds``, ``profile_seconds``, ``ssd_io_mode``,
   ``gpu_name``, ``n_gpus``, ``wall_seconds``, ``started_at``, ``finished_at``;
 - side files: ``prices_json`` (the run config's ``hardware.prices`` as JSON, "{}" if none),
-  ``transfers_path``, ``oplog_path``, ``trace_path`` (relative to the sweep dir, null if absent).
+  ``transfers_path``, ``oplog_path``, ``trace_path`` (relative to the sweep dir, null if absent);
+- what the run ran with: ``ran_micro_batch_size`` (the micro-batch it trained with: a ZeRO row's
+  ``zero_micro_batch_size``, else its tuning's chosen ``micro_batch_size``, else the run
+  config's ``system.options.micro_batch_size``, else the point's), ``system_options_json``
+  (the run config's ``system.options`` as JSON, "{}" if none) and ``tuning_json`` (the row's
+  ``tuning``: the tuning file, the chosen setting and every candidate tried, as JSON; null
+  for a row run with an untuned setting).
 
 ``not_run``: from ``not_run.yaml`` beside the rows, if there is one: system name -> why
 it has no row at some points of the sweep (a fact of the machine the rows were made on, such
@@ -66,13 +72,13 @@ NOT_RUN_NAME = "not_run.yaml"
 FORMAT_PREFIX = "teraio.result/"
 POINT_KEYS = ("model", "system", "hardware", "batch_size", "micro_batch_size", "seq_len", "trial")
 INT_KEYS = ("batch_size", "micro_batch_size", "seq_len", "trial", "host_mem_cap_bytes", "n_ssd",
-            "pipeline_stages", "n_gpus")
+            "pipeline_stages", "n_gpus", "ran_micro_batch_size")
 TEXT_KEYS = ("sweep", "job_dir", "model", "system", "hardware", "config", "status", "error",
              "measure", "ssd_io_mode", "gpu_name", "started_at", "finished_at", "prices_json",
-             "transfers_path", "oplog_path", "trace_path")
+             "transfers_path", "oplog_path", "trace_path", "system_options_json", "tuning_json")
 TIER_RATE_KEYS = ("ssd_write_gbps", "ssd_read_gbps", "host_d2h_gbps", "host_h2d_gbps")
 ID_COLUMNS = ("sweep", "job_dir", *POINT_KEYS, "config", "host_mem_cap_bytes", "n_ssd", "pipeline_stages",
-              "status", "error", "failed", "measure")
+              "status", "error", "failed", "measure", "ran_micro_batch_size")
 
 
 @dataclasses.dataclass
@@ -175,7 +181,8 @@ def _rows(result: dict, root: Path, job_rel: Path) -> tuple[dict, list[dict]]:
         config=config_label(point.get("batch_size"), point.get("seq_len"), stages),
         host_mem_cap_bytes=hw.get("host_mem_cap_bytes"),
         n_ssd=len(ssd_dirs) if isinstance(ssd_dirs, list) else None, pipeline_stages=stages,
-        status=status, error=error, failed=status != "ok", measure=result.get("measure"))
+        status=status, error=error, failed=status != "ok", measure=result.get("measure"),
+        ran_micro_batch_size=_ran_micro_batch(result))
 
     its = result.get("iterations") or []
     iter_rows = []
@@ -229,8 +236,24 @@ def _rows(result: dict, root: Path, job_rel: Path) -> tuple[dict, list[dict]]:
         "transfers_path": _artifact(root, job_rel, artifacts, "transfers"),
         "oplog_path": _artifact(root, job_rel, artifacts, "oplog"),
         "trace_path": _artifact(root, job_rel, artifacts, "trace"),
+        "system_options_json": json.dumps(_system_options(result), sort_keys=True),
+        "tuning_json": json.dumps(result["tuning"], sort_keys=True) if result.get("tuning") else None,
     }
     return run, iter_rows
+
+
+def _system_options(result: dict) -> dict:
+    return (((result.get("config") or {}).get("system")) or {}).get("options") or {}
+
+
+def _ran_micro_batch(result: dict):
+    """The micro-batch a row trained with (see the module docstring's ``ran_micro_batch_size``)."""
+    chosen = (result.get("tuning") or {}).get("chosen") or {}
+    for v in (result.get("zero_micro_batch_size"), chosen.get("micro_batch_size"),
+              _system_options(result).get("micro_batch_size"), (result.get("point") or {}).get("micro_batch_size")):
+        if v is not None:
+            return v
+    return None
 
 
 def _typed(rows: list[dict], columns: list[str]) -> pd.DataFrame:
@@ -256,7 +279,8 @@ RUN_COLUMNS = list(ID_COLUMNS) + [
     "peak_allocated_bytes", "peak_reserved_bytes", "peak_host_rss_bytes", "capacity_bytes",
     "unoffloaded_peak_bytes", "memory_pressure", "peak_fraction", *TIER_RATE_KEYS, "plan_compile_seconds",
     "profile_seconds", "ssd_io_mode", "gpu_name", "n_gpus", "wall_seconds", "started_at",
-    "finished_at", "prices_json", "transfers_path", "oplog_path", "trace_path"]
+    "finished_at", "prices_json", "transfers_path", "oplog_path", "trace_path", "system_options_json",
+    "tuning_json"]
 ITERATION_COLUMNS = list(ID_COLUMNS) + [
     "step", "seconds", "tokens", "tokens_per_s", "loss", "stall_count", "stall_seconds",
     "migration_seconds", "overlapped_seconds", "compute_seconds", "bytes_offloaded_ssd",

@@ -23,6 +23,7 @@ import pandas as pd
 from . import aggregate as agg
 from . import bandwidth as bw
 from . import breakdown as bd
+from .fairness import fairness_frame, fairness_table
 from .load import Sweep, describe
 from .render import FAILED, NA, NOT_RUN, fmt, fmt_ci, write_table
 
@@ -42,8 +43,10 @@ def _key_columns(df: pd.DataFrame, micro_batch: bool = True, system: bool = True
     cols = {"Model": df["model"], "Hardware": df["hardware"], "Config": df["config"],
             "Host cap (GiB)": df["host_mem_cap_bytes"].map(_gib),
             "SSDs": df["n_ssd"].map(lambda v: NA if pd.isna(v) else str(int(v)))}
-    if micro_batch:
-        cols["µbatch"] = df["micro_batch_size"].map(lambda v: NA if pd.isna(v) else str(int(v)))
+    if micro_batch:  # what the rows trained with; the point's micro-batch where that is unknown
+        point_mb = df["micro_batch_size"].map(lambda v: NA if pd.isna(v) else str(int(v)))
+        cols["µbatch"] = (df["ran_micro_batch"].replace("", pd.NA).fillna(point_mb)
+                          if "ran_micro_batch" in df.columns else point_mb)
     if system:
         cols["System"] = df["system"].map(agg.system_label)
         cols["Measure"] = df["measure"].fillna(NA)
@@ -224,7 +227,10 @@ def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
                "freedom; no interval for n = 1); failed trials are excluded and counted in "
                f"'n failed'; {FAILED} = every trial failed (oom, error or timeout); warm-up: steps "
                "run and not measured before the measured ones, per ok trial (0: the measured step "
-               "is the first, with its one-time setup); steps: measured iterations per ok trial.")
+               "is the first, with its one-time setup); steps: measured iterations per ok trial; both n/a "
+               "for a modeled row, where no step ran. µbatch: the micro-batch the rows trained "
+               "with (a ZeRO baseline's may be smaller than the point's, with more accumulation; "
+               "tables/fairness says how it was chosen).")
     why_not_run = [f"{NOT_RUN}: no row of this system at this point; why, from not_run.yaml beside "
                    "the rows: " + "; ".join(f"{agg.system_label(s)}: {why}" for s, why in sweep.not_run.items())
                    ] if sweep.not_run else []
@@ -233,6 +239,12 @@ def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
                         [ci_note, "% of Ideal: ratio of means against Ideal of the same model, "
                          "batch, sequence length and hardware at its best micro-batch; 'Ideal "
                          "is' says whether that Ideal was measured or modeled.", *why_not_run])
+    fair = fairness_frame(sweep.runs)
+    paths += write_table(fairness_table(fair), out_dir / "fairness",
+                         f"What each system ran with, and how it was chosen — {who}",
+                         [f"{int(fair['tuned'].sum())} of {len(fair)} (point, system) groups tuned by "
+                          "measurement (their rows' tuning: every candidate tried and the one kept); "
+                          "the paper tunes each baseline per configuration (§4.1)."])
     paths += write_table(
         pct_of_ideal_summary_table(agg.pct_of_ideal_summary(agg.add_pct_of_ideal(agg.select_best(summary)))),
         out_dir / "pct_of_ideal_summary", f"% of Ideal, summarised over configurations — {who}",
