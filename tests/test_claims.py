@@ -1,0 +1,178 @@
+"""``analysis.claims``: every claim's verdict follows its rule on hand-made rows; the committed
+``runs/reference/h200/claims/`` files regenerate exactly from the committed rows, and
+ae_README.md's generated blocks are those files. Also what the tables say each row ran
+(its micro-batch, no steps for a modeled row) and the fairness table."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from analysis import aggregate as agg
+from analysis import claims as cl
+from analysis import load_sweep
+from analysis.fairness import fairness_frame, fairness_table
+from analysis.tables import throughput_table
+from test_analysis import write_run
+
+REPO = Path(__file__).resolve().parents[1]
+REF = REPO / "runs" / "reference" / "h200"
+# runs/reference/h200/claims/COMMAND.md's command, run from the repository root
+REF_ARGS = ["runs/reference/h200/fig7_h200", "runs/reference/h200/fig9_h200",
+            "--characterize", "runs/reference/cpu/characterize/characterize.csv",
+            "--roofline", "runs/reference/cpu/fig3/roofline.csv",
+            "--plan-compile", "benchmarks/results/plan_compile_cpu.json"]
+WL = dict(batch=8, seq=64, micro=2)
+TUNING = {"file": "tuning.json", "chosen": {"micro_batch_size": 2},
+          "candidates": [{"setting": {"micro_batch_size": 2}, "status": "ok", "tokens_per_s": 100.0, "message": None},
+                         {"setting": {"micro_batch_size": 4}, "status": "oom", "tokens_per_s": None,
+                          "message": "CUDA out of memory"}]}
+
+
+def edit(job: Path, **fields) -> None:
+    r = json.loads((job / "result.json").read_text())
+    r.update(fields)
+    (job / "result.json").write_text(json.dumps(r))
+
+
+def fig7(tmp_path: Path, mixed: float, zero: float | None, *, ideal: float = 1000.0, tuned: bool = True,
+         ideal_measure: str = "measured", zero_status: str = "ok") -> cl.Evidence:
+    """A ``fig7_x`` sweep of one point: Ideal, TeraIO-Mixed and (unless None) ZeRO-Offload
+    trained at micro-batch 1 by a run-config setting, 2 trials each."""
+    root = tmp_path / "fig7_x"
+    write_run(root, "ideal", system="ideal", trial=0, tps=ideal, measure=ideal_measure, **WL)
+    for t in (0, 1):
+        write_run(root, f"mixed{t}", system="teraio_mixed", trial=t, tps=mixed, **WL)
+        if zero is not None:
+            job = write_run(root, f"zero{t}", system="zero_offload", trial=t, tps=zero, status=zero_status, **WL)
+            r = json.loads((job / "result.json").read_text())
+            r["config"]["system"] = {"name": "zero_offload", "options": {"micro_batch_size": 1, "stage": 3}}
+            if zero_status == "ok":
+                r["zero_micro_batch_size"] = 1
+            if tuned:
+                r["tuning"] = TUNING
+            (job / "result.json").write_text(json.dumps(r))
+    return cl.Evidence([load_sweep(root)])
+
+
+def finding(ev: cl.Evidence, claim: str) -> cl.Finding:
+    return next(c for c in cl.CLAIMS if c.id == claim).compute(ev)
+
+
+@pytest.mark.parametrize("mixed, tuned, verdict", [
+    (1500.0 * 0.7, True, cl.SUPPORTED),     # 1.5× a tuned ZeRO: ≥ 0.9 × 1.47
+    (1500.0 * 0.7, False, cl.PARTLY),       # the same against an untuned ZeRO: capped
+    (1100.0 * 0.7, True, cl.PARTLY),        # faster, not by 0.9 × 1.47
+    (0.9 * 700.0, True, cl.NOT_SUPPORTED),  # slower
+])
+def test_c1_divides_teraio_mixed_by_the_best_zero_and_caps_an_untuned_baseline(tmp_path, mixed, tuned, verdict):
+    ev = fig7(tmp_path, mixed, 700.0, tuned=tuned)
+    f = finding(ev, "C1")
+    assert f.verdict == verdict
+    assert f"mean {mixed / 700.0:.2f}×" in f.ours
+    assert ("not tuned" in f.ours) == (not tuned)
+    assert "fig7_x/mixed/result.json" not in f.used and any("mixed" in u for u in f.used)
+
+
+def test_a_claim_with_no_rows_is_not_measured_and_says_why(tmp_path):
+    ev = fig7(tmp_path, 800.0, None)
+    assert finding(ev, "C1").verdict == cl.NOT_MEASURED
+    f = finding(ev, "C5")
+    assert f.verdict == cl.NOT_MEASURED and "llama3_70b" in f.ours
+
+
+def test_a_failed_zero_gives_no_ratio_and_is_named(tmp_path):
+    f = finding(fig7(tmp_path, 800.0, 700.0, zero_status="oom"), "C1")
+    assert f.verdict == cl.NOT_MEASURED and "ZeRO-Offload" in f.ours
+
+
+def test_a_modeled_ideal_is_never_averaged_and_is_named(tmp_path):
+    f = finding(fig7(tmp_path, 950.0, 700.0, ideal_measure="modeled"), "C2")
+    assert f.verdict == cl.NOT_MEASURED
+    assert "modeled Ideal" in f.ours and "95.0 %" in f.ours
+    f = finding(fig7(tmp_path / "m", 950.0, 700.0), "C2")
+    assert f.verdict == cl.SUPPORTED and "mean 95.0 %" in f.ours and "modeled" not in f.ours
+
+
+def test_sweeps_holding_the_same_point_twice_are_refused(tmp_path):
+    for name in ("fig7_a", "fig7_b"):
+        write_run(tmp_path / name, "mixed", system="teraio_mixed", trial=0, tps=1.0, **WL)
+    with pytest.raises(ValueError, match="fig7_a, fig7_b"):
+        cl.Evidence([load_sweep(tmp_path / n) for n in ("fig7_a", "fig7_b")])
+
+
+def test_every_claim_gets_a_verdict_on_a_sweep(tmp_path):
+    ev = fig7(tmp_path, 800.0, 700.0)
+    found = cl.findings(ev)
+    assert [c.id for c, _ in found] == [f"C{i}" for i in range(1, 23)]
+    assert {f.verdict for _, f in found} <= {cl.SUPPORTED, cl.PARTLY, cl.NOT_SUPPORTED, cl.NOT_MEASURED}
+
+
+def test_tables_show_the_micro_batch_each_row_ran_and_no_steps_for_a_modeled_row(tmp_path):
+    ev = fig7(tmp_path, 800.0, 700.0, ideal_measure="modeled")
+    table = throughput_table(agg.add_pct_of_ideal(agg.summarize_runs(ev.runs))).set_index("System")
+    assert table.loc["ZeRO-Offload", "µbatch"] == "1"    # ran at 1, the point's is 2
+    assert table.loc["TeraIO-Mixed", "µbatch"] == "2"
+    assert (table.loc["Ideal", "warm-up"], table.loc["Ideal", "steps"]) == ("n/a", "n/a")
+    assert table.loc["TeraIO-Mixed", "steps"] == "2"
+    assert set(table["Ideal is"]) == {"modeled"}
+
+
+def test_fairness_lists_candidates_of_a_tuned_setting_and_says_when_untuned(tmp_path):
+    frame = fairness_frame(fig7(tmp_path, 800.0, 700.0).runs).set_index("system")
+    zero = frame.loc["zero_offload"]
+    assert zero["tuned"] and zero["ran_with"] == "micro-batch 1, stage 3"
+    assert zero["candidates"] == ("micro_batch_size 2: 100.0 tokens/s; "
+                                  "micro_batch_size 4: oom (CUDA out of memory)")
+    assert zero["how"] == "tuned by measurement: kept micro_batch_size 2"
+    assert frame.loc["teraio_mixed", "how"] == "not tuned: the point's micro-batch"
+    untuned = fairness_frame(fig7(tmp_path / "u", 800.0, 700.0, tuned=False).runs).set_index("system")
+    assert untuned.loc["zero_offload", "how"] == \
+        "not tuned: micro-batch set in the run config (system.options.micro_batch_size)"
+    assert len(fairness_table(untuned.reset_index())) == 3
+
+
+def test_insert_replaces_each_block_and_refuses_a_document_without_one(tmp_path):
+    made = tmp_path / "claims.md"
+    made.write_text("| generated |\n")
+    doc = tmp_path / "doc.md"
+    doc.write_text("a\n<!-- analysis.claims:claims begin -->\nold\n<!-- analysis.claims:claims end -->\nb\n")
+    assert cl.insert(doc, {"claims": made}) == ["claims"]
+    assert doc.read_text() == ("a\n<!-- analysis.claims:claims begin -->\n| generated |\n"
+                               "<!-- analysis.claims:claims end -->\nb\n")
+    assert cl.block(doc.read_text(), "claims") == "| generated |"
+    (tmp_path / "none.md").write_text("nothing here\n")
+    with pytest.raises(ValueError, match="no generated block"):
+        cl.insert(tmp_path / "none.md", {"claims": made})
+
+
+@pytest.fixture(scope="module")
+def regenerated(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("claims")
+    command = (REF / "claims" / "COMMAND.md").read_text()
+    assert "python -m analysis.claims " + " ".join(REF_ARGS) + " --out runs/reference/h200/claims" in command
+    here = os.getcwd()
+    os.chdir(REPO)
+    try:
+        cl.main([*REF_ARGS, "--out", str(out)])
+    finally:
+        os.chdir(here)
+    return out
+
+
+def test_the_committed_claims_regenerate_exactly_from_the_committed_rows(regenerated):
+    committed = sorted(p for p in (REF / "claims").iterdir() if p.suffix in (".md", ".tex") and p.stem != "COMMAND")
+    assert {p.name for p in committed} == {f"{n}.{x}" for n in cl.BLOCKS for x in ("md", "tex")}
+    for path in committed:
+        assert (regenerated / path.name).read_text() == path.read_text(), path.name
+    text = (regenerated / "claims.md").read_text()
+    assert [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| C")] == \
+        [f"C{i}" for i in range(1, 23)]
+
+
+def test_ae_readme_blocks_are_the_generated_files(regenerated):
+    readme = (REPO / "ae_README.md").read_text()
+    for name in cl.BLOCKS:
+        assert cl.block(readme, name) == (regenerated / f"{name}.md").read_text().strip(), name
