@@ -88,10 +88,16 @@ class Evidence:
                                  f"{dup['job_dir'].iloc[0]}; give each point's rows once")
         self.runs = runs
         self.characterize, self.roofline, self.plan_compile = characterize, roofline, plan_compile
+        self._figures: dict[str, pd.DataFrame] = {}
 
     def figure(self, prefix: str) -> pd.DataFrame:
         """The best-micro-batch groups (``aggregate.select_best``) with % of Ideal, of the
-        sweeps named ``<prefix>*``."""
+        sweeps named ``<prefix>*`` (computed once per prefix; callers must not modify it)."""
+        if prefix not in self._figures:
+            self._figures[prefix] = self._figure(prefix)
+        return self._figures[prefix]
+
+    def _figure(self, prefix: str) -> pd.DataFrame:
         runs = self.runs[self.runs["sweep"].str.startswith(prefix)] if len(self.runs) else self.runs
         if not len(runs):
             return pd.DataFrame(columns=agg.GROUP_KEYS + ["n", "tokens_per_s_mean", "pct_of_ideal",

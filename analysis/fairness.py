@@ -82,7 +82,8 @@ def fairness_frame(runs: pd.DataFrame) -> pd.DataFrame:
 def fairness_table(frame: pd.DataFrame) -> pd.DataFrame:
     """The display form of :func:`fairness_frame`."""
     return pd.DataFrame({
-        "Model": frame["model"], "Config": frame["config"], "System": frame["system"].map(agg.system_label),
+        "Model": frame["model"], "Hardware": frame["hardware"], "Config": frame["config"],
+        "System": frame["system"].map(agg.system_label),
         "ran with": frame["ran_with"], "how it was chosen": frame["how"],
         "candidates tried (tokens/s or failure)": frame["candidates"].replace("", "none"),
         "tuning file": frame["tuning_file"].replace("", "none")}).astype(object)
