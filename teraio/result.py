@@ -71,6 +71,11 @@ and the runner-specific keys (:attr:`Measurements.extras`):
                       optimizer_seconds}``, every timed repeat of each phase (seconds)
 ``fell_back_from``    Ideal: what did not fit before the row's ``measure``,
                       ``[{measure, status: "oom", message}]`` (absent where the first fit)
+``tuning``            a run whose system was tuned before its trials (``teraio.harness.tune``;
+                      absent otherwise): ``{file, chosen, candidates}``: the tuning record
+                      (path relative to the sweep dir), the setting it ran with (its
+                      ``system.options`` keys; null where no candidate ran) and every
+                      candidate tried, ``{setting, status, tokens_per_s, message}``
 ``zero_micro_batch_size``  ZeRO: the micro-batch it trained with (``system.options.micro_batch_size``,
                       else the point's)
 
