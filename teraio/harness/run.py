@@ -69,6 +69,17 @@ def iso_time(t: float | None = None) -> str:
     return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def note_time_limit(cfg: RunConfig, measured: Measurements) -> None:
+    """Where the measurement loop stopped before the time limit (an iteration's
+    ``time_limit``, ``teraio.systems.loop.measure_steps``), the row's ``time_limited``:
+    ``{reason: "cold" (its one step measured with no warm-up) | "cut" (fewer measured
+    steps), measured_steps, asked_steps, timeout_s}``."""
+    reasons = [i["time_limit"] for i in measured.iterations if i.get("time_limit")]
+    if reasons:
+        measured.extras["time_limited"] = {"reason": reasons[0], "measured_steps": len(measured.iterations),
+                                           "asked_steps": cfg.workload.measure_steps, "timeout_s": cfg.timeout_s}
+
+
 def run_point(cfg: RunConfig, job_dir: Path, runner: Runner | None = None) -> dict:
     """Train ``cfg`` and return its result row (never raises for a failed run: the failure
     is the row's status and message)."""
@@ -87,6 +98,7 @@ def run_point(cfg: RunConfig, job_dir: Path, runner: Runner | None = None) -> di
             raise RuntimeError(f"{cfg.system.name} measured no iteration "
                                f"(workload.measure_steps={cfg.workload.measure_steps})")
         check_finite(measured)
+        note_time_limit(cfg, measured)
         status, error = "ok", None
     except Exception as e:  # every failure becomes the row's status and message
         if not isinstance(measured, Measurements):
