@@ -39,6 +39,7 @@ from teraio import systems
 from teraio.config import RunConfig, load_run_config
 from teraio.systems.measure import environment_facts, peak_host_rss_bytes
 from teraio.result import Measurements, check_finite, measured_before, result_row, write_result
+from teraio.harness.tune import row_tuning
 
 Runner = Callable[[RunConfig, Path, torch.device], Measurements]
 
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     resolved = Path(argv[0])
     cfg = load_run_config(resolved)
-    result = run_point(cfg, resolved.parent)
+    result = {**run_point(cfg, resolved.parent), **row_tuning(resolved.parent)}
     tps = result["tokens_per_s"]
     if int(os.environ.get("RANK", 0)) == 0:
         write_result(resolved.parent / "result.json", result)
