@@ -280,6 +280,16 @@ def modeled_iteration_seconds(trace: Trace, micro_batches: int) -> float:
     return micro_batches * float(trace.op_seconds[:k].sum()) + float(trace.op_seconds[k:].sum())
 
 
+def trace_step_seconds(trace: Trace, batch_size: int, micro_batch_size: int) -> float:
+    """Modeled Ideal iteration (seconds) of a step of ``batch_size`` in micro-batches of
+    ``micro_batch_size`` from ``trace``: the sum of its kernel times where it is a whole step
+    of that batch (``meta["batch_size"]``), else :func:`modeled_iteration_seconds` of its one
+    micro-batch."""
+    if trace.meta.get("batch_size") == batch_size:
+        return float(trace.op_seconds.sum())
+    return modeled_iteration_seconds(trace, batch_size // micro_batch_size)
+
+
 def run_modeled(cfg: RunConfig, trace_file: Path) -> Measurements:
     """The measurements of a modeled Ideal row, ``measure: "modeled"``, no loss, no
     memory: one iteration of the summed kernel times of ``trace_file`` when it is a whole
@@ -304,8 +314,7 @@ def run_modeled(cfg: RunConfig, trace_file: Path) -> Measurements:
                          f"{wrong or {'model': (None, cfg.model.name)}}; it must be a step of the same "
                          f"model, micro-batch size and sequence length, of one micro-batch or of the "
                          f"point's batch")
-    seconds = (float(trace.op_seconds.sum()) if whole_step
-               else modeled_iteration_seconds(trace, w.batch_size // w.micro_batch_size))
+    seconds = trace_step_seconds(trace, w.batch_size, w.micro_batch_size)
     print(f"modeled from {trace_file}: {seconds:.3f} s per iteration, "
           f"{w.tokens_per_step / seconds:.1f} tokens/s", flush=True)
     return Measurements(measure="modeled", extras={"modeled_from": str(trace_file)}, iterations=[iteration_row(
