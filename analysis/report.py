@@ -45,6 +45,9 @@ def analyze(sweep_dir: str | Path, out_dir: str | Path | None = None) -> dict[st
             written += [out / f"{name}.parquet", out / f"{name}.csv"]
         written += write_tables(sweep, out / "tables")
         written += write_cost_tables(sweep, out / "tables")
+        from .ideal_bias import write_bias  # here: python -m analysis.ideal_bias runs it as __main__
+
+        written += write_bias([sweep], out / "tables")
         skipped: dict[str, str] = {}
         for name, draw in FIGURES.items():
             try:

@@ -4,7 +4,10 @@ Schema (keys always present; unknown values are ``null``):
 
 ``status``            ``"ok" | "oom" | "error" | "timeout"``
 ``error``             error text, or null when ok
-``measure``           ``"measured"`` (timed on hardware) or ``"modeled"`` (performance model)
+``measure``           ``"measured"`` (timed on hardware), ``"composed"`` (Ideal: the step
+                      composed from its phases, each timed on hardware, where the whole step
+                      does not fit: ``teraio.systems.ideal.run_composed``) or ``"modeled"``
+                      (performance model)
 ``point``             ``{model, system, hardware, batch_size, micro_batch_size, seq_len, trial}``
 ``config``            the whole resolved run config (dict)
 ``iterations``        list, one per *measured* iteration:
@@ -64,6 +67,20 @@ and the runner-specific keys (:attr:`Measurements.extras`):
                       plan's account ``[op, bytes]`` and what lingered at the largest
                       (``teraio.core.engine.StepStats.audit``); absent where no step ended well
 ``modeled_from``      Ideal, modeled row: the trace file its iteration time comes from
+``composed``          Ideal, composed row: ``{micro_batches, warmup_repeats, micro_batch_seconds,
+                      optimizer_seconds}``, every timed repeat of each phase (seconds)
+``time_limited``      where the measurement loop stopped before the worker's time limit
+                      (``teraio.systems.loop.measure_steps``): ``{reason: "cold" (its one
+                      measured step had no warm-up: a second would have outlasted the limit) |
+                      "cut" (fewer measured steps than asked), measured_steps, asked_steps,
+                      timeout_s}``; that iteration has ``time_limit`` (``teraio.harness.run``)
+``fell_back_from``    Ideal: what did not fit before the row's ``measure``,
+                      ``[{measure, status: "oom", message}]`` (absent where the first fit)
+``tuning``            a run whose system was tuned before its trials (``teraio.harness.tune``;
+                      absent otherwise): ``{file, chosen, candidates}``: the tuning record
+                      (path relative to the sweep dir), the setting it ran with (its
+                      ``system.options`` keys; null where no candidate ran) and every
+                      candidate tried, ``{setting, status, tokens_per_s, message}``
 ``zero_micro_batch_size``  ZeRO: the micro-batch it trained with (``system.options.micro_batch_size``,
                       else the point's)
 

@@ -16,6 +16,10 @@ named after the point keys, so a rerun finds it:
   subprocess (``torchrun`` for ``hardware.n_gpus`` > 1), its output streamed to the
   terminal and appended to ``worker.log``; past ``timeout_s`` its process group is killed
   and a ``timeout`` row written; a worker that dies without a row gets an ``error`` row;
+* with ``sweep.tune.enabled``, a system that opts in (``SystemSpec.tuner``) runs with the
+  fastest of its candidate settings, measured before its first trial and recorded in
+  ``<runs_dir>/<name>/tuning/`` for every trial and later sweep (:mod:`teraio.harness.tune`);
+  the row's ``tuning`` names it;
 * a worker of a system that moves data through a drive (``SystemSpec.uses_drives``) starts only when
   no other run on this host uses that drive (``sweep.exclusive_drives``,
   :mod:`teraio.harness.drive_lock`); its ``timeout_s`` counts from its start.
@@ -53,7 +57,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from rich.markup import escape
 
 from teraio import systems
@@ -62,6 +66,7 @@ from teraio.harness.compose import job_overrides, register_resolvers, run_config
 from teraio.config import RunConfig
 from teraio.harness.drive_lock import OWNER_LOCK, hold_drives, hold_point
 from teraio.harness.launch import console, launch_worker
+from teraio.harness.tune import tune_settings, tuned_run, write_job_tuning
 from teraio.result import lock_path, read_status, result_row, write_result
 from teraio.harness.run import iso_time
 
@@ -146,11 +151,13 @@ def config_diff(a: Any, b: Any, prefix: str = "") -> list[str]:
     return [] if a == b else [prefix.rstrip(".")]
 
 
-def failure_row(run: RunConfig, status: str, error: str, started: float) -> dict:
+def failure_row(run: RunConfig, status: str, error: str, started: float, tuning: dict | None = None) -> dict:
     """A row for a point whose worker wrote none (killed, crashed, or never started): it
-    measured nothing (``teraio.result.result_row``)."""
-    return result_row(run.point(), run.to_dict(), status=status, error=error, wall_seconds=time.time() - started,
-                      started_at=iso_time(started), finished_at=iso_time())
+    measured nothing (``teraio.result.result_row``); ``tuning``: the setting it ran with
+    (``teraio.harness.tune``)."""
+    row = result_row(run.point(), run.to_dict(), status=status, error=error, wall_seconds=time.time() - started,
+                     started_at=iso_time(started), finished_at=iso_time())
+    return {**row, "tuning": tuning} if tuning is not None else row
 
 
 def drive_dirs(run: RunConfig) -> list[str]:
@@ -187,8 +194,12 @@ def _run_owned_point(cfg: DictConfig, job_dir: Path) -> str:
         console.print(f"[red]✗ invalid config:[/red] {escape(str(e))}")
         return "invalid"
     if read_status(result_path) == "ok":
-        old = json.loads(result_path.read_text()).get("config")
-        changed = config_diff(old, run.to_dict())
+        done = json.loads(result_path.read_text())
+        old, now = done.get("config"), run.to_dict()
+        chosen = (done.get("tuning") or {}).get("chosen")
+        if chosen:  # the row ran with its tuned setting
+            now["system"]["options"] = {**now["system"]["options"], **chosen}
+        changed = config_diff(old, now)
         console.print("  skip (ok)" + (f" — made with a different {', '.join(changed)}; "
                                        "move its job dir away to run it again" if changed else ""))
         return "skip"
@@ -210,27 +221,32 @@ def _run_owned_point(cfg: DictConfig, job_dir: Path) -> str:
     try:
         validate(run, check_device=cfg.sweep.check_device, make_ssd_dirs=cfg.sweep.make_ssd_dirs,
                  runs_dir=cfg.sweep.runs_dir)
+        settings = tune_settings(OmegaConf.to_container(cfg.sweep.get("tune") or {}, resolve=True))
         resolved = job_dir / "resolved.yaml"
-        resolved.write_text(yaml.safe_dump(run.to_dict(), sort_keys=False))
         drives = drive_dirs(run) if cfg.sweep.exclusive_drives else []
         with hold_drives(drives, on_wait=lambda lock: console.print(
                 f"  waiting for the drive of {', '.join(drives)}: another run holds {lock}")):
+            # Its candidates run before the trial, on the drives the trial uses (teraio.harness.tune).
+            run, tuning = tuned_run(run, job_dir.parent, settings, say=lambda line: console.print(escape(line)))
+            write_job_tuning(job_dir, tuning)
+            resolved.write_text(yaml.safe_dump(run.to_dict(), sort_keys=False))
             started = time.time()  # a timeout row's time starts with its worker
             rc, tail = launch_worker(run, job_dir, resolved)
     except ValueError as e:  # a check that only the machine running the job can make
         write_result(result_path, failure_row(run, "error", f"invalid config: {e}", started))
         rc, tail = 0, []
+        tuning = None
     status = read_status(result_path)
     log_tail = "\n".join(tail)
     cause = None  # why the worker wrote no row, where the sweep writes it
     if rc is None and status != "ok":
         cause = f"killed after timeout_s={run.timeout_s} s"
         write_result(result_path, failure_row(
-            run, "timeout", f"{cause}; last output:\n{log_tail}", started))
+            run, "timeout", f"{cause}; last output:\n{log_tail}", started, tuning))
     elif status is None:
         why = f"exit code {rc}" + (" (killed by a signal: the host OOM killer?)" if rc and rc < 0 else "")
         cause = f"worker ended ({why}) without writing result.json"
-        write_result(result_path, failure_row(run, "error", f"{cause}; last output:\n{log_tail}", started))
+        write_result(result_path, failure_row(run, "error", f"{cause}; last output:\n{log_tail}", started, tuning))
     row = json.loads(result_path.read_text())
     if row["status"] == "ok":
         console.print(f"[green]✓ ok[/green] {row['tokens_per_s']:.1f} tokens/s "
@@ -270,6 +286,7 @@ class SweepCallback(Callback):
             try:
                 point = loader.load_sweep_config(config, list(overrides))
                 deadline_of(point)
+                tune_settings(OmegaConf.to_container(point.sweep.get("tune") or {}, resolve=True))
                 validate(run_config(point), check_device=point.sweep.check_device,
                          make_ssd_dirs=point.sweep.make_ssd_dirs, runs_dir=point.sweep.runs_dir)
             except Exception as e:

@@ -54,7 +54,7 @@ def test_smoke_is_five_systems_times_two_trials_on_a_small_llama3(hydra_conf):
     assert all(Path(d).is_absolute() for r in runs for d in r.hardware.ssd_dirs)
     options = {r.system.name: r.system.options for r in runs}
     assert options["teraio_ssd"]["min_tensor_bytes"] == 4096  # sweep.system_options merged
-    assert options["ideal"] == {"modeled_traces": {}}
+    assert options["ideal"] == {"modeled_traces": {}, "measure": "auto", "capacity_bytes": None, "phase_repeats": 5}
 
 
 PAPER_FIG7 = {  # the paper's Fig. 7 configurations (batch, seq) per model

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 
 from teraio.systems import ideal
+from teraio.systems.capacity import EmulatedCapacity
 import numpy as np
 import pytest
 
@@ -76,7 +78,7 @@ def test_modeled_iteration_repeats_the_micro_batch_then_the_optimizer_once():
 def modeled_cfg(trace_file, **workload):
     w = {"batch_size": 8, "micro_batch_size": 2, "seq_len": 16, "warmup_steps": 2, "measure_steps": 3, **workload}
     return run_config_from_dict({"model": TINY, "workload": w, "system": {
-        "name": "ideal", "options": {"modeled_traces": {TINY["name"]: str(trace_file)}}}})
+        "name": "ideal", "options": {"measure": "modeled", "modeled_traces": {TINY["name"]: str(trace_file)}}}})
 
 
 def test_modeled_ideal_row_is_labelled_and_timed_from_the_trace(tmp_path):
@@ -111,3 +113,110 @@ def test_modeled_ideal_from_a_whole_step_trace_sums_its_kernel_times(tmp_path):
     row = run_point(modeled_cfg(tmp_path / "trace.json", micro_batch_size=4), tmp_path / "job2",
                     runner=ideal.run)
     assert row["status"] == "error" and "'micro_batch_size': (2, 4)" in row["error"]
+
+
+# A small Llama3 whose whole step fits: 4 micro-batches of 2 x 128 tokens.
+SMALL = {"name": "llama3_small", "dim": 256, "n_layers": 4, "n_heads": 8, "n_kv_heads": 4,
+         "vocab_size": 2048, "multiple_of": 64}
+
+
+def small_cfg(**options):
+    return run_config_from_dict({
+        "model": SMALL, "system": {"name": "ideal", "options": options}, "seed": 1,
+        "workload": {"batch_size": 8, "micro_batch_size": 2, "seq_len": 128, "warmup_steps": 2,
+                     "measure_steps": 5}})
+
+
+def test_composed_ideal_times_the_step_as_the_measured_one_does(tmp_path):
+    # Three rounds, each a measured run (5 measured steps) then a composed one (5 repeats of
+    # each phase), pooled: on the shared 2-core CI machine other processes stretch single
+    # repeats by up to 2x, so the comparison is of medians over the 15 samples of each. One
+    # thread, so that no run's own threads wait for a core. Spread seen there: measured steps'
+    # slowest / fastest 1.1-1.5; composed / measured (medians) 0.97-1.04.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    steps, fwd_bwd, opt = [], [], []
+    try:
+        for r in range(3):
+            measured = run_point(small_cfg(measure="measured"), tmp_path / f"m{r}", runner=ideal.run)
+            composed = run_point(small_cfg(measure="composed", phase_repeats=5), tmp_path / f"c{r}",
+                                 runner=ideal.run)
+            assert measured["status"] == composed["status"] == "ok", (measured["error"], composed["error"])
+            assert measured["measure"] == "measured" and composed["measure"] == "composed"
+            c = composed["composed"]
+            assert c["micro_batches"] == 4 and len(c["micro_batch_seconds"]) == len(c["optimizer_seconds"]) == 5
+            (it,) = composed["iterations"]
+            assert it["seconds"] == pytest.approx(4 * np.mean(c["micro_batch_seconds"])
+                                                  + np.mean(c["optimizer_seconds"]))
+            assert it["loss"] is None and "losses" not in composed and composed["unoffloaded_peak_bytes"] is None
+            assert len(measured["iterations"]) == 5
+            steps += [i["seconds"] for i in measured["iterations"]]
+            fwd_bwd += c["micro_batch_seconds"]
+            opt += c["optimizer_seconds"]
+    finally:
+        torch.set_num_threads(threads)
+    step = float(np.median(steps))
+    composed_step = 4 * float(np.median(fwd_bwd)) + float(np.median(opt))
+    ratio = composed_step / step
+    assert abs(ratio - 1) <= 0.10, (f"composed {composed_step:.4f} s vs measured {step:.4f} s (ratio {ratio:.3f}); "
+                                    f"measured steps {steps} (spread {max(steps) / min(steps):.2f}); "
+                                    f"forward+backward {fwd_bwd}; optimizer {opt}")
+
+
+def peak_of(fn) -> int:
+    """Peak live CPU bytes of ``fn()`` (teraio.systems.capacity's count, no cap binding)."""
+    with EmulatedCapacity(1 << 50, torch.device("cpu")) as cap:
+        fn()
+    return cap.peak_bytes
+
+
+def tiny_cfg(**options):
+    return run_config_from_dict({
+        "model": TINY, "system": {"name": "ideal", "options": options}, "seed": 1,
+        "workload": {"batch_size": 4, "micro_batch_size": 2, "seq_len": 32, "warmup_steps": 1,
+                     "measure_steps": 1}})
+
+
+def test_ideal_composes_where_the_step_does_not_fit_and_models_only_where_a_micro_batch_does_not(tmp_path):
+    cpu = torch.device("cpu")
+    step_peak = peak_of(lambda: ideal.run_measured(tiny_cfg(), cpu))
+    phase_peak = peak_of(lambda: ideal.run_composed(tiny_cfg(phase_repeats=1), cpu))
+    assert phase_peak < step_peak  # AdamW's states are not beside the activations
+
+    # Between the two: the whole step runs out, one micro-batch and the optimizer step fit.
+    row = run_point(tiny_cfg(capacity_bytes=(phase_peak + step_peak) // 2, phase_repeats=1), tmp_path / "a",
+                    runner=ideal.run)
+    assert row["status"] == "ok", row["error"]
+    assert row["measure"] == "composed"
+    (fell,) = row["fell_back_from"]
+    assert fell["measure"] == "measured" and fell["status"] == "oom" and "emulated capacity" in fell["message"]
+
+    # Below the phases' peak: modeled from the trace where one is named, else the row is oom.
+    meta = {"model": TINY["name"], "n_layers": 2, "batch_size": 2, "micro_batch_size": 2, "seq_len": 32}
+    hand_trace(meta).save(tmp_path / "t.json.gz")
+    low = tiny_cfg(capacity_bytes=phase_peak * 9 // 10, phase_repeats=1,
+                    modeled_traces={TINY["name"]: str(tmp_path / "t.json.gz")})
+    row = run_point(low, tmp_path / "b", runner=ideal.run)
+    assert row["status"] == "ok", row["error"]
+    assert row["measure"] == "modeled"
+    assert [f["measure"] for f in row["fell_back_from"]] == ["measured", "composed"]
+    assert row["iterations"][0]["seconds"] == 2 * 6.0 + 9.0
+    row = run_point(tiny_cfg(capacity_bytes=phase_peak * 9 // 10, phase_repeats=1), tmp_path / "c",
+                    runner=ideal.run)
+    assert row["status"] == "oom" and "emulated capacity" in row["error"]
+
+    # Forced: composed alone reports its own oom, never a measured row.
+    row = run_point(tiny_cfg(measure="composed", capacity_bytes=phase_peak * 9 // 10), tmp_path / "d",
+                    runner=ideal.run)
+    assert row["status"] == "oom"
+
+
+def test_ideal_checks_its_options():
+    for options, match in (({"measure": "guessed"}, r"measure='guessed'; valid"),
+                           ({"capacity_bytes": 0}, r"capacity_bytes=0; must be a positive int"),
+                           ({"phase_repeats": 0}, r"phase_repeats=0; must be an int >= 1"),
+                           ({"modeled_traces": "t.json"}, r"modeled_traces='t.json'")):
+        with pytest.raises(ValueError, match=match):
+            ideal.check_options("ideal", options)
+    with pytest.raises(ValueError, match=r"measure=modeled needs modeled_traces.llama3_small"):
+        ideal.run(small_cfg(measure="modeled"), Path("."), torch.device("cpu"))

@@ -2,16 +2,19 @@
 loss that is not finite stops every system's run, TeraIO's included."""
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
 import torch
 
+import teraio.systems.loop
 import teraio.systems.teraio
 import teraio.workload.pipeline
 from teraio.config import WorkloadConfig, run_config_from_dict
 from teraio.systems.loop import Step, Steps, StepStats, measure_steps
-from teraio.result import measured_before
+from teraio.result import Measurements, measured_before
+from teraio.harness.checks import validate
 from teraio.harness.run import run_point
 
 CPU = torch.device("cpu")
@@ -80,3 +83,72 @@ def test_teraio_stops_at_a_loss_that_is_not_finite(tmp_path, monkeypatch):
     row = run_point(cfg, tmp_path / "job")
     assert row["status"] == "error" and "step 3: loss nan is not finite" in row["error"]
     assert [i["step"] for i in row["iterations"]] == [2] and row["tokens_per_s"] is None
+
+
+class FakeClock:
+    """Steps of ``seconds`` each on a clock of its own: the loop's ``timed`` and ``time.time``."""
+
+    def __init__(self, seconds: float):
+        self.now, self.seconds = 1000.0, seconds
+
+    def time(self) -> float:
+        return self.now
+
+    @contextlib.contextmanager
+    def timed(self, device):
+        out = {}
+        yield out
+        self.now += self.seconds
+        out["seconds"] = self.seconds
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = FakeClock(10.0)
+    monkeypatch.setattr(teraio.systems.loop, "timed", c.timed)
+    monkeypatch.setattr(teraio.systems.loop.time, "time", c.time)
+    monkeypatch.setattr(teraio.systems.loop, "END_MARGIN_S", 5.0)
+    return c
+
+
+def test_a_step_that_alone_outlasts_the_time_limit_is_measured_cold(clock, monkeypatch, capsys):
+    # warm-up step 0 ends at 1010; another would end at 1020 + 5 s to spare > 1024: measure step 0.
+    monkeypatch.setenv(teraio.systems.loop.DEADLINE_ENV, "1024")
+    work = WorkloadConfig(batch_size=2, micro_batch_size=1, seq_len=8, warmup_steps=2, measure_steps=3)
+    steps = measure_steps(lambda step: Step(lambda: 1.0), work, CPU)
+    (it,) = steps.iterations
+    assert it["step"] == 0 and it["time_limit"] == "cold" and it["seconds"] == 10.0
+    assert steps.losses == {0: 1.0}
+    assert capsys.readouterr().out.splitlines() == [
+        "step 0 10.000s 1.6 tokens/s loss 1.000000 (measured cold: another step would outlast the time limit)"]
+
+
+def test_the_loop_stops_before_the_time_limit_with_the_steps_measured_so_far(clock):
+    work = WorkloadConfig(batch_size=2, micro_batch_size=1, seq_len=8, warmup_steps=1, measure_steps=4)
+    # Steps end at 1010, 1020, 1030: after step 2 another would end at 1040 + 5 > 1044.
+    steps = measure_steps(lambda step: Step(lambda: 1.0), work, CPU, deadline=1044.0)
+    assert [(i["step"], i.get("time_limit")) for i in steps.iterations] == [(1, None), (2, "cut")]
+    # Room for every step: none is marked, and the last is never cut.
+    steps = measure_steps(lambda step: Step(lambda: 1.0), work, CPU, deadline=clock.now + 55.0)
+    assert [(i["step"], i.get("time_limit")) for i in steps.iterations] == [(1, None), (2, None), (3, None),
+                                                                           (4, None)]
+    assert "time_limit" not in measure_steps(lambda step: Step(lambda: 1.0), work, CPU).iterations[0]
+
+
+def test_the_row_says_its_step_was_measured_cold(clock, tmp_path, monkeypatch):
+    monkeypatch.setenv(teraio.systems.loop.DEADLINE_ENV, str(clock.now + 12.0))
+    cfg = run_config_from_dict({"model": {"name": "tiny", "dim": 64, "n_layers": 1, "n_heads": 4, "vocab_size": 128},
+                                "system": {"name": "ideal"}, "timeout_s": 600,
+                                "workload": {"batch_size": 2, "micro_batch_size": 1, "seq_len": 8,
+                                             "warmup_steps": 1, "measure_steps": 3}})
+    row = run_point(cfg, tmp_path, runner=lambda cfg, job_dir, device: Measurements(
+        iterations=measure_steps(lambda step: Step(lambda: 1.0), cfg.workload, device).iterations))
+    assert row["status"] == "ok", row["error"]
+    assert row["time_limited"] == {"reason": "cold", "measured_steps": 1, "asked_steps": 3, "timeout_s": 600}
+
+
+def test_every_system_warms_up_before_it_is_measured():
+    cfg = run_config_from_dict({"model": {"name": "tiny", "dim": 64, "n_layers": 1, "n_heads": 4, "vocab_size": 128},
+                                "system": {"name": "ideal"}, "workload": {"warmup_steps": 0}})
+    with pytest.raises(ValueError, match=r"workload.warmup_steps=0 >= 1 \(every system warms up"):
+        validate(cfg, check_device=False, make_ssd_dirs=False, runs_dir="runs")

@@ -63,7 +63,7 @@ def test_ok_rows_have_the_schema_keys_then_the_runners_extras(tmp_path):
 
 def test_a_modeled_row_names_its_trace(tmp_path, monkeypatch):
     c = cfg()
-    c = dataclasses.replace(c, system=dataclasses.replace(c.system, options={"modeled_traces": {
+    c = dataclasses.replace(c, system=dataclasses.replace(c.system, options={"measure": "modeled", "modeled_traces": {
         TINY["name"]: str(tmp_path / "trace.json")}}))
     monkeypatch.setattr(ideal, "run_modeled", lambda cfg, trace_file: Measurements(
         measure="modeled", extras={"modeled_from": str(trace_file)},

@@ -164,7 +164,7 @@ def test_a_smaller_zero_micro_batch_accumulates_more_of_them():
     ds = zero.deepspeed_config(make_cfg("zero_offload"), zero.resolve_options("zero_offload", {"micro_batch_size": 1}),
                                largest_param())
     assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (4, 1, 4)
-    with pytest.raises(ValueError, match=r"micro_batch_size=3 does not divide workload.micro_batch_size=2"):
+    with pytest.raises(ValueError, match=r"micro_batch_size=3 does not divide workload.batch_size=4"):
         zero.deepspeed_config(make_cfg("zero_offload"), zero.resolve_options("zero_offload", {"micro_batch_size": 3}),
                               largest_param())
 

@@ -27,7 +27,8 @@ def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool =
       ``check_device``, since otherwise the workers run elsewhere; the list must not be empty;
     * ``system.options``: every key and value, by the system's own check (``teraio.systems``);
     * a system with a host tier (TeraIO-Mixed) needs ``hardware.host_mem_cap_bytes`` > 0;
-    * ``timeout_s`` > 0, ``workload.measure_steps`` >= 1, ``hardware.n_gpus`` >= 1;
+    * ``timeout_s`` > 0, ``workload.measure_steps`` >= 1, ``workload.warmup_steps`` >= 1,
+      ``hardware.n_gpus`` >= 1;
     * ``workload.pipeline_stages`` > 1 (:func:`check_pipeline`): a system that pipelines, as
       many micro-batches and layers as stages at least, no tied embeddings, one GPU per stage.
 
@@ -37,9 +38,11 @@ def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool =
     hw, w = run.hardware, run.workload
     if not run.timeout_s > 0:
         raise ValueError(f"timeout_s={run.timeout_s} must be > 0 (seconds)")
-    if w.measure_steps < 1 or w.warmup_steps < 0:
+    if w.measure_steps < 1 or w.warmup_steps < 1:
         raise ValueError(f"workload.measure_steps={w.measure_steps} must be >= 1 and "
-                         f"workload.warmup_steps={w.warmup_steps} >= 0")
+                         f"workload.warmup_steps={w.warmup_steps} >= 1 (every system warms up before "
+                         "it is measured; a step that alone outlasts timeout_s is measured cold, "
+                         "teraio.systems.loop)")
     if hw.n_gpus < 1:
         raise ValueError(f"hardware.n_gpus={hw.n_gpus} must be >= 1")
     try:

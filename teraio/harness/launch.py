@@ -18,6 +18,7 @@ from pathlib import Path
 from rich.console import Console
 
 from teraio.config import RunConfig
+from teraio.systems.loop import DEADLINE_ENV
 
 KILL_GRACE_S = 10.0
 LOG_TAIL_LINES = 40
@@ -54,13 +55,15 @@ _LIBRARY_NOISE = re.compile(r"^\[\d{4}-\d\d-\d\d [^]]*\] \[(INFO|WARNING|DEBUG)\
 
 def launch_worker(run: RunConfig, job_dir: Path, resolved: Path) -> tuple[int | None, list[str]]:
     """Run the worker, streaming its lines to ``worker.log`` and, but for library chatter
-    (:data:`_LIBRARY_NOISE`), to the terminal.
+    (:data:`_LIBRARY_NOISE`), to the terminal. Its environment's
+    ``teraio.systems.loop.DEADLINE_ENV`` is the Unix time at which it is killed.
 
     Returns:
         (exit code, or None when killed after ``timeout_s``; its last output lines).
     """
     tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # The kill time, for the measurement loop to stop before it (teraio.systems.loop).
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", DEADLINE_ENV: repr(time.time() + run.timeout_s)}
     cmd = worker_command(run, resolved)
     with open(job_dir / "worker.log", "a") as log:
         log.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n")

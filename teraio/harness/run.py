@@ -39,6 +39,7 @@ from teraio import systems
 from teraio.config import RunConfig, load_run_config
 from teraio.systems.measure import environment_facts, peak_host_rss_bytes
 from teraio.result import Measurements, check_finite, measured_before, result_row, write_result
+from teraio.harness.tune import row_tuning
 
 Runner = Callable[[RunConfig, Path, torch.device], Measurements]
 
@@ -69,6 +70,17 @@ def iso_time(t: float | None = None) -> str:
     return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def note_time_limit(cfg: RunConfig, measured: Measurements) -> None:
+    """Where the measurement loop stopped before the time limit (an iteration's
+    ``time_limit``, ``teraio.systems.loop.measure_steps``), the row's ``time_limited``:
+    ``{reason: "cold" (its one step measured with no warm-up) | "cut" (fewer measured
+    steps), measured_steps, asked_steps, timeout_s}``."""
+    reasons = [i["time_limit"] for i in measured.iterations if i.get("time_limit")]
+    if reasons:
+        measured.extras["time_limited"] = {"reason": reasons[0], "measured_steps": len(measured.iterations),
+                                           "asked_steps": cfg.workload.measure_steps, "timeout_s": cfg.timeout_s}
+
+
 def run_point(cfg: RunConfig, job_dir: Path, runner: Runner | None = None) -> dict:
     """Train ``cfg`` and return its result row (never raises for a failed run: the failure
     is the row's status and message)."""
@@ -87,6 +99,7 @@ def run_point(cfg: RunConfig, job_dir: Path, runner: Runner | None = None) -> di
             raise RuntimeError(f"{cfg.system.name} measured no iteration "
                                f"(workload.measure_steps={cfg.workload.measure_steps})")
         check_finite(measured)
+        note_time_limit(cfg, measured)
         status, error = "ok", None
     except Exception as e:  # every failure becomes the row's status and message
         if not isinstance(measured, Measurements):
@@ -106,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     resolved = Path(argv[0])
     cfg = load_run_config(resolved)
-    result = run_point(cfg, resolved.parent)
+    result = {**run_point(cfg, resolved.parent), **row_tuning(resolved.parent)}
     tps = result["tokens_per_s"]
     if int(os.environ.get("RANK", 0)) == 0:
         write_result(resolved.parent / "result.json", result)

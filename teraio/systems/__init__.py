@@ -60,6 +60,10 @@ class SystemSpec:
             registration order breaks ties.
         pipeline: it trains ``workload.pipeline_stages`` > 1 (its runner builds its stage
             with ``teraio.workload.pipeline.build_training``).
+        tuner: ``"module:function"`` taking the point's ``teraio.config.RunConfig`` and
+            returning its candidate settings (a non-empty list of dicts of ``system.options``
+            keys), which the sweep measures before the point's trials, keeping the fastest
+            (``teraio.harness.tune``); None: the system is not tuned.
     """
 
     name: str
@@ -72,14 +76,16 @@ class SystemSpec:
     role: str = "baseline"
     legend_rank: int = 100
     pipeline: bool = False
+    tuner: str | None = None
 
 
 # In the paper's order of comparison (§4.1); legend_rank gives its Fig. 7 legend order.
 _BUILT_IN = (
     SystemSpec("zero_offload", "ZeRO-Offload", "teraio.systems.zero", "teraio.systems.zero:check_options",
-               cost_server="server_1tb", legend_rank=1),
+               cost_server="server_1tb", legend_rank=1, tuner="teraio.systems.zero:tuning_candidates"),
     SystemSpec("zero_infinity", "ZeRO-Infinity", "teraio.systems.zero", "teraio.systems.zero:check_options",
-               uses_drives=True, cost_server="server_1tb", legend_rank=0),
+               uses_drives=True, cost_server="server_1tb", legend_rank=0,
+               tuner="teraio.systems.zero:tuning_candidates"),
     SystemSpec("teraio_ssd", "TeraIO-SSD", "teraio.systems.teraio", "teraio.systems.teraio:check_options",
                uses_drives=True, cost_server="server_base", role="teraio", legend_rank=2, pipeline=True),
     SystemSpec("teraio_mixed", "TeraIO-Mixed", "teraio.systems.teraio", "teraio.systems.teraio:check_options",

@@ -8,6 +8,8 @@ themselves) and is neither timed here nor measured.
 """
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -58,6 +60,18 @@ class Step:
 
 StepFn = Callable[[int], Step | None]  # step index -> the step to time, or None (run outside the loop)
 
+DEADLINE_ENV = "TERAIO_DEADLINE"
+"""Environment variable holding the Unix time (s) at which the sweep kills this worker
+(``teraio.harness.launch`` sets it: launch + ``timeout_s``); unset: no time limit."""
+END_MARGIN_S = 15.0
+"""Seconds a worker keeps, after its last step, to end (close the system, write its row)."""
+
+
+def deadline_from_env() -> float | None:
+    """:data:`DEADLINE_ENV` as a Unix time in seconds; None where unset or empty."""
+    value = os.environ.get(DEADLINE_ENV)
+    return float(value) if value else None
+
 
 @dataclass
 class Steps:
@@ -74,12 +88,21 @@ class Steps:
 
 
 def measure_steps(step_fn: StepFn, workload: WorkloadConfig, device: torch.device, *, first_step: int = 0,
-                  progress: bool = True, out: Steps | None = None) -> Steps:
+                  progress: bool = True, out: Steps | None = None, deadline: float | None = None) -> Steps:
     """Run steps ``first_step .. warmup_steps + measure_steps - 1``. Per step: ``step_fn(step)``
     untimed; its ``run`` timed with the device synchronised at both ends
     (``teraio.systems.measure.timed``); the loss checked; ``stats``; the progress line
     (``teraio.result.progress_line``, printed when ``progress``); and, from
     ``workload.warmup_steps`` on, the iteration row, of ``workload.tokens_at(step)`` tokens.
+
+    The time limit (``deadline``, a Unix time in seconds; default :func:`deadline_from_env`,
+    the sweep's kill time): where another step as long as the one just run would not end
+    :data:`END_MARGIN_S` before it, the loop stops there rather than be killed with
+    nothing measured. A warm-up step with no measured one after it is then measured itself,
+    cold (its iteration's ``time_limit: "cold"``): a step that alone outlasts the limit gets
+    no warm-up, and the row says so. A measured step after which the loop stops early has
+    ``time_limit: "cut"`` (fewer iterations than ``measure_steps``). Under several ranks
+    they stop together, where any rank's step says so.
 
     Each step is recorded in ``out`` (default: a new :class:`Steps`) as it completes, so a
     runner that passes its own keeps the steps measured before a failure; ``out`` is
@@ -89,7 +112,9 @@ def measure_steps(step_fn: StepFn, workload: WorkloadConfig, device: torch.devic
         FloatingPointError: a step's loss is not finite (naming the step; before its line).
     """
     out = Steps() if out is None else out
-    for step in range(first_step, workload.warmup_steps + workload.measure_steps):
+    deadline = deadline_from_env() if deadline is None else deadline
+    last = workload.warmup_steps + workload.measure_steps - 1
+    for step in range(first_step, last + 1):
         this = step_fn(step)
         if this is None:
             continue
@@ -98,12 +123,34 @@ def measure_steps(step_fn: StepFn, workload: WorkloadConfig, device: torch.devic
         check_loss(step, loss)
         s = this.stats()
         seconds, tokens, warmup = t["seconds"], workload.tokens_at(step), step < workload.warmup_steps
+        limit = None
+        if deadline is not None and step < last and _any_rank(time.time() + seconds + END_MARGIN_S > deadline,
+                                                              device):
+            limit = "cold" if warmup and not out.iterations else "cut"
+            warmup = False
+        note = s.note + {None: "", "cold": " (measured cold: another step would outlast the time limit)",
+                         "cut": " (last: another step would outlast the time limit)"}[limit]
         if progress:
-            print(progress_line(step, seconds, tokens, loss, warmup, s.note), flush=True)
+            print(progress_line(step, seconds, tokens, loss, warmup, note), flush=True)
         out.losses[step] = loss
         if not warmup:
+            extra = {**s.extra, **({"time_limit": limit} if limit else {})}
             out.iterations.append(iteration_row(
                 step, seconds, tokens, loss, stall_count=s.stall_count, stall_seconds=s.stall_seconds,
                 migration_seconds=s.migration_seconds, bytes_offloaded=s.bytes_offloaded,
-                bytes_prefetched=s.bytes_prefetched, **s.extra))
+                bytes_prefetched=s.bytes_prefetched, **extra))
+        if limit:
+            break
     return out
+
+
+def _any_rank(flag: bool, device: torch.device) -> bool:
+    """``flag`` of any rank of the default process group (one all-reduce; the flag itself
+    without one): the ranks of a run stop at the same step."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    t = torch.tensor([float(flag)], device=device if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())

@@ -198,15 +198,17 @@ def _deep_merge(base: dict, extra: dict) -> dict:
 
 def micro_batch_size(cfg: RunConfig, opts: dict) -> int:
     """The micro-batch ZeRO trains with: ``opts["micro_batch_size"]`` (resolved options), or the
-    workload's.
+    workload's. Any divisor of the batch: ZeRO trains the same batch (same tokens per step)
+    in ``batch / micro-batch`` accumulation steps (the tuning candidates,
+    :func:`tuning_candidates`, may be larger than the point's micro-batch).
 
     Raises:
-        ValueError: it does not divide the workload's micro-batch.
+        ValueError: it does not divide the workload's batch.
     """
     mb = opts["micro_batch_size"] or cfg.workload.micro_batch_size
-    if cfg.workload.micro_batch_size % mb:
+    if cfg.workload.batch_size % mb:
         raise ValueError(f"system.options.micro_batch_size={mb} does not divide "
-                         f"workload.micro_batch_size={cfg.workload.micro_batch_size}")
+                         f"workload.batch_size={cfg.workload.batch_size}")
     return mb
 
 
@@ -290,6 +292,49 @@ def swap_bytes_needed(numels: list[int], opts: dict, world: int = 1, local_world
     smallest = max(opts["aio"]["block_size"], 1 << 20)
     swapped = sum(n for n in numels if n >= opts["param_persistence_threshold"] and n * 4 >= smallest)
     return SWAP_BYTES_PER_ELEMENT * swapped * local_world // world
+
+
+def micro_batch_candidates(cfg: RunConfig) -> list[int]:
+    """The micro-batches a ZeRO baseline is tuned over at ``cfg``'s point, largest first: the
+    divisors of the batch per rank (``workload.batch_size / hardware.n_gpus``) whose estimated
+    activations, attention probabilities and logits
+    (:func:`teraio.workload.models.micro_batch_bytes`; ZeRO keeps them on the device) fit
+    ``hardware.gpu_capacity_bytes`` (all of them without a cap); 1 where none does (its
+    failure is then measured and recorded)."""
+    from teraio.workload.models import ffn_hidden, micro_batch_bytes
+
+    w, cap = cfg.workload, cfg.hardware.gpu_capacity_bytes
+    per_rank = w.batch_size // max(cfg.hardware.n_gpus, 1)
+    ffn = ffn_hidden(build_meta_model(cfg.model, w.seq_len))
+    fits = [d for d in range(per_rank, 0, -1) if per_rank % d == 0 and
+            (cap is None or micro_batch_bytes(cfg.model, ffn, d, w.seq_len, cfg.model.n_layers) <= cap)]
+    return fits or [1]
+
+
+def tuning_candidates(cfg: RunConfig) -> list[dict]:
+    """The settings the sweep measures before a ZeRO point's trials (``teraio.harness.tune``;
+    the registry's ``SystemSpec.tuner``): every micro-batch of :func:`micro_batch_candidates`,
+    largest first; for zero_infinity each with parameter prefetch on
+    (``prefetch_bucket_size``: DeepSpeed's default, 5e7 elements) at two parameter-buffer
+    counts -- Table 4's 18 and one buffer per swapped parameter, :func:`swapped_param_count`
+    (never short, whatever prefetch and reuse keep live) -- then with it off (0), Table 4's 18
+    buffers. Buffer sizes stay at the largest parameter (the least DeepSpeed accepts)."""
+    mbs = micro_batch_candidates(cfg)
+    if cfg.system.name != "zero_infinity":
+        return [{"micro_batch_size": mb} for mb in mbs]
+    opts = resolve_options(cfg.system.name, cfg.system.options)
+    every = max(swapped_param_count(param_numels(cfg), opts), 1)
+    buffers = [(None, n) for n in dict.fromkeys((18, every))] + [(0, 18)]
+    return [{"micro_batch_size": mb, "prefetch_bucket_size": p, "param_buffer_count": n}
+            for mb in mbs for p, n in buffers]
+
+
+def swapped_param_count(numels: list[int], opts: dict) -> int:
+    """How many of the parameters (element counts ``numels``) zero_infinity swaps to its
+    directory: those of at least ``param_persistence_threshold`` elements and at least
+    ``aio.block_size`` bytes and 1 MiB (DeepSpeed keeps the rest in memory)."""
+    smallest = max(opts["aio"]["block_size"], 1 << 20)
+    return sum(1 for n in numels if n >= opts["param_persistence_threshold"] and n * 4 >= smallest)
 
 
 def _check_swap_dir(path: Path, need: int) -> None:

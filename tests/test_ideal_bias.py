@@ -1,0 +1,58 @@
+"""analysis.ideal_bias: a modeled or composed Ideal against Ideal measured at the same point."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from analysis.ideal_bias import bias_frame, main
+from analysis.load import load_sweep
+from teraio.core.trace import TensorRecord, Trace
+from teraio.result import result_row, write_result
+
+
+def write_row(root, name, system, seconds, *, measure="measured", batch=4, micro=2, seq=8, trace=None):
+    point = {"model": "tiny", "system": system, "hardware": "gpu", "batch_size": batch,
+             "micro_batch_size": micro, "seq_len": seq, "trial": int(name[-1])}
+    r = result_row(point, {"hardware": {"name": "gpu", "n_gpus": 1}}, status="ok", gpu_name="GPU X")
+    r["measure"] = measure
+    r["iterations"] = [{"step": 2, "seconds": s, "tokens": batch * seq, "tokens_per_s": batch * seq / s}
+                       for s in seconds]
+    r["tokens_per_s"] = batch * seq * len(seconds) / sum(seconds)
+    job = root / name
+    job.mkdir(parents=True)
+    if trace is not None:  # a whole step of the point: its kernel times add up to `trace`
+        tensors = [TensorRecord(0, "param:w", 64, "param", True, [0, 1]),
+                   TensorRecord(1, "optim:w:exp_avg", 64, "optim", True, [1])]
+        Trace(op_names=["mm", "lerp_"], op_seconds=np.array([trace - 1.0, 1.0]), tensors=tensors,
+              meta={"model": "tiny", "batch_size": batch, "micro_batch_size": micro, "seq_len": seq}
+              ).save(job / "trace.json.gz")
+        r["artifacts"] = {"trace": "trace.json"}  # committed gzipped, as reference rows are
+    write_result(job / "result.json", r)
+
+
+def test_modeled_and_composed_ideal_against_the_measured_one(tmp_path, capsys):
+    write_row(tmp_path, "ideal-t0", "ideal", [2.0, 2.0])
+    write_row(tmp_path, "ideal-t1", "ideal", [3.0, 3.0])  # measured: mean iteration 2.5 s
+    write_row(tmp_path, "mixed-t0", "teraio_mixed", [9.0, 9.0], trace=3.0)
+    write_row(tmp_path, "mixed-t1", "teraio_mixed", [9.0, 9.0], trace=2.75)
+    write_row(tmp_path, "ideal-composed-t0", "ideal", [2.6], measure="composed")
+    # Another point: an estimate but no measured Ideal, so no ratio.
+    write_row(tmp_path, "other-t0", "teraio_mixed", [9.0], seq=16, trace=5.0)
+    frame = bias_frame([load_sweep(tmp_path)])
+    assert list(frame["how"]) == ["composed", "modeled from teraio_mixed"]
+    composed, modeled = frame.iloc[0], frame.iloc[1]
+    assert (modeled["measured_s"], modeled["measured_n"], modeled["estimate_n"]) == (2.5, 2, 2)
+    assert modeled["estimate_s"] == pytest.approx(2.875)
+    assert (modeled["ratio"], modeled["ratio_min"], modeled["ratio_max"]) == pytest.approx((1.15, 1.1, 1.2))
+    assert composed["ratio"] == pytest.approx(2.6 / 2.5) and composed["estimate_n"] == 1
+
+    main([str(tmp_path), "--out", str(tmp_path / "out")])
+    md = (tmp_path / "out" / "ideal_bias.md").read_text()
+    assert "| tiny | 4 | 2 | 8 | GPU X | modeled from teraio_mixed | 2.500 (2) | 2.875 (2) | 1.150 (1.100–1.200) |" in md
+    assert (tmp_path / "out" / "ideal_bias.tex").exists()
+
+
+def test_no_point_with_both_is_said(tmp_path):
+    write_row(tmp_path, "ideal-t0", "ideal", [2.0])
+    with pytest.raises(SystemExit, match="no point has both"):
+        main([str(tmp_path), "--out", str(tmp_path / "out")])
