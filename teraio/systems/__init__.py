@@ -63,6 +63,9 @@ class SystemSpec:
             with ``teraio.workload.pipeline.build_training``).
         cuda_only: it runs on a CUDA device only (the sweep refuses a point on another
             device before anything runs: ``teraio.harness.checks.validate``).
+        paper: one of the paper's systems (§4.1); False for those beyond its comparison.
+            The speedup summary's series (``analysis.aggregate.speedup_summary``: the
+            paper's "ZeRO series") takes the paper's baselines only.
     """
 
     name: str
@@ -76,6 +79,7 @@ class SystemSpec:
     legend_rank: int = 100
     pipeline: bool = False
     cuda_only: bool = False
+    paper: bool = True
 
 
 # In the paper's order of comparison (§4.1); legend_rank gives its Fig. 7 legend order.
@@ -94,12 +98,13 @@ _BUILT_IN = (
     # What users switch on today instead (beyond the paper's comparison): torchtitan's
     # activation checkpointing, FSDP2's CPU offload, torchao's CPU-offloaded optimizer.
     SystemSpec("ideal_ac", "Ideal+AC", "teraio.systems.ideal_ac", "teraio.systems.ideal_ac:check_options",
-               cost_server="server_base", legend_rank=5),
+               cost_server="server_base", legend_rank=5, paper=False),
     SystemSpec("fsdp_offload", "FSDP2-Offload", "teraio.systems.fsdp_offload",
-               "teraio.systems.fsdp_offload:check_options", cost_server="server_1tb", legend_rank=6),
+               "teraio.systems.fsdp_offload:check_options", cost_server="server_1tb", legend_rank=6,
+               paper=False),
     SystemSpec("torchao_offload", "torchao-Offload", "teraio.systems.torchao_offload",
                "teraio.systems.torchao_offload:check_options", cost_server="server_1tb", legend_rank=7,
-               cuda_only=True),
+               cuda_only=True, paper=False),
 )
 
 
