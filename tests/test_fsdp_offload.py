@@ -62,13 +62,15 @@ def test_fsdp_offload_on_cpu_is_bit_identical_to_the_shared_step(tmp_path, ac):
 
 def test_fsdp_offload_refuses_a_host_too_small_in_one_line_naming_the_bytes(tmp_path, monkeypatch):
     need = 16 * sum(p.numel() for p in build_model(cfg().model, 32, "meta", SEED).parameters())
-    monkeypatch.setattr(host_memory, "host_available_bytes", lambda: need - 1)
+    monkeypatch.setattr(host_memory, "host_available_bytes", lambda: need + host_memory.PROCESS_HEADROOM_BYTES - 1)
     row = run_point(cfg(), tmp_path)
     assert row["status"] == "error" and row["iterations"] == []
     last = row["error"].strip().splitlines()[-1]
     assert last.startswith("MemoryError: fsdp_offload needs ") and "GB of host memory" in last
-    assert f"{need / 1e9:.1f} GB" in last and f"{(need - 1) / 1e9:.1f} GB this host has available" in last
-    monkeypatch.setattr(host_memory, "host_available_bytes", lambda: need)  # exactly enough: no refusal
+    assert f"needs {need / 1e9:.1f} GB" in last and "plus 8 GB for the process" in last
+    assert f"{(need + host_memory.PROCESS_HEADROOM_BYTES - 1) / 1e9:.1f} GB this host has available" in last
+    # exactly enough: no refusal
+    monkeypatch.setattr(host_memory, "host_available_bytes", lambda: need + host_memory.PROCESS_HEADROOM_BYTES)
     host_memory.check_host_room("fsdp_offload", need)
 
 
@@ -82,7 +84,7 @@ def test_the_full_llama3_8b_needs_about_128_gb_of_host_state():
     assert 128.0e9 < need < 128.9e9
     with pytest.raises(MemoryError, match=r"needs 128\.\d GB of host memory .* more than the 120\.0 GB"):
         host_memory.check_host_room("fsdp_offload", need, available_bytes=120 * 10**9)
-    host_memory.check_host_room("fsdp_offload", need, available_bytes=need)
+    host_memory.check_host_room("fsdp_offload", need, available_bytes=need + host_memory.PROCESS_HEADROOM_BYTES)
 
 
 def test_fsdp_offload_options_are_checked_and_documented():
