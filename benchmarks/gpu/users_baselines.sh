@@ -8,7 +8,7 @@
 # Run from the repository root on the GPU machine:
 #   source scripts/remote_env.sh && bash benchmarks/gpu/users_baselines.sh
 #   SYSTEMS (default ideal_ac,fsdp_offload,torchao_offload)   TRIALS (default 0)
-#   BUDGET_S (default 540: tests and sweeps stop by then)   TIMEOUT_S (per point, default 300)
+#   BUDGET_S (default 540: tests and sweeps stop by then)   TIMEOUT_S (per point, default 240)
 #   WHICH=tests|sweep|both (default both)
 set -uo pipefail
 OUT=${OUT:-users_baselines_out}
@@ -16,16 +16,17 @@ RUNS=${RUNS:-/tmp/users_baselines_runs}
 SYSTEMS=${SYSTEMS:-ideal_ac,fsdp_offload,torchao_offload}
 TRIALS=${TRIALS:-0}
 BUDGET_S=${BUDGET_S:-540}
-TIMEOUT_S=${TIMEOUT_S:-300}
+TIMEOUT_S=${TIMEOUT_S:-240}
 WHICH=${WHICH:-both}
 mkdir -p "$OUT" "$RUNS"
+OUT=$(cd "$OUT" && pwd)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 start=$SECONDS
 left() { echo $((BUDGET_S - (SECONDS - start))); }
 if [ "$WHICH" != sweep ]; then
   tests=$(ls tests/test_users_baselines.py tests/test_fsdp_offload.py 2>/dev/null)
   # shellcheck disable=SC2086
-  timeout -k 10 "$(( $(left) < 200 ? $(left) : 200 ))" python -m pytest -m gpu -q -x -p no:cacheprovider $tests \
+  timeout -k 10 "$(( $(left) < 150 ? $(left) : 150 ))" python -m pytest -m gpu -q -x -p no:cacheprovider $tests \
     2>&1 | tee "$OUT/gpu_tests.log" | tail -n 15
 fi
 sweep() {  # $1: sweep name; the rest: overrides
@@ -37,17 +38,21 @@ sweep() {  # $1: sweep name; the rest: overrides
     "timeout_s=$TIMEOUT_S" "sweep.deadline=$(($(date +%s) + l))" 2>&1 | tee "$OUT/$name.log"
 }
 if [ "$WHICH" != tests ]; then
-  sweep users_l8cut_seq_short model=llama3_8b_4l fig7.point=seq_short
+  # point full first: its fsdp_offload and torchao_offload rows are refused up front (host memory)
   sweep users_l8_full model=llama3_8b fig7.point=full
+  sweep users_l8cut_seq_short model=llama3_8b_4l fig7.point=seq_short
 fi
-(cd "$RUNS" && find . -name 'result*.json' -o -name '*.log' -o -name 'resolved.yaml' | tar czf "$OLDPWD/$OUT/rows.tar.gz" -T -)
-(cd "$RUNS" && find . -name 'result.json' | while read -r f; do mkdir -p "$OLDPWD/$OUT/$(dirname "$f")"; cp "$f" "$OLDPWD/$OUT/$f"; done)
+(cd "$RUNS" && find . -name 'result*.json' -o -name '*.log' -o -name 'resolved.yaml' | tar czf "$OUT/rows.tar.gz" -T -)
+(cd "$RUNS" && find . -name 'result.json' | while read -r f; do mkdir -p "$OUT/$(dirname "$f")"; cp "$f" "$OUT/$f"; done)
 python - "$RUNS" <<'PY' | tee "$OUT/summary.txt"
 import json, pathlib, sys
 for f in sorted(pathlib.Path(sys.argv[1]).glob("users_*/*/result.json")):
     r = json.loads(f.read_text())
+    p, x = r["point"], r
     err = (r.get("error") or "").strip().splitlines()[-1:] or [""]
-    print(f"{f.parent.parent.name:24} {r['system']:16} {r['status']:7} tokens/s={r.get('tokens_per_s')} "
-          f"peak_alloc={r.get('peak_allocated_bytes')} host_rss={r.get('peak_host_rss_bytes')} {err[0][:160]}")
+    print(f"{p['model']:13} bs{p['batch_size']}-mb{p['micro_batch_size']}-seq{p['seq_len']} {p['system']:16} "
+          f"t{p['trial']} {r['status']:7} tokens/s={r.get('tokens_per_s')} mb_trained={x.get('micro_batch_size_trained')} "
+          f"peak_alloc={r.get('peak_allocated_bytes')} saved_act={x.get('saved_activation_peak_bytes')} "
+          f"host_state={x.get('host_state_bytes')} host_rss={r.get('peak_host_rss_bytes')} {err[0][:200]}")
 PY
 ls -la "$OUT"
