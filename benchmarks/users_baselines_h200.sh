@@ -6,7 +6,7 @@
 # Writes into OUT (default ./users_baselines_out): the test log, each sweep's log, and every
 # job dir's result.json (and log) as <sweep>/<point dir>/..., plus rows.tar.gz of them.
 # Run from the repository root on the GPU machine:
-#   source scripts/remote_env.sh && bash benchmarks/gpu/users_baselines.sh
+#   source scripts/remote_env.sh && bash benchmarks/users_baselines_h200.sh
 #   SYSTEMS (default ideal_ac,fsdp_offload,torchao_offload)   TRIALS (default 0)
 #   BUDGET_S (default 540: tests and sweeps stop by then)   TIMEOUT_S (per point, default 240)
 #   WHICH=tests|sweep|both (default both)
