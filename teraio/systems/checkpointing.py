@@ -15,6 +15,13 @@ The saved-activation peak (:func:`saved_activation_peak_bytes`) is measured by T
 tensor-lifetime profiler (``teraio.core.profiler``) on one whole step: the largest sum, over the
 step's ops, of the tensors made outside backward and read by it (kind ``activation``). It is
 device-independent (CPU rows have it where they have no allocator peak).
+
+Tuning hook: the knobs a per-point tuner of the baselines sets are plain ``system.options``,
+the same key in all three systems: ``micro_batch_size`` (a divisor of the workload's; the
+experiments set ZeRO's rule, ``teraio.harness.compose.zero_micro_batch``, through
+``sweep.system_options``) and the checkpointing mode (``mode`` in ``ideal_ac``, ``ac`` in
+``fsdp_offload`` and ``torchao_offload``); each row records what ran
+(``micro_batch_size_trained``, ``ac_mode``).
 """
 from __future__ import annotations
 
