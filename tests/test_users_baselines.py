@@ -148,6 +148,6 @@ def test_ideal_ac_on_a_gpu_lowers_the_peak_and_keeps_the_losses(tmp_path):
     ref = ideal.run(cfg("ideal", "cuda"), tmp_path, torch.device("cuda"))
     m = ideal_ac.run(cfg("ideal_ac", "cuda"), tmp_path, torch.device("cuda"))
     # Recomputation reruns the same kernels on the same inputs: equal up to nondeterministic
-    # GPU reductions (atomics in backward).
-    assert m.losses == pytest.approx(ref.losses, rel=1e-5)
+    # GPU reductions (atomics in attention's backward), compounded over 10 steps.
+    assert m.losses == pytest.approx(ref.losses, rel=TORCHAO_RTOL)
     assert m.extras["saved_activation_peak_bytes"] > 0
