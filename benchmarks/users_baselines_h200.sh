@@ -7,13 +7,16 @@
 # job dir's result.json (and log) as <sweep>/<point dir>/..., plus rows.tar.gz of them.
 # Run from the repository root on the GPU machine:
 #   source scripts/remote_env.sh && bash benchmarks/users_baselines_h200.sh
-#   SYSTEMS (default ideal_ac,fsdp_offload,torchao_offload)   TRIALS (default 0)
+#   SYSTEMS (default ideal_ac,torchao_offload,fsdp_offload: the slowest last)   TRIALS (default 0)
+#   STEPS (default "workload.warmup_steps=2 workload.measure_steps=2": fig7_h200 runs 3 + 4;
+#   two warm-up steps keep ideal_ac's profiled one, two measured ones fit one device call)
 #   BUDGET_S (default 540: tests and sweeps stop by then)   TIMEOUT_S (per point, default 240)
 #   WHICH=tests|sweep|both (default both)
 set -uo pipefail
 OUT=${OUT:-users_baselines_out}
 RUNS=${RUNS:-/tmp/users_baselines_runs}
-SYSTEMS=${SYSTEMS:-ideal_ac,fsdp_offload,torchao_offload}
+SYSTEMS=${SYSTEMS:-ideal_ac,torchao_offload,fsdp_offload}
+STEPS=${STEPS-workload.warmup_steps=2 workload.measure_steps=2}
 TRIALS=${TRIALS:-0}
 BUDGET_S=${BUDGET_S:-540}
 TIMEOUT_S=${TIMEOUT_S:-240}
@@ -26,14 +29,15 @@ left() { echo $((BUDGET_S - (SECONDS - start))); }
 if [ "$WHICH" != sweep ]; then
   tests=$(ls tests/test_users_baselines.py tests/test_fsdp_offload.py 2>/dev/null)
   # shellcheck disable=SC2086
-  timeout -k 10 "$(( $(left) < 150 ? $(left) : 150 ))" python -m pytest -m gpu -q -x -p no:cacheprovider $tests \
+  timeout -k 10 "$(( $(left) < 150 ? $(left) : 150 ))" python -m pytest -m gpu -q -p no:cacheprovider $tests \
     2>&1 | tee "$OUT/gpu_tests.log" | tail -n 15
 fi
 sweep() {  # $1: sweep name; the rest: overrides
   local name=$1; shift
   local l; l=$(left)
   [ "$l" -gt 20 ] || { echo "no budget left for $name" | tee -a "$OUT/$name.log"; return; }
-  timeout -k 20 "$l" python -m teraio.sweep -m +experiment=fig7_h200 "$@" "system=$SYSTEMS" "trial=$TRIALS" \
+  # shellcheck disable=SC2086  # STEPS holds several overrides
+  timeout -k 20 "$l" python -m teraio.sweep -m +experiment=fig7_h200 "$@" $STEPS "system=$SYSTEMS" "trial=$TRIALS" \
     "sweep.name=$name" "sweep.runs_dir=$RUNS" sweep.make_ssd_dirs=true sweep.analyze=false \
     "timeout_s=$TIMEOUT_S" "sweep.deadline=$(($(date +%s) + l))" 2>&1 | tee "$OUT/$name.log"
 }
