@@ -169,12 +169,16 @@ def speedups(best: pd.DataFrame) -> pd.DataFrame:
     Columns: ``COMPARE_KEYS``, ``config``, ``teraio``, ``zero``, ``teraio_tokens_per_s``,
     ``zero_tokens_per_s``, ``speedup`` (ratio of means; NaN unless both have ok trials),
     ``note`` (``""``, ``"<system> failed (<statuses>)"`` or ``"<system> not run"``).
+    A baseline beyond the paper's (``SystemSpec.paper`` false) is paired only in a sweep that
+    ran it somewhere.
     """
+    ran = set(best["system"].dropna())
+    baselines = [z for z in systems.with_role("baseline") if systems.get(z).paper or z in ran]
     rows = []
     for keys, g in best.groupby(COMPARE_KEYS, dropna=False, sort=False):
         by_sys = {s: r for s, r in zip(g["system"], g.to_dict("records"))}
         for t in systems.with_role("teraio"):
-            for z in systems.with_role("baseline"):
+            for z in baselines:
                 if t not in by_sys and z not in by_sys:
                     continue
                 notes = []
