@@ -10,6 +10,7 @@ import pytest
 import torch
 import yaml
 
+from teraio import systems
 from teraio.harness import run as worker
 from teraio.config import run_config_from_dict
 from teraio.result import Measurements
@@ -171,13 +172,11 @@ def test_two_writers_of_one_row_at_the_same_instant_cannot_both_succeed(tmp_path
 
 # Beyond the paper's comparison, what users switch on today: each is run here end to end, by
 # name through the worker's command line, wherever this machine can run it.
-USERS_BASELINES = [n for n in __import__("teraio.systems", fromlist=["names"]).names()
-                   if not __import__("teraio.systems", fromlist=["get"]).get(n).paper]
+USERS_BASELINES = [n for n in systems.names() if not systems.get(n).paper]
 
 
 @pytest.mark.parametrize("system", USERS_BASELINES)
 def test_each_users_baseline_runs_end_to_end_through_the_worker(tmp_path, system):
-    from teraio import systems
     if systems.get(system).cuda_only and not torch.cuda.is_available():
         pytest.skip(f"{system} runs on CUDA only (the sweep refuses it on a CPU point: tests/test_users_baselines.py)")
     run = cfg(system)
