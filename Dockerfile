@@ -52,7 +52,7 @@ assert ops['async_io'] and ops['cpu_adam'] and acc == 'cuda', (ops, acc)"
 WORKDIR /opt/teraio
 # The project, editable: Hydra finds conf/ beside teraio/, and DeepSpeed's JIT builds go to
 # .torch_extensions/ in this checkout (teraio.systems.zero.use_extensions_dir). The rest of the
-# dependencies (torchtitan, hydra-core, kvikio-cu13, ...) come from pyproject.toml itself.
+# dependencies (torchtitan, torchao, hydra-core, kvikio-cu13, ...) come from pyproject.toml itself.
 COPY pyproject.toml README.md ./
 COPY teraio teraio
 COPY analysis analysis

@@ -182,12 +182,16 @@ def speedups(best: pd.DataFrame) -> pd.DataFrame:
     Columns: ``COMPARE_KEYS``, ``config``, ``teraio``, ``zero``, ``teraio_tokens_per_s``,
     ``zero_tokens_per_s``, ``speedup`` (ratio of means; NaN unless both have ok trials),
     ``note`` (``""``, ``"<system> failed (<statuses>)"`` or ``"<system> not run"``).
+    A baseline beyond the paper's (``SystemSpec.paper`` false) is paired only in a sweep that
+    ran it somewhere.
     """
+    ran = set(best["system"].dropna())
+    baselines = [z for z in systems.with_role("baseline") if systems.get(z).paper or z in ran]
     rows = []
     for keys, g in best.groupby(COMPARE_KEYS, dropna=False, sort=False):
         by_sys = {s: r for s, r in zip(g["system"], g.to_dict("records"))}
         for t in systems.with_role("teraio"):
-            for z in systems.with_role("baseline"):
+            for z in baselines:
                 if t not in by_sys and z not in by_sys:
                     continue
                 notes = []
@@ -211,14 +215,16 @@ def speedups(best: pd.DataFrame) -> pd.DataFrame:
 
 def speedup_summary(sp: pd.DataFrame) -> pd.DataFrame:
     """Arithmetic mean, geometric mean and max of the speedups per (teraio, zero) pair and
-    per TeraIO variant over both ZeRO baselines (the paper's "ZeRO series", claims C1/C3),
-    over the points where both ran ok. Columns: ``teraio``, ``zero`` (``"both"`` for the
+    per TeraIO variant over both ZeRO baselines (the paper's "ZeRO series", claims C1/C3: the
+    registry's baselines of the paper, ``SystemSpec.paper``), over the points where both ran
+    ok. Columns: ``teraio``, ``zero`` (``"both"`` for the
     series), ``n_points``, ``mean``, ``geomean``, ``max``."""
     valid = sp[np.isfinite(sp["speedup"].astype(float))]  # an empty frame's column is object
+    series = [z for z in systems.with_role("baseline") if systems.get(z).paper]
     rows = []
     for t in systems.with_role("teraio"):
         for z in (*systems.with_role("baseline"), "both"):
-            pair = (sp["teraio"] == t) & ((sp["zero"] == z) if z != "both" else True)
+            pair = (sp["teraio"] == t) & ((sp["zero"] == z) if z != "both" else sp["zero"].isin(series))
             if not pair.any():
                 continue
             s = valid.loc[pair[pair].index.intersection(valid.index), "speedup"].to_numpy(float)

@@ -14,7 +14,9 @@ Prices come from the run config's ``hardware.prices`` (``conf/hardware/*.yaml``)
 
 Bill of materials per system (Table 3, "Used by"): TeraIO-SSD = ``server_base`` + SSDs;
 TeraIO-Mixed and ZeRO-Infinity = ``server_1tb`` + SSDs; ZeRO-Offload = ``server_1tb``;
-PureGPUs = ``pure_gpu_servers``; Ideal (unlimited GPU memory) is not priced. A missing key
+PureGPUs = ``pure_gpu_servers``; Ideal (unlimited GPU memory) is not priced. Beyond the paper
+(``SystemSpec.cost_server``): Ideal+AC = ``server_base`` (nothing leaves the GPU);
+FSDP2-Offload and torchao-Offload = ``server_1tb`` (16 B per parameter in host memory). A missing key
 falls back to the paper's Table 3 value and the table says so; with no prices at all the
 whole row is labelled "paper Table 3 (fallback)".
 

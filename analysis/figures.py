@@ -260,7 +260,9 @@ def machine_of(hardware: str) -> str:
 def fig9_host_memory(sweep: Sweep) -> Figure:
     """Fig. 9: tokens/s vs host-memory cap, one line per system and SSD count, a panel per
     model, workload and machine (:func:`machine_of`: the experiments name each point's hardware
-    after its knobs, ``<machine>-<n>ssd-<cap>gb``, so that its job dir is its own).
+    after its knobs, ``<machine>-<n>ssd-<cap>gb``, so that its job dir is its own). Ideal, and
+    a system the cap does not bind (no host tier, ``SystemSpec.host_tier``) run at one cap of
+    the panel, are horizontal reference lines (gid ``ideal`` and ``reference``).
 
     Raises:
         NoData: no system was run at two or more host-memory caps of one workload.
@@ -290,6 +292,9 @@ def fig9_host_memory(sweep: Sweep) -> Figure:
             shades = sns.color_palette("crest", max(len(n_ssds), 1))
             for (system, n_ssd), s in sel.groupby(["system", "n_ssd"], dropna=False, sort=False):
                 s = s.sort_values("host_mem_cap_bytes")
+                if len(s) == 1 and system in registry.names() and not registry.get(system).host_tier:
+                    _reference_line(ax, s.iloc[0], palette[system])
+                    continue
                 x = (s["host_mem_cap_bytes"] / GIB).to_numpy(float)
                 good = (s["n"] > 0).to_numpy()
                 color = (shades[n_ssds.index(n_ssd)] if system in styles and pd.notna(n_ssd)
@@ -319,6 +324,17 @@ def fig9_host_memory(sweep: Sweep) -> Figure:
     suptitle(fig, "Fig. 9 — throughput vs host-memory capacity and SSDs (error bars: 95% t-CI"
               + ("; × failed" if any_failed else "") + f")\n{describe(sweep)}")
     return fig
+
+
+def _reference_line(ax, row, color) -> None:
+    """A system run at one host-memory cap of a Fig. 9 panel that the cap does not bind: its
+    mean tokens/s across the panel (dotted), or, where it failed, a legend entry saying so."""
+    label = agg.system_label(row["system"])
+    if row["n"] > 0:
+        ax.axhline(float(row["tokens_per_s_mean"]), ls=":", color=color, label=label, gid="reference")
+    else:
+        ax.plot([], [], ls="none", marker="x", color=color, label=f"{label}: {row['failures']}",
+                gid="reference_failed")
 
 
 def fig10_bandwidth(sweep: Sweep) -> tuple[Figure, pd.DataFrame]:

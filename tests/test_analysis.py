@@ -228,6 +228,23 @@ def test_speedups_exact(sweep_dir):
     assert both["max"] == pytest.approx(93 / 52.5)
 
 
+def test_the_users_baselines_get_their_own_speedups_outside_the_zero_series(tmp_path):
+    """TeraIO over each baseline users switch on today is its own pair; the series row
+    ("both", the paper's ZeRO series of claims C1/C3) stays ZeRO-Offload and ZeRO-Infinity."""
+    wl = dict(batch=4, seq=64, micro=1, trial=0)
+    for name, system, tps in (("m", "teraio_mixed", 100), ("zo", "zero_offload", 50), ("zi", "zero_infinity", 25),
+                              ("ac", "ideal_ac", 200), ("fs", "fsdp_offload", 40)):
+        write_run(tmp_path / "s", name, system=system, tps=tps, **wl)
+    sp = agg.speedups(agg.select_best(agg.summarize_runs(load_sweep(tmp_path / "s").runs)))
+    get = lambda z: row(sp, teraio="teraio_mixed", zero=z)
+    assert get("ideal_ac")["speedup"] == pytest.approx(0.5) and get("fsdp_offload")["speedup"] == pytest.approx(2.5)
+    assert "torchao_offload" not in set(sp["zero"])  # not in this sweep: no pair
+    summ = agg.speedup_summary(sp)
+    both = row(summ, teraio="teraio_mixed", zero="both")
+    assert both["n_points"] == 2 and both["mean"] == pytest.approx((2 + 4) / 2)
+    assert row(summ, teraio="teraio_mixed", zero="ideal_ac")["mean"] == pytest.approx(0.5)
+
+
 def test_pct_of_ideal_summary(sweep_dir):
     best = agg.add_pct_of_ideal(agg.select_best(agg.summarize_runs(load_sweep(sweep_dir).runs)))
     summ = agg.pct_of_ideal_summary(best)
@@ -462,6 +479,23 @@ def test_fig9_lines_per_ssd_count(tmp_path, named):
     bars = [p for ax in fig7.axes for p in gids(ax, "bar")]
     assert len(bars) == 9 and all(p.get_width() == pytest.approx(0.8 / 3) for p in bars)
     assert sum(len(gids(ax, "failed", "lines")) for ax in fig7.axes) == 1
+
+
+def test_fig9_draws_systems_the_cap_does_not_bind_as_reference_lines(tmp_path):
+    """fig9_h200's reference point: Ideal and the users' baselines at one cap (conf/experiment/
+    fig9_h200.yaml); each a horizontal line across the panel, a failed one a legend entry."""
+    root, wl = tmp_path / "sweep9", dict(batch=4, seq=64, micro=1, n_ssd=1, trial=0)
+    for cap in (4, 8):
+        write_run(root, f"m_{cap}", system="teraio_mixed", tps=10 * cap, host_cap=cap * GIB, **wl)
+    write_run(root, "ac", system="ideal_ac", tps=700, host_cap=4 * GIB, **wl)
+    write_run(root, "fsdp", system="fsdp_offload", tps=300, host_cap=4 * GIB, **wl)
+    write_run(root, "tao", system="torchao_offload", status="error", host_cap=4 * GIB, **wl)
+    ax = fig9_host_memory(load_sweep(root)).axes[0]
+    assert len(gids(ax, "series", "lines")) == 1
+    refs = {ln.get_label(): ln.get_ydata()[0] for ln in gids(ax, "reference", "lines")}
+    assert refs == {"Ideal+AC": 700, "FSDP2-Offload": 300}
+    (failed,) = gids(ax, "reference_failed", "lines")
+    assert failed.get_label() == "torchao-Offload: error"
 
 
 def test_fig9_skipped_without_host_cap_sweep(sweep_dir):

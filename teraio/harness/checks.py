@@ -26,6 +26,7 @@ def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool =
       and takes a new file — checked only with
       ``check_device``, since otherwise the workers run elsewhere; the list must not be empty;
     * ``system.options``: every key and value, by the system's own check (``teraio.systems``);
+    * a system that runs on CUDA only (``SystemSpec.cuda_only``) needs a CUDA device;
     * a system with a host tier (TeraIO-Mixed) needs ``hardware.host_mem_cap_bytes`` > 0;
     * ``timeout_s`` > 0, ``workload.measure_steps`` >= 1, ``workload.warmup_steps`` >= 1,
       ``hardware.n_gpus`` >= 1;
@@ -68,6 +69,9 @@ def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool =
                              f"valid: 1..{total}")
     spec = systems.get(run.system.name)
     systems.check_options(spec.name, run.system.options)
+    if spec.cuda_only and device.type != "cuda":
+        raise ValueError(f"hardware.device={hw.device!r}: {spec.name} runs on CUDA only; "
+                         f"run it with a CUDA device (e.g. hardware=h200) or leave it out of this sweep")
     if w.pipeline_stages > 1:
         check_pipeline(run, spec, device)
     if spec.uses_drives:

@@ -1,5 +1,6 @@
 """The registry of training systems: the one place that lists them (paper §4.1: Ideal,
-TeraIO-SSD, TeraIO-Mixed, ZeRO-Offload, ZeRO-Infinity). Everything else — config
+TeraIO-SSD, TeraIO-Mixed, ZeRO-Offload, ZeRO-Infinity; beyond the paper, what users switch
+on today: Ideal with activation checkpointing, FSDP2's CPU offload, torchao's CPU optimizer). Everything else — config
 validation, the worker, the sweep's checks, the analysis' labels, order and cost model —
 asks it.
 
@@ -64,6 +65,11 @@ class SystemSpec:
             returning its candidate settings (a non-empty list of dicts of ``system.options``
             keys), which the sweep measures before the point's trials, keeping the fastest
             (``teraio.harness.tune``); None: the system is not tuned.
+        cuda_only: it runs on a CUDA device only (the sweep refuses a point on another
+            device before anything runs: ``teraio.harness.checks.validate``).
+        paper: one of the paper's systems (§4.1); False for those beyond its comparison.
+            The speedup summary's series (``analysis.aggregate.speedup_summary``: the
+            paper's "ZeRO series") takes the paper's baselines only.
     """
 
     name: str
@@ -77,6 +83,8 @@ class SystemSpec:
     legend_rank: int = 100
     pipeline: bool = False
     tuner: str | None = None
+    cuda_only: bool = False
+    paper: bool = True
 
 
 # In the paper's order of comparison (§4.1); legend_rank gives its Fig. 7 legend order.
@@ -93,6 +101,16 @@ _BUILT_IN = (
                pipeline=True),
     SystemSpec("ideal", "Ideal", "teraio.systems.ideal", "teraio.systems.ideal:check_options", role="ideal",
                legend_rank=4, pipeline=True),
+    # What users switch on today instead (beyond the paper's comparison): torchtitan's
+    # activation checkpointing, FSDP2's CPU offload, torchao's CPU-offloaded optimizer.
+    SystemSpec("ideal_ac", "Ideal+AC", "teraio.systems.ideal_ac", "teraio.systems.ideal_ac:check_options",
+               cost_server="server_base", legend_rank=5, paper=False),
+    SystemSpec("fsdp_offload", "FSDP2-Offload", "teraio.systems.fsdp_offload",
+               "teraio.systems.fsdp_offload:check_options", cost_server="server_1tb", legend_rank=6,
+               paper=False),
+    SystemSpec("torchao_offload", "torchao-Offload", "teraio.systems.torchao_offload",
+               "teraio.systems.torchao_offload:check_options", cost_server="server_1tb", legend_rank=7,
+               cuda_only=True, paper=False),
 )
 
 

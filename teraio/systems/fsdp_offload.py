@@ -1,0 +1,175 @@
+"""FSDP2 with CPU offload (``fsdp_offload``): PyTorch's ``fully_shard`` with
+``CPUOffloadPolicy(pin_memory=True)`` (what torchtitan's ``training.enable_cpu_offload``
+switches on), on one GPU or data-parallel over ``hardware.n_gpus`` ranks (``torchrun``).
+
+Each transformer block is its own FSDP unit, then the token embedding and the final norm with
+the output layer (apart unless the model ties them), then the root: torchtitan 0.2.2's
+``apply_fsdp`` order. The sharded parameters, their gradients and AdamW's state live in
+page-locked host memory; FSDP2 copies a unit's parameters to the GPU for its forward and
+backward and its reduced gradients back, and the optimizer (the shared
+``teraio.workload.step.make_optimizer``: AdamW, FP32) steps on the CPU, as FSDP2 does it.
+Optional activation checkpointing of the blocks: torchtitan's (``teraio.systems.checkpointing``),
+applied before sharding as torchtitan does.
+
+Same model, tokens, FP32, batch and loss as every system: the model is built on the host
+from the point's seed (the weights Ideal draws on a CPU; on a GPU Ideal draws them there, a
+different draw of the same distribution, as ZeRO stage 3's), each rank trains its contiguous
+share of the global batch in micro-batches, and the loss is the mean over micro-batches and
+ranks. FSDP2 averages gradients over ranks.
+
+``system.options`` (defaults :data:`DEFAULTS`, documented in ``conf/system/fsdp_offload.yaml``):
+  ``ac``                   ``none``, ``full`` or ``selective`` activation checkpointing
+  ``selective_ac_option``  ``op`` or ``"<n>"`` (``teraio.systems.checkpointing``)
+  ``micro_batch_size``     sequences per micro-batch, a divisor of the workload's; null is
+                           the workload's
+  ``pin_memory``           page-locked host state (``CPUOffloadPolicy(pin_memory=...)``)
+  ``reshard_after_forward``  free a unit's gathered parameters after its forward (FSDP2's
+                           default true; false keeps them until backward)
+  ``check_host_memory``    refuse the point before anything is allocated when the host state
+                           (``teraio.systems.host_memory``) exceeds the host's available memory
+
+Row extras: ``ac_mode``, ``selective_ac_option``, ``micro_batch_size_trained``,
+``host_state_bytes`` (the offloaded state: 16 B per parameter), ``final_params_sha256``.
+Not measured: FSDP2 exposes no stalls or bytes moved per step (null in every iteration).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from teraio.config import RunConfig
+from teraio.result import Measurements, kept_on_failure
+from teraio.systems.checkpointing import (AC_MODES, apply_checkpointing, check_ac, check_keys, check_micro_batch,
+                                          final_params_digest, micro_batch)
+from teraio.systems.host_memory import HOST_BYTES_PER_PARAMETER, check_host_room, offloaded_parameters
+from teraio.systems.loop import Step, Steps, measure_steps
+from teraio.systems.measure import apply_memory_cap, lift_memory_cap, peak_memory, reset_peak_memory
+from teraio.systems.zero import _init_process_group
+from teraio.workload.models import build_model
+from teraio.workload.step import make_batch, make_optimizer
+
+DEFAULTS = {"ac": "none", "selective_ac_option": "op", "micro_batch_size": None, "pin_memory": True,
+            "reshard_after_forward": True, "check_host_memory": True}
+
+
+def resolve_options(system: str, options: dict) -> dict:
+    """``options`` over :data:`DEFAULTS`, checked. Raises ValueError naming a bad key or value."""
+    opts = check_keys(system, options, DEFAULTS)
+    check_ac(system, "ac", opts["ac"], opts["selective_ac_option"], AC_MODES)
+    check_micro_batch(system, opts["micro_batch_size"])
+    for key in ("pin_memory", "reshard_after_forward", "check_host_memory"):
+        if not isinstance(opts[key], bool):
+            raise ValueError(f"system.options.{key}={opts[key]!r}; must be true or false")
+    return opts
+
+
+def check_options(system: str, options: dict) -> None:
+    """``system.options`` of fsdp_offload (``teraio.systems``): :func:`resolve_options`."""
+    resolve_options(system, options)
+
+
+def shard(model: torch.nn.Module, mesh, pin_memory: bool, reshard_after_forward: bool) -> torch.nn.Module:
+    """``fully_shard`` ``model`` in torchtitan 0.2.2's ``apply_fsdp`` units (each block; the
+    token embedding; the final norm with the output layer; the root), every unit with
+    ``CPUOffloadPolicy(pin_memory=pin_memory)``, FP32 parameters and reductions. A model
+    whose output layer is its token embedding (tied) keeps both in the root unit."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    kw = {"mesh": mesh, "offload_policy": CPUOffloadPolicy(pin_memory=pin_memory),
+          "mp_policy": MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)}
+    tied = model.output.weight is model.tok_embeddings.weight
+    if not tied:
+        fully_shard(model.tok_embeddings, reshard_after_forward=reshard_after_forward, **kw)
+    for block in model.layers.values():
+        fully_shard(block, reshard_after_forward=reshard_after_forward, **kw)
+    if not tied:  # torchtitan: the last units are not resharded (backward needs them at once)
+        fully_shard([model.norm, model.output], reshard_after_forward=False, **kw)
+    return fully_shard(model, **kw)
+
+
+def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
+    """Train the point with FSDP2's CPU offload (module doc) through the shared loop
+    (``teraio.systems.loop.measure_steps``) and return the measurements (on failure, those
+    made so far travel with the exception). The emulated capacity
+    (``hardware.gpu_capacity_bytes``) is applied before anything is placed on the device.
+
+    Raises:
+        ValueError: a bad option, or a batch that does not split over micro-batches and ranks.
+        MemoryError: the host state exceeds the host's available memory (``check_host_memory``).
+        FloatingPointError: a non-finite loss.
+        torch.OutOfMemoryError: the (emulated) device ran out of memory.
+    """
+    opts = resolve_options(cfg.system.name, cfg.system.options)
+    w = cfg.workload
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    mb = micro_batch(cfg.system.name, opts["micro_batch_size"], w.micro_batch_size)
+    if w.batch_size % (mb * world):
+        raise ValueError(f"workload.batch_size={w.batch_size} is not a multiple of micro_batch_size x ranks = "
+                         f"{mb} x {world} ({cfg.system.name})")
+    cap = cfg.hardware.gpu_capacity_bytes
+    host_bytes = HOST_BYTES_PER_PARAMETER * offloaded_parameters(cfg)
+    measured = Measurements(capacity_bytes=cap, capacity_emulated=True if cap is not None else None, extras={
+        "ac_mode": opts["ac"], "selective_ac_option": str(opts["selective_ac_option"]),
+        "micro_batch_size_trained": mb, "host_state_bytes": host_bytes})
+    with kept_on_failure(measured):
+        if opts["check_host_memory"]:
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+            check_host_room(cfg.system.name, host_bytes * local // world, local)
+        own_group = _init_process_group(device)
+        apply_memory_cap(cap, device)
+        try:
+            _train(cfg, opts, device, world, mb, measured)
+        finally:
+            lift_memory_cap(device)
+            if own_group:
+                dist.destroy_process_group()
+    return measured
+
+
+def _train(cfg: RunConfig, opts: dict, device: torch.device, world: int, mb: int, measured: Measurements) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    w = cfg.workload
+    rank = dist.get_rank()
+    mesh = init_device_mesh(device.type, (world,))
+    model = build_model(cfg.model, w.seq_len, "cpu", cfg.seed)
+    for module in model.modules():  # the buffers (RoPE table) live on the device
+        for name, buf in module.named_buffers(recurse=False):
+            setattr(module, name, buf.to(device))
+    apply_checkpointing(model, opts["ac"], opts["selective_ac_option"])
+    shard(model, mesh, opts["pin_memory"] and device.type == "cuda", opts["reshard_after_forward"])
+    optimizer = make_optimizer(model, w.lr)
+    per_rank = w.batch_size // world
+    rows = slice(rank * per_rank, (rank + 1) * per_rank)
+    n_micro = per_rank // mb
+    reset_peak_memory(device)
+
+    def step_fn(step: int) -> Step:
+        inputs, labels = make_batch(step, w, cfg.model.vocab_size, cfg.seed, device)
+        inputs, labels = inputs[rows], labels[rows]
+
+        def one() -> float:
+            total = torch.zeros((), device=device)
+            for i in range(n_micro):
+                sl = slice(i * mb, (i + 1) * mb)
+                logits = model(inputs[sl])
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), labels[sl].flatten()) / n_micro
+                loss.backward()
+                total += loss.detach()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if world > 1:
+                dist.all_reduce(total)
+                total /= world
+            return float(total)
+
+        return Step(one)
+
+    steps = measure_steps(step_fn, w, device, progress=rank == 0, out=Steps(iterations=measured.iterations))
+    measured.losses = list(steps.losses.values())
+    measured.peak_allocated_bytes, measured.peak_reserved_bytes = peak_memory(device)
+    measured.extras["final_params_sha256"] = final_params_digest(model)
