@@ -71,9 +71,10 @@ and the runner-specific keys (:attr:`Measurements.extras`):
                       optimizer_seconds}``, every timed repeat of each phase (seconds)
 ``time_limited``      where the measurement loop stopped before the worker's time limit
                       (``teraio.systems.loop.measure_steps``): ``{reason: "cold" (its one
-                      measured step had no warm-up: a second would have outlasted the limit) |
-                      "cut" (fewer measured steps than asked), measured_steps, asked_steps,
-                      timeout_s}``; that iteration has ``time_limit`` (``teraio.harness.run``)
+                      measured step, the run's first, had no warm-up: a second would have
+                      outlasted the limit) | "cut" (fewer measured steps than asked, the
+                      warm-up perhaps shortened), measured_steps, asked_steps, timeout_s}``;
+                      that iteration has ``time_limit`` (``teraio.harness.run``)
 ``fell_back_from``    Ideal: what did not fit before the row's ``measure``,
                       ``[{measure, status: "oom", message}]`` (absent where the first fit)
 ``tuning``            a run whose system was tuned before its trials (``teraio.harness.tune``;

@@ -56,3 +56,18 @@ def test_no_point_with_both_is_said(tmp_path):
     write_row(tmp_path, "ideal-t0", "ideal", [2.0])
     with pytest.raises(SystemExit, match="no point has both"):
         main([str(tmp_path), "--out", str(tmp_path / "out")])
+
+
+def test_the_analysis_takes_a_composed_ideal_over_a_modeled_one(tmp_path):
+    from analysis.aggregate import add_pct_of_ideal, summarize_runs
+
+    write_row(tmp_path, "ideal-modeled-t0", "ideal", [0.16], measure="modeled")  # 200 tokens/s
+    write_row(tmp_path, "ideal-composed-t0", "ideal", [0.32], measure="composed")  # 100 tokens/s
+    write_row(tmp_path, "mixed-t0", "teraio_mixed", [0.64])  # 50 tokens/s
+    out = add_pct_of_ideal(summarize_runs(load_sweep(tmp_path).runs))
+    mixed = out[out["system"] == "teraio_mixed"].iloc[0]
+    assert mixed["ideal_measure"] == "composed" and mixed["pct_of_ideal"] == pytest.approx(50.0)
+    write_row(tmp_path, "ideal-t0", "ideal", [0.64])  # measured, 50 tokens/s: still first
+    out = add_pct_of_ideal(summarize_runs(load_sweep(tmp_path).runs))
+    mixed = out[out["system"] == "teraio_mixed"].iloc[0]
+    assert mixed["ideal_measure"] == "measured" and mixed["pct_of_ideal"] == pytest.approx(100.0)

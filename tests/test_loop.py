@@ -133,6 +133,11 @@ def test_the_loop_stops_before_the_time_limit_with_the_steps_measured_so_far(clo
     assert [(i["step"], i.get("time_limit")) for i in steps.iterations] == [(1, None), (2, None), (3, None),
                                                                            (4, None)]
     assert "time_limit" not in measure_steps(lambda step: Step(lambda: 1.0), work, CPU).iterations[0]
+    # A warm-up step after the first: measured (it had a warm-up), the steps cut short.
+    work = WorkloadConfig(batch_size=2, micro_batch_size=1, seq_len=8, warmup_steps=3, measure_steps=2)
+    steps = measure_steps(lambda step: Step(lambda: 1.0), work, CPU, deadline=clock.now + 34.0)
+    assert [(i["step"], i.get("time_limit")) for i in steps.iterations] == [(1, "cut")]
+    assert list(steps.losses) == [0, 1]
 
 
 def test_the_row_says_its_step_was_measured_cold(clock, tmp_path, monkeypatch):

@@ -73,8 +73,9 @@ def iso_time(t: float | None = None) -> str:
 def note_time_limit(cfg: RunConfig, measured: Measurements) -> None:
     """Where the measurement loop stopped before the time limit (an iteration's
     ``time_limit``, ``teraio.systems.loop.measure_steps``), the row's ``time_limited``:
-    ``{reason: "cold" (its one step measured with no warm-up) | "cut" (fewer measured
-    steps), measured_steps, asked_steps, timeout_s}``."""
+    ``{reason: "cold" (its one step, the run's first, measured with no warm-up) | "cut"
+    (fewer measured steps, after a shortened warm-up or none cut), measured_steps,
+    asked_steps, timeout_s}``."""
     reasons = [i["time_limit"] for i in measured.iterations if i.get("time_limit")]
     if reasons:
         measured.extras["time_limited"] = {"reason": reasons[0], "measured_steps": len(measured.iterations),

@@ -98,11 +98,11 @@ def measure_steps(step_fn: StepFn, workload: WorkloadConfig, device: torch.devic
     The time limit (``deadline``, a Unix time in seconds; default :func:`deadline_from_env`,
     the sweep's kill time): where another step as long as the one just run would not end
     :data:`END_MARGIN_S` before it, the loop stops there rather than be killed with
-    nothing measured. A warm-up step with no measured one after it is then measured itself,
-    cold (its iteration's ``time_limit: "cold"``): a step that alone outlasts the limit gets
-    no warm-up, and the row says so. A measured step after which the loop stops early has
-    ``time_limit: "cut"`` (fewer iterations than ``measure_steps``). Under several ranks
-    they stop together, where any rank's step says so.
+    nothing measured, and that step is measured (a warm-up one too): the run's first step
+    (step 0) with ``time_limit: "cold"`` in its iteration (a step that alone outlasts the
+    limit gets no warm-up, and the row says so), a later one with ``time_limit: "cut"``
+    (fewer iterations than ``measure_steps``, the warm-up perhaps shortened). Under several
+    ranks they stop together, where any rank's step says so.
 
     Each step is recorded in ``out`` (default: a new :class:`Steps`) as it completes, so a
     runner that passes its own keeps the steps measured before a failure; ``out`` is
@@ -126,7 +126,7 @@ def measure_steps(step_fn: StepFn, workload: WorkloadConfig, device: torch.devic
         limit = None
         if deadline is not None and step < last and _any_rank(time.time() + seconds + END_MARGIN_S > deadline,
                                                               device):
-            limit = "cold" if warmup and not out.iterations else "cut"
+            limit = "cold" if step == 0 else "cut"  # steps before first_step ran outside the loop
             warmup = False
         note = s.note + {None: "", "cold": " (measured cold: another step would outlast the time limit)",
                          "cut": " (last: another step would outlast the time limit)"}[limit]
