@@ -35,6 +35,7 @@ Not measured: FSDP2 exposes no stalls or bytes moved per step (null in every ite
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 import torch
@@ -48,7 +49,6 @@ from teraio.systems.checkpointing import (AC_MODES, apply_checkpointing, check_a
 from teraio.systems.host_memory import HOST_BYTES_PER_PARAMETER, check_host_room, offloaded_parameters
 from teraio.systems.loop import Step, Steps, measure_steps
 from teraio.systems.measure import apply_memory_cap, lift_memory_cap, peak_memory, reset_peak_memory
-from teraio.systems.zero import _init_process_group
 from teraio.workload.models import build_model
 from teraio.workload.step import make_batch, make_optimizer
 
@@ -70,6 +70,26 @@ def resolve_options(system: str, options: dict) -> dict:
 def check_options(system: str, options: dict) -> None:
     """``system.options`` of fsdp_offload (``teraio.systems``): :func:`resolve_options`."""
     resolve_options(system, options)
+
+
+def init_process_group(device: torch.device) -> bool:
+    """Initialise torch.distributed unless a launcher (torchrun) already did; a lone process
+    gets rank 0 of 1. On CUDA both backends, ``cpu:gloo,cuda:nccl``: the offloaded shards
+    live on the host, and gathering them whole (the row's parameter digest) is a CPU
+    collective. Returns True if it initialised it here."""
+    if dist.is_initialized():
+        return False
+    for k, v in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+        os.environ.setdefault(k, v)
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo",
+                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+    return True
 
 
 def shard(model: torch.nn.Module, mesh, pin_memory: bool, reshard_after_forward: bool) -> torch.nn.Module:
@@ -119,7 +139,7 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
         if opts["check_host_memory"]:
             local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
             check_host_room(cfg.system.name, host_bytes * local // world, local)
-        own_group = _init_process_group(device)
+        own_group = init_process_group(device)
         apply_memory_cap(cap, device)
         try:
             _train(cfg, opts, device, world, mb, measured)
