@@ -268,6 +268,39 @@ def test_zero_infinity_swaps_to_nvme_and_follows_plain_torch(tmp_path, reference
     assert max(swapped) >= zero.swap_bytes_needed(zero.param_numels(cfg), zero.resolve_options("zero_infinity", options))
 
 
+def test_a_param_buffer_count_deepspeed_would_assert_on_is_refused_before_it_starts(tmp_path):
+    # tiny512 swaps 9 parameters and has far fewer elements than stage3_max_reuse_distance
+    # (1e9): DeepSpeed keeps all 9 live through the step, one buffer each.
+    ssd = tmp_path / "ssd"
+    ssd.mkdir()
+    cfg = make_cfg("zero_infinity", {"param_buffer_count": 8}, ssd_dir=ssd)
+    result = run_point(cfg, tmp_path / "job", runner=zero.run)
+    assert result["status"] == "error"
+    assert "system.options.param_buffer_count=8; DeepSpeed's parameter swapper needs at least 9" in result["error"]
+    assert not (tmp_path / "job" / zero.CONFIG_FILE).exists() and not any(ssd.iterdir())
+    zero.check_param_buffers(cfg, zero.resolve_options("zero_infinity", {"param_buffer_count": 9}))
+    # Released after each use (reuse distance 0): a module's own swapped parameters, one here.
+    zero.check_param_buffers(cfg, zero.resolve_options("zero_infinity", {
+        "param_buffer_count": 1, "ds_config": {"zero_optimization": {"stage3_max_reuse_distance": 0}}}))
+    with pytest.raises(ValueError, match=r"param_buffer_count=8; .* at least 9"):
+        zero.check_param_buffers(cfg, zero.resolve_options("zero_infinity", {"param_buffer_count": 8}))
+
+
+def test_zero_infinity_with_parameter_prefetch_trains_as_without_it(tmp_path, reference):
+    losses = {}
+    for prefetch in (0, None):  # off; on (DeepSpeed's 5e7 elements, the default)
+        ssd = tmp_path / f"ssd{prefetch}"
+        ssd.mkdir()
+        job = tmp_path / f"job{prefetch}"
+        result = run_point(make_cfg("zero_infinity", {"prefetch_bucket_size": prefetch}, ssd_dir=ssd), job,
+                           runner=zero.run)
+        check_row(result, job, reference)
+        zero_cfg = json.loads((job / zero.CONFIG_FILE).read_text())["zero_optimization"]
+        assert zero_cfg.get("stage3_prefetch_bucket_size") == prefetch
+        losses[prefetch] = result["losses"]
+    assert losses[None] == pytest.approx(losses[0], abs=1e-6)
+
+
 # --- on a CUDA GPU (nccl) ----------------------------------------------------------------
 
 def gpu_cfg(system: str, options: dict, ssd: Path, capacity: int | None = None) -> RunConfig:

@@ -34,14 +34,15 @@ as ``<job dir>/deepspeed_config.json``.
   ``model_persistence_threshold``   stage 3: cap on the elements kept so; null is
                              DeepSpeed's default sys.maxsize (Table 4)
   ``prefetch_bucket_size``   stage 3 ``stage3_prefetch_bucket_size`` (elements); null is
-                             DeepSpeed's 5e7. zero_infinity's default 0 (no parameter
-                             prefetch) avoids the swap-buffer assertions ("No buffer
-                             available") seen with NVMe-swapped parameters of small models;
-                             try null where they do not appear (prefetch overlaps the NVMe
-                             reads with compute)
+                             DeepSpeed's 5e7: parameter prefetch on (for zero_infinity it
+                             overlaps the NVMe reads with compute); 0 turns it off. The
+                             swap-buffer assertions once seen with prefetch on come from too
+                             few parameter buffers: :func:`check_param_buffers` states the
+                             rule and refuses such a setting before DeepSpeed starts
   ``nvme_path``              zero_infinity: swap directory; null is ``hardware.ssd_dirs[0]``
                              (a per-run subdirectory is made there and removed afterwards)
-  ``param_buffer_count``     zero_infinity: parameter swap buffers (Table 4: 18)
+  ``param_buffer_count``     zero_infinity: parameter swap buffers (Table 4: 18); at least
+                             what :func:`check_param_buffers` derives from DeepSpeed's swapper
   ``param_buffer_size``      zero_infinity: elements per parameter buffer; null is the
                              largest parameter's element count (Table 4: 300M/540M; it
                              must hold the largest parameter)
@@ -103,7 +104,7 @@ OPTIMIZER_BUFFERS_PER_SWAP = 4
 DEFAULTS: dict[str, dict] = {
     "zero_offload": {**_COMMON, "offload_param": None},
     "zero_infinity": {
-        **_COMMON, "prefetch_bucket_size": 0, "nvme_path": None,
+        **_COMMON, "nvme_path": None,
         "param_buffer_count": 18, "param_buffer_size": None, "optimizer_buffer_count": 12,
         "pipeline_read": True, "pipeline_write": True,
         "aio": {"block_size": 1 << 20, "queue_depth": 8, "intra_op_parallelism": 1,
@@ -294,6 +295,53 @@ def swap_bytes_needed(numels: list[int], opts: dict, world: int = 1, local_world
     return SWAP_BYTES_PER_ELEMENT * swapped * local_world // world
 
 
+DEEPSPEED_MAX_REUSE_DISTANCE = 1_000_000_000
+"""DeepSpeed's default ``stage3_max_reuse_distance`` (elements)."""
+
+
+def check_param_buffers(cfg: RunConfig, opts: dict) -> None:
+    """Refuse, before DeepSpeed starts, a zero_infinity parameter-buffer setting that its
+    swapper (``deepspeed/runtime/swap_tensor/partitioned_param_swapper.py``, 0.19.8) would
+    fail an assertion on. Each swapped parameter (:func:`swapped_param_count`) holds one
+    buffer of ``param_buffer_size`` elements from its swap-in until DeepSpeed releases it:
+
+    * a buffer holds one parameter: ``param_buffer_size`` >= the largest parameter's
+      elements (``get_buffer``: "More elements ... than buffer size"; checked in
+      :func:`deepspeed_config`);
+    * a module's parameters are swapped in together (``swap_in``: "Not enough buffers"):
+      ``param_buffer_count`` >= the most swapped parameters one module owns;
+    * once the first step has recorded the module order, a fetched parameter is released
+      only if it is not used again within ``stage3_max_reuse_distance`` elements
+      (``partitioned_param_coordinator``; DeepSpeed's default 1e9): where the whole model
+      has no more elements than that, every swapped parameter stays live from its fetch in
+      the forward pass to its use in the backward pass, so ``param_buffer_count`` >= the
+      number of swapped parameters. Prefetch (``prefetch_bucket_size`` > 0 or null) swaps
+      in ahead only into free buffers, so it asks no more than that.
+
+    Raises:
+        ValueError: naming ``param_buffer_count`` and the least it must be.
+    """
+    if cfg.system.name != "zero_infinity":
+        return
+    net = build_meta_model(cfg.model, cfg.workload.seq_len)
+    smallest = max(opts["aio"]["block_size"], 1 << 20)
+
+    def swapped(p) -> bool:
+        return p.numel() >= opts["param_persistence_threshold"] and p.numel() * 4 >= smallest
+
+    per_module = max((sum(swapped(p) for p in m.parameters(recurse=False)) for m in net.modules()), default=0)
+    total = sum(p.numel() for p in net.parameters())
+    reuse = ((opts["ds_config"].get("zero_optimization") or {}).get("stage3_max_reuse_distance",
+                                                                     DEEPSPEED_MAX_REUSE_DISTANCE))
+    every = sum(swapped(p) for p in net.parameters())
+    need, why = ((every, f"the model's {total} elements are within stage3_max_reuse_distance={reuse}, so "
+                  f"DeepSpeed keeps all {every} swapped parameters live through the step")
+                 if total <= reuse else (per_module, "a module's swapped parameters are swapped in together"))
+    if opts["param_buffer_count"] < need:
+        raise ValueError(f"system.options.param_buffer_count={opts['param_buffer_count']}; DeepSpeed's parameter "
+                         f"swapper needs at least {need}: {why} (each holds one buffer)")
+
+
 def micro_batch_candidates(cfg: RunConfig) -> list[int]:
     """The micro-batches a ZeRO baseline is tuned over at ``cfg``'s point, largest first: the
     divisors of the batch per rank (``workload.batch_size / hardware.n_gpus``) whose estimated
@@ -431,6 +479,7 @@ def _run(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measurem
         _check_swap_dir(root, swap_bytes_needed(numels, opts, world, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
         swap_dir = root / f"zero-{job_dir.name}-{time.time_ns()}"
     ds_config = deepspeed_config(cfg, opts, max(numels), world, str(swap_dir) if swap_dir else None)
+    check_param_buffers(cfg, opts)
     measured.extras["zero_micro_batch_size"] = ds_config["train_micro_batch_size_per_gpu"]
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / CONFIG_FILE).write_text(json.dumps(ds_config, indent=1))
