@@ -9,7 +9,7 @@ into two tidy pandas frames.
   ``host_mem_cap_bytes`` and ``n_ssd`` (``len(hardware.ssd_dirs)``), both from the run
   config (the Fig. 9 axes), and ``pipeline_stages`` (``workload.pipeline_stages``, 1 for
   rows that predate it);
-- outcome: ``status`` (ok | oom | error | timeout, or ``non-finite`` for an ``ok`` row whose
+- outcome: ``status`` (ok | oom | error | timeout | interrupted, or ``non-finite`` for an ``ok`` row whose
   tokens/s or a loss is not finite), ``error``, ``failed`` (status ≠ ok),
   ``measure`` (measured | modeled);
 - throughput: ``tokens_per_s`` (tokens/s), ``n_iterations``, ``iteration_seconds`` (mean, s),
@@ -60,10 +60,13 @@ import yaml
 
 from teraio import systems
 from teraio.core.engine import RECOVERY_KEYS
+from teraio.result import FORMAT, STATUSES
 
 RESULT_NAME = "result.json"
 NOT_RUN_NAME = "not_run.yaml"
-FORMAT_PREFIX = "teraio.result/"
+# Keys every row of FORMAT has (teraio.result.result_row) and this loader reads: a row
+# lacking one is skipped, never counted.
+REQUIRED_KEYS = ("status", "point", "config", "iterations", "tokens_per_s")
 POINT_KEYS = ("model", "system", "hardware", "batch_size", "micro_batch_size", "seq_len", "trial")
 INT_KEYS = ("batch_size", "micro_batch_size", "seq_len", "trial", "host_mem_cap_bytes", "n_ssd",
             "pipeline_stages", "n_gpus")
@@ -233,6 +236,33 @@ def _rows(result: dict, root: Path, job_rel: Path) -> tuple[dict, list[dict]]:
     return run, iter_rows
 
 
+def check_row(result) -> None:
+    """Refuse a row this loader cannot read faithfully.
+
+    Raises:
+        ValueError: not a JSON object; ``format`` other than ``teraio.result/1``; a key of
+            :data:`REQUIRED_KEYS` missing; ``status`` not one of ``teraio.result.STATUSES``;
+            ``point`` lacking a key of :data:`POINT_KEYS`; ``iterations`` not a list, or
+            empty in an ``ok`` row (each message names the key).
+    """
+    if not isinstance(result, dict):
+        raise ValueError(f"not a result row (a JSON {type(result).__name__}, not an object)")
+    if result.get("format") != FORMAT:
+        raise ValueError(f"format {result.get('format')!r} is not {FORMAT!r}, the one this analysis reads")
+    missing = [k for k in REQUIRED_KEYS if k not in result]
+    if missing:
+        raise ValueError(f"required key {', '.join(map(repr, missing))} missing")
+    if result["status"] not in STATUSES:
+        raise ValueError(f"status {result['status']!r} not in {STATUSES}")
+    point = result["point"]
+    lacking = [k for k in POINT_KEYS if not isinstance(point, dict) or k not in point]
+    if lacking:
+        raise ValueError(f"required key point.{lacking[0]} missing (a point has {', '.join(POINT_KEYS)})")
+    if not isinstance(result["iterations"], list) or (result["status"] == "ok" and not result["iterations"]):
+        raise ValueError("required key 'iterations' empty in an ok row" if isinstance(result["iterations"], list)
+                         else f"iterations is a {type(result['iterations']).__name__}, not a list")
+
+
 def _typed(rows: list[dict], columns: list[str]) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=columns)
     for c in columns:
@@ -266,8 +296,10 @@ ITERATION_COLUMNS = list(ID_COLUMNS) + [
 def load_sweep(sweep_dir: str | Path, exclude: str | Path | None = None) -> Sweep:
     """Read every ``result.json`` under ``sweep_dir`` (recursively) into a :class:`Sweep`.
 
-    Files that are unreadable or not of format ``teraio.result/*`` are skipped with a
-    warning and listed in ``Sweep.skipped``; files under ``exclude`` are ignored.
+    Files that are unreadable, of another format than ``teraio.result/1`` (an unknown
+    version, newer or older) or missing a required key (:func:`check_row`) are skipped with
+    one warning each, naming the file and the format or key, and listed in
+    ``Sweep.skipped``: such a row is never counted. Files under ``exclude`` are ignored.
 
     Raises:
         FileNotFoundError: ``sweep_dir`` is not a directory.
@@ -283,9 +315,7 @@ def load_sweep(sweep_dir: str | Path, exclude: str | Path | None = None) -> Swee
             continue
         try:
             result = json.loads(path.read_text())
-            fmt = result.get("format", "")
-            if not str(fmt).startswith(FORMAT_PREFIX):
-                raise ValueError(f"format {fmt!r} is not {FORMAT_PREFIX}*")
+            check_row(result)
             run, its = _rows(result, root, path.parent.relative_to(root))
         except (OSError, ValueError, AttributeError, TypeError) as e:
             skipped.append((str(path), str(e)))

@@ -2,7 +2,9 @@
 
 Schema (keys always present; unknown values are ``null``):
 
-``status``            ``"ok" | "oom" | "error" | "timeout"``
+``status``            ``"ok" | "oom" | "error" | "timeout" | "interrupted"`` (``interrupted``: the
+                      run was stopped by SIGTERM/SIGINT before it ended; like every status but
+                      ``ok`` it is not counted, and the next sweep runs the point again)
 ``error``             error text, or null when ok
 ``measure``           ``"measured"`` (timed on hardware) or ``"modeled"`` (performance model)
 ``point``             ``{model, system, hardware, batch_size, micro_batch_size, seq_len, trial}``
@@ -84,7 +86,7 @@ from typing import Any, Iterator
 from teraio.files import write_atomic
 
 FORMAT = "teraio.result/1"
-STATUSES: tuple[str, ...] = ("ok", "oom", "error", "timeout")
+STATUSES: tuple[str, ...] = ("ok", "oom", "error", "timeout", "interrupted")
 POINT_KEYS: tuple[str, ...] = ("model", "system", "hardware", "batch_size", "micro_batch_size",
                                "seq_len", "trial")
 # Facts of the run itself, set by the worker or the sweep (not by a runner).

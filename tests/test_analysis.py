@@ -686,3 +686,26 @@ def test_a_figure_written_twice_has_the_same_bytes(sweep_dir, tmp_path):
     first = {p.suffix: p.read_bytes() for p in save_figure(fig, tmp_path / "a" / "fig7")}
     second = {p.suffix: p.read_bytes() for p in save_figure(fig, tmp_path / "b" / "fig7")}
     assert first == second and b"/CreationDate" not in first[".pdf"]
+
+
+@pytest.mark.parametrize("edit, named", [
+    (lambda r: r.update(format="teraio.result/2"), "teraio.result/2"),
+    (lambda r: r.update(format="teraio.result/9-beta"), "9-beta"),
+    (lambda r: r.pop("point"), "'point'"),
+    (lambda r: r["point"].pop("seq_len"), "point.seq_len"),
+    (lambda r: r.pop("iterations"), "'iterations'"),
+    (lambda r: r.update(iterations=[]), "iterations"),
+    (lambda r: r.pop("status"), "'status'"),
+    (lambda r: r.update(status="maybe"), "maybe"),
+])
+def test_a_row_of_an_unknown_format_or_missing_a_key_is_skipped_naming_it(sweep_dir, edit, named):
+    path = sweep_dir / "A_teraio_mixed_1" / "result.json"
+    row = json.loads(path.read_text())
+    edit(row)
+    path.write_text(json.dumps(row))
+    with pytest.warns(UserWarning) as caught:
+        sweep = load_sweep(sweep_dir)
+    warned = [str(w.message) for w in caught if "skipping" in str(w.message)]
+    assert len(warned) == 1 and str(path) in warned[0] and named in warned[0]
+    assert len(sweep.runs) == 19 and str(path) in sweep.skipped[0][0]
+    assert "A_teraio_mixed_1" not in set(sweep.runs["job_dir"])
