@@ -8,7 +8,11 @@ Before the first run, every point of the sweep is composed and checked
 Then, per point (:func:`run_point_job`), in ``<runs_dir>/<name>/<point>/`` — a directory
 named after the point keys, so a rerun finds it:
 
-* ``result.json`` already ``ok``: skipped (resume), never overwritten;
+* ``result.json`` already ``ok``: skipped (resume), never overwritten — if it was made
+  with the same config (:func:`changed_keys`: every key but where the drives are and
+  ``timeout_s``); one made with another config stops the sweep before anything runs
+  (a result is never shown under a config it was not made with), unless
+  ``sweep.rerun_changed=true``: then it is kept as ``result.<n>.json`` and the point runs again;
 * an earlier failed ``result.json`` (oom, error, timeout) is kept as ``result.<n>.json``,
   the side files of that attempt (trace, plan, logs of the run, ``resolved.yaml``) move to
   ``attempt.<n>/`` (:func:`keep_attempt`), and the point runs again;
@@ -138,12 +142,42 @@ def keep_attempt(job_dir: Path, kept_result: Path) -> None:
         entry.rename(dest / name)
 
 
-def config_diff(a: Any, b: Any, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two nested dicts."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [k for key in sorted(set(a) | set(b), key=str)
-                for k in config_diff(a.get(key), b.get(key), f"{prefix}{key}.")]
-    return [] if a == b else [prefix.rstrip(".")]
+# Keys of the run config that do not change what a run measures: where its drives are
+# (so a runs dir copied elsewhere keeps its rows) and how long it may take.
+NOT_IDENTITY = ("hardware.ssd_dirs", "system.options.nvme_path", "timeout_s")
+
+
+# The config's sections (RunConfig's dataclasses): a field only one side has is a field
+# added or dropped since the row was made, not compared; below them a value (a map such as
+# hardware.prices) is compared whole.
+SECTIONS = ("", "model.", "workload.", "system.", "hardware.", "system.options.")
+
+
+def changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted keys of the run config whose values differ between ``old`` (the config a row
+    was made with) and ``new``, but for :data:`NOT_IDENTITY`; a field of a section
+    (:data:`SECTIONS`) that only one side has (a row made before the field existed) is
+    not compared."""
+    if prefix in SECTIONS and isinstance(old, dict) and isinstance(new, dict):
+        return [k for key in sorted(set(old) & set(new), key=str)
+                for k in changed_keys(old[key], new[key], f"{prefix}{key}.")]
+    key = prefix.rstrip(".")
+    return [] if old == new or key in NOT_IDENTITY else [key]
+
+
+def changed_ok_row(job_dir: Path, run: RunConfig) -> list[str]:
+    """The keys that :func:`changed_keys` finds between the ok row in ``job_dir`` and
+    ``run``; empty where there is no ok row or it was made with the same config."""
+    path = job_dir / "result.json"
+    if read_status(path) != "ok":
+        return []
+    return changed_keys(json.loads(path.read_text()).get("config") or {}, run.to_dict())
+
+
+def changed_message(job_dir: Path, changed: list[str]) -> str:
+    return (f"{job_dir}/result.json is an ok row made with a different {', '.join(changed)}; "
+            "run with sweep.rerun_changed=true to run it again with this config (the old row is "
+            "kept as result.<n>.json), or move its job dir away")
 
 
 def failure_row(run: RunConfig, status: str, error: str, started: float) -> dict:
@@ -165,7 +199,8 @@ def drive_dirs(run: RunConfig) -> list[str]:
 
 def run_point_job(cfg: DictConfig, job_dir: Path, label: str = "") -> str:
     """Validate, resume-check and run one point in ``job_dir``; returns its final status,
-    ``"skip"`` for a point already ok, ``"deferred"`` for one left for later
+    ``"skip"`` for a point already ok, ``"changed"`` for one whose ok row was made with
+    another config (not run; ``sweep.rerun_changed``), ``"deferred"`` for one left for later
     (``sweep.deadline``), or ``"busy"`` when another sweep is running it now
     (``teraio.harness.drive_lock.hold_point``, held for the point's whole run). Never raises for a
     failed point: the failure is written as its row, so that the sweep goes on."""
@@ -186,11 +221,12 @@ def _run_owned_point(cfg: DictConfig, job_dir: Path) -> str:
     except ValueError as e:  # the pre-pass catches this in a multirun
         console.print(f"[red]✗ invalid config:[/red] {escape(str(e))}")
         return "invalid"
-    if read_status(result_path) == "ok":
-        old = json.loads(result_path.read_text()).get("config")
-        changed = config_diff(old, run.to_dict())
-        console.print("  skip (ok)" + (f" — made with a different {', '.join(changed)}; "
-                                       "move its job dir away to run it again" if changed else ""))
+    changed = changed_ok_row(job_dir, run)
+    if changed and not cfg.sweep.rerun_changed:
+        console.print(f"[red]✗ changed:[/red] {escape(changed_message(job_dir, changed))}")
+        return "changed"
+    if read_status(result_path) == "ok" and not changed:
+        console.print("  skip (ok)")
         return "skip"
     try:
         deadline = deadline_of(cfg)
@@ -257,7 +293,8 @@ class SweepCallback(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Compose every point as the launcher will, build and validate its RunConfig,
-        and refuse two points that share a job dir.
+        and refuse two points that share a job dir, and a point whose job dir holds an ok
+        row made with another config (:func:`changed_keys`) unless ``sweep.rerun_changed``.
 
         Raises:
             SystemExit: for the first bad point, with its overrides and the reason.
@@ -281,7 +318,11 @@ class SweepCallback(Callback):
                                  "swept keys change one of them (e.g. hardware.name). "
                                  "Nothing was run.")
             seen[job_dir] = where
-            counts[read_status(job_dir / "result.json") or "new"] += 1
+            changed = changed_ok_row(job_dir, run_config(point))
+            if changed and not point.sweep.rerun_changed:
+                raise SystemExit(f"teraio.sweep: point [{where}]: {changed_message(job_dir, changed)}. "
+                                 "Nothing was run.")
+            counts["changed" if changed else read_status(job_dir / "result.json") or "new"] += 1
         self.job_dirs = list(seen)
         console.print(f"[bold]{len(seen)} points[/bold] in {config.hydra.sweep.dir}: "
                       + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
@@ -297,6 +338,9 @@ class SweepCallback(Callback):
         statuses = self.outcomes or collections.Counter(read_status(d / "result.json") or "missing"
                                                         for d in self.job_dirs)
         console.print("[bold]sweep done:[/bold] " + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())))
+        if statuses["changed"]:
+            raise SystemExit(f"teraio.sweep: {statuses['changed']} point(s) not run: their ok rows were made "
+                             "with another config (sweep.rerun_changed=true runs them again)")
         if config.sweep.analyze:
             analyze(Path(config.hydra.sweep.dir))
 
@@ -337,7 +381,10 @@ def _hydra_main(cfg: DictConfig) -> str:
         run(cfg, Path(hc.runtime.output_dir))
         return "ok"
     label = f"#{hc.job.num} " if hc.mode.name == "MULTIRUN" else ""
-    return run_point_job(cfg, Path(hc.runtime.output_dir), label)
+    status = run_point_job(cfg, Path(hc.runtime.output_dir), label)
+    if status == "changed" and hc.mode.name != "MULTIRUN":
+        raise SystemExit(1)
+    return status
 
 
 def main() -> None:

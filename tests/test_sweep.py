@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -337,3 +338,31 @@ def test_a_system_added_through_the_registry_alone_runs_end_to_end(tmp_path):
     bad = subprocess.run(cmd + ["+system.options.turbo=1"], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=300)
     assert bad.returncode != 0 and "fake_offload takes only speed" in bad.stderr
+
+
+@pytest.mark.parametrize("change", ["workload.lr=0.001", "seed=1", "hardware.host_mem_cap_bytes=1048576",
+                                    "+sweep.system_options.ideal.modeled_traces.llama3_70b=/x.json"])
+def test_a_changed_config_never_reuses_an_old_ok_row(tmp_path, fake_worker, change):
+    runs = tmp_path / "runs"
+    assert run_sweep(runs, {}, fake_worker, "trial=0").returncode == 0
+    ok = (job_dir(runs, 0) / "result.json").read_bytes()
+    p = run_sweep(runs, {}, fake_worker, "trial=0", change)
+    assert p.returncode != 0 and "Nothing was run" in p.stderr, p.stdout + p.stderr
+    key = {"+": "system.options.modeled_traces"}.get(change[0], change.split("=")[0])
+    assert key in " ".join(p.stderr.split()) and "sweep.rerun_changed=true" in p.stderr
+    assert calls(runs, 0) == 1 and (job_dir(runs, 0) / "result.json").read_bytes() == ok
+
+    p = run_sweep(runs, {}, fake_worker, "trial=0", change, "sweep.rerun_changed=true")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert calls(runs, 0) == 2 and (job_dir(runs, 0) / "result.1.json").read_bytes() == ok
+    assert row(runs, 0)["status"] == "ok" and row(runs, 0)["config"] != json.loads(ok)["config"]
+
+
+def test_a_copied_runs_dir_keeps_its_rows(tmp_path, fake_worker):
+    runs = tmp_path / "runs"
+    assert run_sweep(runs, {}, fake_worker, "trial=0", "timeout_s=30").returncode == 0
+    copy = tmp_path / "elsewhere" / "runs"
+    shutil.copytree(runs, copy)
+    p = run_sweep(copy, {}, fake_worker, "trial=0")  # another ssd_dirs (under it) and timeout_s
+    assert p.returncode == 0 and "skip (ok)" in p.stdout and "different" not in p.stdout, p.stdout + p.stderr
+    assert calls(copy, 0) == 1
