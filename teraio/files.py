@@ -1,7 +1,10 @@
-"""Writing a file so that a reader never sees it half-written."""
+"""Writing a file so that a reader never sees it half-written, and naming the scratch files
+of a process so that a later run can remove what it left when it died."""
 from __future__ import annotations
 
 import os
+import shutil
+import socket
 import tempfile
 from pathlib import Path
 
@@ -19,3 +22,64 @@ def write_atomic(path: str | Path, data: bytes, commit=os.replace) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+# The scratch entries that runs leave on the drives, as (prefix, suffix): TeraIO's SSD slot
+# files (teraio.core.storage) and ZeRO-Infinity's swap directories (teraio.systems.zero).
+SLOT_FILES = ("teraio-", ".slots")
+SWAP_DIRS = ("zero-", "")
+SCRATCH = (SLOT_FILES, SWAP_DIRS)
+
+
+def owner_tag() -> str:
+    """``<host>-<pid>`` of this process (``-`` in the host name made ``_``): a scratch file
+    or directory named ``<prefix><owner_tag()>-...`` is removed by :func:`remove_orphans`
+    once this process is gone."""
+    return f"{socket.gethostname().replace('-', '_')}-{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def _size(path: str) -> int:
+    if not os.path.isdir(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def remove_orphans(directory: str | Path, prefix: str, suffix: str = "") -> list[str]:
+    """Delete the entries of ``directory`` named ``<prefix><host>-<pid>-...<suffix>``
+    (:func:`owner_tag`) that a process of this host left when it died (its pid is gone),
+    files or whole directories, printing a line for each; entries of live processes and of
+    other hosts stay, and so does a directory that does not exist. Returns the deleted paths."""
+    host = socket.gethostname().replace("-", "_")
+    gone = []
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return gone
+    for name in names:
+        parts = name[len(prefix):].split("-") if name.startswith(prefix) else []
+        if len(parts) < 3 or not name.endswith(suffix) or parts[0] != host or not parts[1].isdigit():
+            continue
+        if _alive(int(parts[1])):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            size = _size(path)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+        except FileNotFoundError:  # another run removed it first
+            continue
+        print(f"removed {path} ({size} B), left by process {parts[1]}, which is gone", flush=True)
+        gone.append(path)
+    return gone

@@ -20,6 +20,9 @@ named after the point keys, so a rerun finds it:
   subprocess (``torchrun`` for ``hardware.n_gpus`` > 1), its output streamed to the
   terminal and appended to ``worker.log``; past ``timeout_s`` its process group is killed
   and a ``timeout`` row written; a worker that dies without a row gets an ``error`` row;
+  SIGTERM or SIGINT to the sweep ends its worker, which writes an ``interrupted`` row (not
+  counted; the next sweep runs the point again), and stops the sweep (:func:`main`); before
+  and after every worker, what dead runs left on its drives is removed (:func:`remove_leftovers`);
 * a worker of a system that moves data through a drive (``SystemSpec.uses_drives``) starts only when
   no other run on this host uses that drive (``sweep.exclusive_drives``,
   :mod:`teraio.harness.drive_lock`); its ``timeout_s`` counts from its start.
@@ -45,6 +48,7 @@ from __future__ import annotations
 import collections
 import importlib.util
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -65,6 +69,8 @@ from teraio.harness.checks import validate
 from teraio.harness.compose import job_overrides, register_resolvers, run_config
 from teraio.config import RunConfig
 from teraio.harness.drive_lock import OWNER_LOCK, hold_drives, hold_point
+from teraio.harness.interrupt import Interrupted, raise_on_signals
+from teraio.files import SCRATCH, remove_orphans
 from teraio.harness.launch import console, launch_worker
 from teraio.result import lock_path, read_status, result_row, write_result
 from teraio.harness.run import iso_time
@@ -197,6 +203,17 @@ def drive_dirs(run: RunConfig) -> list[str]:
     return [*run.hardware.ssd_dirs, *([extra] if extra else [])]
 
 
+def remove_leftovers(run: RunConfig) -> None:
+    """Remove what dead runs left on the drives of ``run`` (:func:`drive_dirs`): TeraIO's
+    slot files and ZeRO-Infinity's swap directories whose process is gone
+    (``teraio.files.remove_orphans``), before a worker starts (so that its plan sees their
+    room free) and after it ended, however it ended (a worker killed past its grace
+    leaves them)."""
+    for d in drive_dirs(run):
+        for prefix, suffix in SCRATCH:
+            remove_orphans(d, prefix, suffix)
+
+
 def run_point_job(cfg: DictConfig, job_dir: Path, label: str = "") -> str:
     """Validate, resume-check and run one point in ``job_dir``; returns its final status,
     ``"skip"`` for a point already ok, ``"changed"`` for one whose ok row was made with
@@ -252,10 +269,19 @@ def _run_owned_point(cfg: DictConfig, job_dir: Path) -> str:
         with hold_drives(drives, on_wait=lambda lock: console.print(
                 f"  waiting for the drive of {', '.join(drives)}: another run holds {lock}")):
             started = time.time()  # a timeout row's time starts with its worker
-            rc, tail = launch_worker(run, job_dir, resolved)
+            remove_leftovers(run)
+            try:
+                rc, tail = launch_worker(run, job_dir, resolved)
+            finally:
+                remove_leftovers(run)
     except ValueError as e:  # a check that only the machine running the job can make
         write_result(result_path, failure_row(run, "error", f"invalid config: {e}", started))
         rc, tail = 0, []
+    except Interrupted as e:  # the worker, ended, wrote its interrupted row; else the sweep does
+        if read_status(result_path) is None:
+            write_result(result_path, failure_row(run, "interrupted", f"{e} (the sweep)", started))
+        e.job_dir = job_dir
+        raise
     status = read_status(result_path)
     log_tail = "\n".join(tail)
     cause = None  # why the worker wrote no row, where the sweep writes it
@@ -264,7 +290,7 @@ def _run_owned_point(cfg: DictConfig, job_dir: Path) -> str:
         write_result(result_path, failure_row(
             run, "timeout", f"{cause}; last output:\n{log_tail}", started))
     elif status is None:
-        why = f"exit code {rc}" + (" (killed by a signal: the host OOM killer?)" if rc and rc < 0 else "")
+        why = f"killed by signal {-rc}, {signal.Signals(-rc).name}" if rc and rc < 0 else f"exit code {rc}"
         cause = f"worker ended ({why}) without writing result.json"
         write_result(result_path, failure_row(run, "error", f"{cause}; last output:\n{log_tail}", started))
     row = json.loads(result_path.read_text())
@@ -388,8 +414,18 @@ def _hydra_main(cfg: DictConfig) -> str:
 
 
 def main() -> None:
+    """Run the sweep; SIGTERM or SIGINT (Ctrl-C) end the running worker (it closes its
+    tiers and writes an ``interrupted`` row, which the next sweep runs again) and stop the
+    sweep with one line and exit status 128 + the signal's number."""
     register_resolvers()
-    _hydra_main()
+    raise_on_signals()
+    try:
+        _hydra_main()
+    except Interrupted as e:
+        where = getattr(e, "job_dir", None)
+        console.print(f"[red]✗ sweep {e}[/red]" + (f"; {escape(str(where))} has an interrupted row, "
+                                                   "run again by the next sweep" if where else ""))
+        sys.exit(128 + e.signum)
 
 
 if __name__ == "__main__":

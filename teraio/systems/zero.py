@@ -85,6 +85,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from teraio.files import SWAP_DIRS, owner_tag, remove_orphans
 from teraio.config import RunConfig
 from teraio.systems.loop import Step, Steps, measure_steps
 from teraio.systems.measure import apply_memory_cap, peak_memory, reset_peak_memory
@@ -308,6 +309,13 @@ def _check_swap_dir(path: Path, need: int) -> None:
                          "system.options.nvme_path at a larger drive")
 
 
+def swap_dir_of(root: Path, job_dir: Path) -> Path:
+    """zero_infinity's swap directory under ``root`` for a run in ``job_dir``: named after
+    this process (``teraio.files.owner_tag``), so that a later run removes it where this one
+    died before its ``finally`` did (``teraio.files.remove_orphans`` with ``teraio.files.SWAP_DIRS``)."""
+    return root / f"{SWAP_DIRS[0]}{owner_tag()}-{job_dir.name}-{time.time_ns()}"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -383,8 +391,9 @@ def _run(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measurem
     world = int(os.environ.get("WORLD_SIZE", 1))
     if cfg.system.name == "zero_infinity":
         root = Path(opts["nvme_path"] or cfg.hardware.ssd_dirs[0])
+        remove_orphans(root, *SWAP_DIRS)  # what a killed run left, before the free room is checked
         _check_swap_dir(root, swap_bytes_needed(numels, opts, world, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
-        swap_dir = root / f"zero-{job_dir.name}-{time.time_ns()}"
+        swap_dir = swap_dir_of(root, job_dir)
     ds_config = deepspeed_config(cfg, opts, max(numels), world, str(swap_dir) if swap_dir else None)
     measured.extras["zero_micro_batch_size"] = ds_config["train_micro_batch_size_per_gpu"]
     job_dir.mkdir(parents=True, exist_ok=True)
