@@ -153,9 +153,10 @@ NON_FINITE = "non-finite"
 
 
 def _finite_row(result: dict) -> bool:
-    """True when the row's tokens/s and every iteration's tokens/s and loss (where it has
-    one) are finite numbers."""
-    values = [result.get("tokens_per_s")]
+    """True when the row's tokens/s, every iteration's tokens/s and loss (where it has one)
+    and every step's loss in ``losses`` (the warm-up and paged steps' too; a null there is a
+    loss that was not finite, JSON having no NaN) are finite numbers."""
+    values = [result.get("tokens_per_s"), *(result.get("losses") or [])]
     for it in result.get("iterations") or []:
         values.append(it.get("tokens_per_s"))
         if it.get("loss") is not None:

@@ -709,3 +709,15 @@ def test_a_row_of_an_unknown_format_or_missing_a_key_is_skipped_naming_it(sweep_
     assert len(warned) == 1 and str(path) in warned[0] and named in warned[0]
     assert len(sweep.runs) == 19 and str(path) in sweep.skipped[0][0]
     assert "A_teraio_mixed_1" not in set(sweep.runs["job_dir"])
+
+
+def test_an_ok_row_whose_warmup_loss_was_not_finite_is_flagged_not_counted(sweep_dir):
+    # JSON has no NaN: the worker writes a loss that was not finite as null (teraio.result).
+    path = sweep_dir / "A_teraio_mixed_1" / "result.json"
+    row = json.loads(path.read_text())
+    row["losses"] = [None, 1.0, 1.0, 1.0, 1.0]  # step 0, a warm-up step, diverged
+    path.write_text(json.dumps(row))
+    runs = load_sweep(sweep_dir).runs
+    flagged = runs[runs["job_dir"] == "A_teraio_mixed_1"].iloc[0]
+    assert flagged["status"] == "non-finite" and flagged["failed"]
+    assert runs[runs["job_dir"] == "A_teraio_mixed_0"].iloc[0]["status"] == "ok"
