@@ -30,17 +30,16 @@ GIB = 2**30
 GB = 1e9
 
 
-def _gib(v) -> str:
-    """Bytes as GiB; below 0.1 GiB as MiB with the unit written (a 4 MiB CI cap is not
-    "0.00391")."""
-    if v is None or pd.isna(v):
-        return NA
-    return fmt(v / GIB) if v >= 0.1 * GIB else f"{fmt(v / 2**20)} MiB"
+def _host_cap(caps: pd.Series) -> tuple[str, pd.Series]:
+    """The host-cap column's header and cells: in GiB, or in MiB for every row where one cap is
+    below 0.1 GiB (a 4 MiB CI cap is not "0.00391"); the unit in the header, never in a cell."""
+    unit, scale = ("MiB", 2**20) if (caps.dropna() < 0.1 * GIB).any() else ("GiB", GIB)
+    return f"Host cap ({unit})", caps.map(lambda v: NA if v is None or pd.isna(v) else fmt(v / scale))
 
 
 def _key_columns(df: pd.DataFrame, micro_batch: bool = True, system: bool = True) -> dict:
     cols = {"Model": df["model"], "Hardware": df["hardware"], "Config": df["config"],
-            "Host cap (GiB)": df["host_mem_cap_bytes"].map(_gib),
+            **dict([_host_cap(df["host_mem_cap_bytes"])]),
             "SSDs": df["n_ssd"].map(lambda v: NA if pd.isna(v) else str(int(v)))}
     if micro_batch:
         cols["µbatch"] = df["micro_batch_size"].map(lambda v: NA if pd.isna(v) else str(int(v)))

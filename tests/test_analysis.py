@@ -585,9 +585,12 @@ def test_ok_rows_that_are_not_finite_count_as_failed_and_stay_out_of_n(tmp_path)
     assert "(2 ok, 2 failed)" in describe(sweep)
 
 
-def test_a_small_host_cap_is_shown_in_mib():
-    from analysis.tables import _gib
-    assert _gib(4 * 2**20) == "4.00 MiB" and _gib(8 * GIB) == "8.00" and _gib(None) == "n/a"
+def test_a_small_host_cap_is_shown_in_mib_and_the_header_says_so():
+    from analysis.tables import _host_cap
+    header, cells = _host_cap(pd.Series([4 * 2**20, 8 * GIB, None]))
+    assert header == "Host cap (MiB)" and list(cells) == ["4.00", "8192.0", "n/a"]
+    header, cells = _host_cap(pd.Series([8 * GIB, None]))
+    assert header == "Host cap (GiB)" and list(cells) == ["8.00", "n/a"]
 
 
 def test_figure_titles_break_between_phrases_not_inside_one():
