@@ -68,6 +68,8 @@ and the runner-specific keys (:attr:`Measurements.extras`):
 ``modeled_from``      Ideal, modeled row: the trace file its iteration time comes from
 ``zero_micro_batch_size``  ZeRO: the micro-batch it trained with (``system.options.micro_batch_size``,
                       else the point's)
+``capacity_enforced``  ZeRO on a CPU device: false, nothing held the run to ``capacity_bytes``
+                      (the emulated cap binds CUDA's allocator only); absent where it was enforced
 
 Every row, failed or ok, is made by :func:`result_row`: a runner returns
 :class:`Measurements` and the worker (``teraio.harness.run``) merges them with the run's facts.

@@ -364,7 +364,8 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
     the global batch. The loss is the mean over micro-batches (and ranks) of the
     cross-entropy, as in :func:`teraio.workload.step.train_step`. Peaks (bytes) cover all
     iterations, after DeepSpeed's set-up; the emulated capacity
-    (``hardware.gpu_capacity_bytes``) is applied before anything is placed on the device.
+    (``hardware.gpu_capacity_bytes``) is applied before anything is placed on the device;
+    on a CPU nothing enforces it, and the row says so (``capacity_enforced: false``).
 
     Stage 2 builds the model on ``device`` (as Ideal does: same initial weights). Stage 3
     builds it on the host and hands it to ``deepspeed.zero.Init``, which partitions and
@@ -428,6 +429,8 @@ def _run(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measurem
         _release_device(device, capped=cfg.hardware.gpu_capacity_bytes is not None)
     measured.capacity_bytes = cfg.hardware.gpu_capacity_bytes
     measured.capacity_emulated = True if cfg.hardware.gpu_capacity_bytes is not None else None
+    if cfg.hardware.gpu_capacity_bytes is not None and device.type != "cuda":
+        measured.extras["capacity_enforced"] = False  # the cap is the CUDA allocator's: nothing held this run to it
 
 
 def _train(engine, cfg: RunConfig, measured: Measurements, device: torch.device, world: int, mb: int) -> None:
