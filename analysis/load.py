@@ -19,6 +19,7 @@ into two tidy pandas frames.
   ``stall_count_per_iter``, ``stall_seconds_per_iter``;
 - bytes: ``bytes_ssd``, ``bytes_host`` (offloaded + prefetched over measured iterations);
 - memory: ``peak_allocated_bytes``, ``peak_reserved_bytes``, ``peak_host_rss_bytes``, ``capacity_bytes``,
+  ``cap_not_enforced`` (the row's ``capacity_enforced`` is false: nothing held the run to that capacity),
   ``unoffloaded_peak_bytes``, ``memory_pressure`` (M, a fraction: unoffloaded peak ÷
   capacity, computed from those two when the row leaves it null), ``peak_fraction``
   (peak allocated ÷ capacity);
@@ -219,7 +220,8 @@ def _rows(result: dict, root: Path, job_rel: Path) -> tuple[dict, list[dict]]:
         "bytes_ssd": _num(tiers.get("ssd")), "bytes_host": _num(tiers.get("host")),
         "peak_allocated_bytes": peak, "peak_reserved_bytes": _num(result.get("peak_reserved_bytes")),
         "peak_host_rss_bytes": _num(result.get("peak_host_rss_bytes")),  # absent in older rows
-        "capacity_bytes": cap, "unoffloaded_peak_bytes": unoff,
+        "capacity_bytes": cap, "cap_not_enforced": result.get("capacity_enforced") is False,
+        "unoffloaded_peak_bytes": unoff,
         "memory_pressure": m if math.isfinite(m) else _div(unoff, cap),
         "peak_fraction": _div(peak, cap),
         **{k: _num((result.get("tier_gbps") or {}).get(k)) for k in TIER_RATE_KEYS},
@@ -272,7 +274,7 @@ def _typed(rows: list[dict], columns: list[str]) -> pd.DataFrame:
                               else int(v) for v in df[c]], dtype="Int64")
         elif c in TEXT_KEYS:
             df[c] = df[c].astype("str").where(df[c].notna())
-        elif c == "failed":
+        elif c in ("failed", "cap_not_enforced"):
             df[c] = df[c].astype(bool)
         elif c in ("step", "n_iterations", "warmup_steps"):
             df[c] = pd.to_numeric(df[c]).astype("Int64")
@@ -285,7 +287,7 @@ RUN_COLUMNS = list(ID_COLUMNS) + [
     "tokens_per_s", "n_iterations", "warmup_steps", "iteration_seconds", "stall_count",
     "stall_seconds", "stall_count_per_iter", "stall_seconds_per_iter", "bytes_ssd", "bytes_host",
     "peak_allocated_bytes", "peak_reserved_bytes", "peak_host_rss_bytes", "capacity_bytes",
-    "unoffloaded_peak_bytes", "memory_pressure", "peak_fraction", *TIER_RATE_KEYS, "plan_compile_seconds",
+    "cap_not_enforced", "unoffloaded_peak_bytes", "memory_pressure", "peak_fraction", *TIER_RATE_KEYS, "plan_compile_seconds",
     "profile_seconds", "ssd_io_mode", "gpu_name", "n_gpus", "wall_seconds", "started_at",
     "finished_at", "prices_json", "transfers_path", "oplog_path", "trace_path"]
 ITERATION_COLUMNS = list(ID_COLUMNS) + [

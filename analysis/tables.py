@@ -227,11 +227,15 @@ def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
     why_not_run = [f"{NOT_RUN}: no row of this system at this point; why, from not_run.yaml beside "
                    "the rows: " + "; ".join(f"{agg.system_label(s)}: {why}" for s, why in sweep.not_run.items())
                    ] if sweep.not_run else []
+    loose = sorted({agg.system_label(s) for s in sweep.runs.loc[sweep.runs["cap_not_enforced"], "system"]})
+    cap_note = [f"cap not enforced: {', '.join(loose)} ran where nothing held it to "
+                "hardware.gpu_capacity_bytes (a CPU: the cap binds CUDA's allocator only; the rows' "
+                "capacity_enforced is false), so its tokens/s are not those of the capped GPU"] if loose else []
     paths = write_table(throughput_table(agg.with_not_run(summary, sweep.not_run)),
                         out_dir / "throughput", f"Training throughput (tokens/s) and % of Ideal — {who}",
                         [ci_note, "% of Ideal: ratio of means against Ideal of the same model, "
                          "batch, sequence length and hardware at its best micro-batch; 'Ideal "
-                         "is' says whether that Ideal was measured or modeled.", *why_not_run])
+                         "is' says whether that Ideal was measured or modeled.", *why_not_run, *cap_note])
     paths += write_table(
         pct_of_ideal_summary_table(agg.pct_of_ideal_summary(agg.add_pct_of_ideal(agg.select_best(summary)))),
         out_dir / "pct_of_ideal_summary", f"% of Ideal, summarised over configurations — {who}",

@@ -724,3 +724,15 @@ def test_an_ok_row_whose_warmup_loss_was_not_finite_is_flagged_not_counted(sweep
     flagged = runs[runs["job_dir"] == "A_teraio_mixed_1"].iloc[0]
     assert flagged["status"] == "non-finite" and flagged["failed"]
     assert runs[runs["job_dir"] == "A_teraio_mixed_0"].iloc[0]["status"] == "ok"
+
+
+def test_a_row_whose_cap_was_not_enforced_is_marked_in_the_throughput_table(sweep_dir, tmp_path):
+    path = sweep_dir / "A_zero_offload_0" / "result.json"
+    row = json.loads(path.read_text())
+    row["capacity_enforced"] = False  # zero.run on a CPU device
+    path.write_text(json.dumps(row))
+    runs = load_sweep(sweep_dir).runs
+    assert runs.loc[runs["cap_not_enforced"], "job_dir"].tolist() == ["A_zero_offload_0"]
+    analyze(sweep_dir, tmp_path / "out")
+    text = " ".join((tmp_path / "out" / "tables" / "throughput.md").read_text().split())
+    assert "cap not enforced: ZeRO-Offload ran where nothing held it" in text
