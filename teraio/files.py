@@ -9,14 +9,31 @@ import tempfile
 from pathlib import Path
 
 
+def _umask() -> int:
+    """The process's umask, read without setting it (Linux ``/proc``) where possible."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: str | Path, data: bytes, commit=os.replace) -> None:
     """Write ``data`` to a temporary file beside ``path`` (a unique name, so concurrent
     writers never share one) and ``commit(tmp, path)`` it — by default ``os.replace``,
-    atomic on one filesystem. The temporary file is removed if anything fails."""
+    atomic on one filesystem. The file gets the mode a plain ``open`` would give it
+    (0666 less the umask), not the temporary file's 0600. The temporary file is removed
+    if anything fails."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
             f.write(data)
         commit(tmp, path)
     finally:

@@ -46,6 +46,7 @@ not meant for real runs.
 from __future__ import annotations
 
 import collections
+import fcntl
 import importlib.util
 import json
 import signal
@@ -371,9 +372,13 @@ class SweepCallback(Callback):
             analyze(Path(config.hydra.sweep.dir))
 
 
+ANALYSIS_LOCK = ".analysis.lock"
+
+
 def analyze(sweep_dir: Path) -> None:
-    """``python -m analysis <sweep_dir>`` (tables and figures, in ``<sweep_dir>/analysis``),
-    then the throughput table on the terminal.
+    """``python -m analysis <sweep_dir>`` (tables and figures, in ``<sweep_dir>/analysis``;
+    one at a time per sweep dir, under :data:`ANALYSIS_LOCK`), then its index and the
+    throughput table on the terminal.
 
     Raises:
         SystemExit: the analysis failed (the rows stay as they are).
@@ -386,10 +391,17 @@ def analyze(sweep_dir: Path) -> None:
         console.print("[yellow]analysis package not available in this checkout: no tables "
                       f"or figures; run `python -m analysis {sweep_dir}` once it is[/yellow]")
         return
-    rc = subprocess.call([sys.executable, "-m", "analysis", str(sweep_dir)])
-    if rc:
-        raise SystemExit(f"teraio.sweep: `python -m analysis {sweep_dir}` failed (exit {rc}); "
+    # One analysis at a time in a sweep dir: sweeps into one runs dir end at their own times.
+    with open(sweep_dir / ANALYSIS_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        p = subprocess.run([sys.executable, "-m", "analysis", str(sweep_dir)], stdout=subprocess.PIPE, text=True)
+    if p.returncode:
+        sys.stdout.write(p.stdout)
+        raise SystemExit(f"teraio.sweep: `python -m analysis {sweep_dir}` failed (exit {p.returncode}); "
                          "the result rows are intact")
+    written = [ln for ln in p.stdout.splitlines() if ln.strip() and not ln.startswith("see ")]
+    console.print(f"analysis: {len(written)} files in {sweep_dir / 'analysis'}"
+                  + "".join(f"; {ln}" for ln in p.stdout.splitlines() if ln.startswith("see ")), markup=False)
     table = sweep_dir / "analysis" / "tables" / "throughput.md"
     if table.exists():
         console.print(f"\n{table.read_text()}", markup=False)

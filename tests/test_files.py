@@ -41,3 +41,13 @@ def test_a_dead_process_scratch_files_and_dirs_are_removed_and_zero_names_its_sw
     assert sorted(os.listdir(tmp_path)) == sorted([swap.name, f"zero-otherhost-{dead.pid}-p-1"])
     assert f"removed {left} (300 B), left by process {dead.pid}, which is gone" in capsys.readouterr().out
     assert remove_orphans(tmp_path / "absent", *SWAP_DIRS) == []
+
+
+def test_an_atomic_write_gets_the_mode_of_a_plain_write(tmp_path):
+    old = os.umask(0o022)
+    try:
+        write_atomic(tmp_path / "result.json", b"{}")
+        (tmp_path / "plain.json").write_bytes(b"{}")
+    finally:
+        os.umask(old)
+    assert oct((tmp_path / "result.json").stat().st_mode & 0o777) == oct((tmp_path / "plain.json").stat().st_mode & 0o777) == "0o644"

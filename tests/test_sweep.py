@@ -439,3 +439,13 @@ def test_a_timeout_or_a_rerun_removes_what_a_killed_worker_left_on_the_drives(tm
     p = run_sweep(runs, {}, fake_worker, *ssd)
     assert p.returncode == 0 and read_status(job / "result.json") == "ok", p.stdout + p.stderr
     assert scratch(runs) == [] and p.stdout.count("left by process") == 2
+
+
+def test_the_sweep_ends_with_the_analysis_index_and_the_table_not_every_path(tmp_path, fake_worker):
+    runs = tmp_path / "runs"
+    p = run_sweep(runs, {}, fake_worker, "trial=0,1", "sweep.analyze=true")
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = " ".join(p.stdout.split())
+    assert f"files in {runs / 'smoke' / 'analysis'}; see " in out and "index.md" in out
+    assert "tables/throughput.tex" not in out and "| System" in p.stdout  # the table, not the list
+    assert (runs / "smoke" / ".analysis.lock").exists()  # concurrent sweeps' analyses take turns
