@@ -238,8 +238,11 @@ def point_comparison(runs: pd.DataFrame, measured: pd.DataFrame, paper: pd.DataF
     and the persistent share at the un-offloaded peak (median over the runs with a trace,
     :func:`measured_frame`) as measured, beside the
     paper's M and the persistent share estimated for the paper configuration the point
-    stands for (:func:`paper_point_of`; both stages of :func:`paper_frame`)."""
+    stands for (:func:`paper_point_of`; both stages of :func:`paper_frame`). No row for a
+    point where no run is ok (every TeraIO run failed, some after tracing their step)."""
     keys = ["model", "batch_size", "micro_batch_size", "seq_len"]
+    columns = [*keys, "measured_m", "measured_persistent", "paper_model", "paper_point", "paper_m",
+               "paper_persistent_stage0", "paper_persistent_stage1"]
     ok = runs[~runs["failed"] & runs["memory_pressure"].notna()]
     rows = []
     for key, g in ok.groupby(keys, sort=True):
@@ -259,4 +262,4 @@ def point_comparison(runs: pd.DataFrame, measured: pd.DataFrame, paper: pd.DataF
                 for _, e in est.iterrows():
                     row[f"paper_persistent_stage{int(e['stage'])}"] = float(e["persistent_share"])
         rows.append(row)
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=columns)

@@ -9,7 +9,7 @@ into two tidy pandas frames.
   ``host_mem_cap_bytes`` and ``n_ssd`` (``len(hardware.ssd_dirs)``), both from the run
   config (the Fig. 9 axes), and ``pipeline_stages`` (``workload.pipeline_stages``, 1 for
   rows that predate it);
-- outcome: ``status`` (ok | oom | error | timeout, or ``non-finite`` for an ``ok`` row whose
+- outcome: ``status`` (ok | oom | error | timeout | interrupted, or ``non-finite`` for an ``ok`` row whose
   tokens/s or a loss is not finite), ``error``, ``failed`` (status ≠ ok),
   ``measure`` (measured | modeled);
 - throughput: ``tokens_per_s`` (tokens/s), ``n_iterations``, ``iteration_seconds`` (mean, s),
@@ -19,6 +19,7 @@ into two tidy pandas frames.
   ``stall_count_per_iter``, ``stall_seconds_per_iter``;
 - bytes: ``bytes_ssd``, ``bytes_host`` (offloaded + prefetched over measured iterations);
 - memory: ``peak_allocated_bytes``, ``peak_reserved_bytes``, ``peak_host_rss_bytes``, ``capacity_bytes``,
+  ``cap_not_enforced`` (the row's ``capacity_enforced`` is false: nothing held the run to that capacity),
   ``unoffloaded_peak_bytes``, ``memory_pressure`` (M, a fraction: unoffloaded peak ÷
   capacity, computed from those two when the row leaves it null), ``peak_fraction``
   (peak allocated ÷ capacity);
@@ -66,10 +67,13 @@ import yaml
 
 from teraio import systems
 from teraio.core.engine import RECOVERY_KEYS
+from teraio.result import FORMAT, STATUSES
 
 RESULT_NAME = "result.json"
 NOT_RUN_NAME = "not_run.yaml"
-FORMAT_PREFIX = "teraio.result/"
+# Keys every row of FORMAT has (teraio.result.result_row) and this loader reads: a row
+# lacking one is skipped, never counted.
+REQUIRED_KEYS = ("status", "point", "config", "iterations", "tokens_per_s")
 POINT_KEYS = ("model", "system", "hardware", "batch_size", "micro_batch_size", "seq_len", "trial")
 INT_KEYS = ("batch_size", "micro_batch_size", "seq_len", "trial", "host_mem_cap_bytes", "n_ssd",
             "pipeline_stages", "n_gpus", "ran_micro_batch_size")
@@ -156,9 +160,10 @@ NON_FINITE = "non-finite"
 
 
 def _finite_row(result: dict) -> bool:
-    """True when the row's tokens/s and every iteration's tokens/s and loss (where it has
-    one) are finite numbers."""
-    values = [result.get("tokens_per_s")]
+    """True when the row's tokens/s, every iteration's tokens/s and loss (where it has one)
+    and every step's loss in ``losses`` (the warm-up and paged steps' too; a null there is a
+    loss that was not finite, JSON having no NaN) are finite numbers."""
+    values = [result.get("tokens_per_s"), *(result.get("losses") or [])]
     for it in result.get("iterations") or []:
         values.append(it.get("tokens_per_s"))
         if it.get("loss") is not None:
@@ -222,7 +227,8 @@ def _rows(result: dict, root: Path, job_rel: Path) -> tuple[dict, list[dict]]:
         "bytes_ssd": _num(tiers.get("ssd")), "bytes_host": _num(tiers.get("host")),
         "peak_allocated_bytes": peak, "peak_reserved_bytes": _num(result.get("peak_reserved_bytes")),
         "peak_host_rss_bytes": _num(result.get("peak_host_rss_bytes")),  # absent in older rows
-        "capacity_bytes": cap, "unoffloaded_peak_bytes": unoff,
+        "capacity_bytes": cap, "cap_not_enforced": result.get("capacity_enforced") is False,
+        "unoffloaded_peak_bytes": unoff,
         "memory_pressure": m if math.isfinite(m) else _div(unoff, cap),
         "peak_fraction": _div(peak, cap),
         **{k: _num((result.get("tier_gbps") or {}).get(k)) for k in TIER_RATE_KEYS},
@@ -256,6 +262,33 @@ def _ran_micro_batch(result: dict):
     return None
 
 
+def check_row(result) -> None:
+    """Refuse a row this loader cannot read faithfully.
+
+    Raises:
+        ValueError: not a JSON object; ``format`` other than ``teraio.result/1``; a key of
+            :data:`REQUIRED_KEYS` missing; ``status`` not one of ``teraio.result.STATUSES``;
+            ``point`` lacking a key of :data:`POINT_KEYS`; ``iterations`` not a list, or
+            empty in an ``ok`` row (each message names the key).
+    """
+    if not isinstance(result, dict):
+        raise ValueError(f"not a result row (a JSON {type(result).__name__}, not an object)")
+    if result.get("format") != FORMAT:
+        raise ValueError(f"format {result.get('format')!r} is not {FORMAT!r}, the one this analysis reads")
+    missing = [k for k in REQUIRED_KEYS if k not in result]
+    if missing:
+        raise ValueError(f"required key {', '.join(map(repr, missing))} missing")
+    if result["status"] not in STATUSES:
+        raise ValueError(f"status {result['status']!r} not in {STATUSES}")
+    point = result["point"]
+    lacking = [k for k in POINT_KEYS if not isinstance(point, dict) or k not in point]
+    if lacking:
+        raise ValueError(f"required key point.{lacking[0]} missing (a point has {', '.join(POINT_KEYS)})")
+    if not isinstance(result["iterations"], list) or (result["status"] == "ok" and not result["iterations"]):
+        raise ValueError("required key 'iterations' empty in an ok row" if isinstance(result["iterations"], list)
+                         else f"iterations is a {type(result['iterations']).__name__}, not a list")
+
+
 def _typed(rows: list[dict], columns: list[str]) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=columns)
     for c in columns:
@@ -264,7 +297,7 @@ def _typed(rows: list[dict], columns: list[str]) -> pd.DataFrame:
                               else int(v) for v in df[c]], dtype="Int64")
         elif c in TEXT_KEYS:
             df[c] = df[c].astype("str").where(df[c].notna())
-        elif c == "failed":
+        elif c in ("failed", "cap_not_enforced"):
             df[c] = df[c].astype(bool)
         elif c in ("step", "n_iterations", "warmup_steps"):
             df[c] = pd.to_numeric(df[c]).astype("Int64")
@@ -277,7 +310,7 @@ RUN_COLUMNS = list(ID_COLUMNS) + [
     "tokens_per_s", "n_iterations", "warmup_steps", "iteration_seconds", "stall_count",
     "stall_seconds", "stall_count_per_iter", "stall_seconds_per_iter", "bytes_ssd", "bytes_host",
     "peak_allocated_bytes", "peak_reserved_bytes", "peak_host_rss_bytes", "capacity_bytes",
-    "unoffloaded_peak_bytes", "memory_pressure", "peak_fraction", *TIER_RATE_KEYS, "plan_compile_seconds",
+    "cap_not_enforced", "unoffloaded_peak_bytes", "memory_pressure", "peak_fraction", *TIER_RATE_KEYS, "plan_compile_seconds",
     "profile_seconds", "ssd_io_mode", "gpu_name", "n_gpus", "wall_seconds", "started_at",
     "finished_at", "prices_json", "transfers_path", "oplog_path", "trace_path", "system_options_json",
     "tuning_json"]
@@ -290,8 +323,10 @@ ITERATION_COLUMNS = list(ID_COLUMNS) + [
 def load_sweep(sweep_dir: str | Path, exclude: str | Path | None = None) -> Sweep:
     """Read every ``result.json`` under ``sweep_dir`` (recursively) into a :class:`Sweep`.
 
-    Files that are unreadable or not of format ``teraio.result/*`` are skipped with a
-    warning and listed in ``Sweep.skipped``; files under ``exclude`` are ignored.
+    Files that are unreadable, of another format than ``teraio.result/1`` (an unknown
+    version, newer or older) or missing a required key (:func:`check_row`) are skipped with
+    one warning each, naming the file and the format or key, and listed in
+    ``Sweep.skipped``: such a row is never counted. Files under ``exclude`` are ignored.
 
     Raises:
         FileNotFoundError: ``sweep_dir`` is not a directory.
@@ -307,9 +342,7 @@ def load_sweep(sweep_dir: str | Path, exclude: str | Path | None = None) -> Swee
             continue
         try:
             result = json.loads(path.read_text())
-            fmt = result.get("format", "")
-            if not str(fmt).startswith(FORMAT_PREFIX):
-                raise ValueError(f"format {fmt!r} is not {FORMAT_PREFIX}*")
+            check_row(result)
             run, its = _rows(result, root, path.parent.relative_to(root))
         except (OSError, ValueError, AttributeError, TypeError) as e:
             skipped.append((str(path), str(e)))

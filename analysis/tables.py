@@ -31,17 +31,16 @@ GIB = 2**30
 GB = 1e9
 
 
-def _gib(v) -> str:
-    """Bytes as GiB; below 0.1 GiB as MiB with the unit written (a 4 MiB CI cap is not
-    "0.00391")."""
-    if v is None or pd.isna(v):
-        return NA
-    return fmt(v / GIB) if v >= 0.1 * GIB else f"{fmt(v / 2**20)} MiB"
+def _host_cap(caps: pd.Series) -> tuple[str, pd.Series]:
+    """The host-cap column's header and cells: in GiB, or in MiB for every row where one cap is
+    below 0.1 GiB (a 4 MiB CI cap is not "0.00391"); the unit in the header, never in a cell."""
+    unit, scale = ("MiB", 2**20) if (caps.dropna() < 0.1 * GIB).any() else ("GiB", GIB)
+    return f"Host cap ({unit})", caps.map(lambda v: NA if v is None or pd.isna(v) else fmt(v / scale))
 
 
 def _key_columns(df: pd.DataFrame, micro_batch: bool = True, system: bool = True) -> dict:
     cols = {"Model": df["model"], "Hardware": df["hardware"], "Config": df["config"],
-            "Host cap (GiB)": df["host_mem_cap_bytes"].map(_gib),
+            **dict([_host_cap(df["host_mem_cap_bytes"])]),
             "SSDs": df["n_ssd"].map(lambda v: NA if pd.isna(v) else str(int(v)))}
     if micro_batch:  # what the rows trained with; the point's micro-batch where that is unknown
         point_mb = df["micro_batch_size"].map(lambda v: NA if pd.isna(v) else str(int(v)))
@@ -234,11 +233,15 @@ def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
     why_not_run = [f"{NOT_RUN}: no row of this system at this point; why, from not_run.yaml beside "
                    "the rows: " + "; ".join(f"{agg.system_label(s)}: {why}" for s, why in sweep.not_run.items())
                    ] if sweep.not_run else []
+    loose = sorted({agg.system_label(s) for s in sweep.runs.loc[sweep.runs["cap_not_enforced"], "system"]})
+    cap_note = [f"cap not enforced: {', '.join(loose)} ran where nothing held it to "
+                "hardware.gpu_capacity_bytes (a CPU: the cap binds CUDA's allocator only; the rows' "
+                "capacity_enforced is false), so its tokens/s are not those of the capped GPU"] if loose else []
     paths = write_table(throughput_table(agg.with_not_run(summary, sweep.not_run)),
                         out_dir / "throughput", f"Training throughput (tokens/s) and % of Ideal — {who}",
                         [ci_note, "% of Ideal: ratio of means against Ideal of the same model, "
                          "batch, sequence length and hardware at its best micro-batch; 'Ideal "
-                         "is' says whether that Ideal was measured or modeled.", *why_not_run])
+                         "is' says whether that Ideal was measured or modeled.", *why_not_run, *cap_note])
     fair = fairness_frame(sweep.runs)
     paths += write_table(fairness_table(fair), out_dir / "fairness",
                          f"What each system ran with, and how it was chosen — {who}",

@@ -2,7 +2,9 @@
 
 Schema (keys always present; unknown values are ``null``):
 
-``status``            ``"ok" | "oom" | "error" | "timeout"``
+``status``            ``"ok" | "oom" | "error" | "timeout" | "interrupted"`` (``interrupted``: the
+                      run was stopped by SIGTERM/SIGINT before it ended; like every status but
+                      ``ok`` it is not counted, and the next sweep runs the point again)
 ``error``             error text, or null when ok
 ``measure``           ``"measured"`` (timed on hardware), ``"composed"`` (Ideal: the step
                       composed from its phases, each timed on hardware, where the whole step
@@ -84,6 +86,8 @@ and the runner-specific keys (:attr:`Measurements.extras`):
                       candidate tried, ``{setting, status, tokens_per_s, message}``
 ``zero_micro_batch_size``  ZeRO: the micro-batch it trained with (``system.options.micro_batch_size``,
                       else the point's)
+``capacity_enforced``  ZeRO on a CPU device: false, nothing held the run to ``capacity_bytes``
+                      (the emulated cap binds CUDA's allocator only); absent where it was enforced
 
 Every row, failed or ok, is made by :func:`result_row`: a runner returns
 :class:`Measurements` and the worker (``teraio.harness.run``) merges them with the run's facts.
@@ -102,7 +106,7 @@ from typing import Any, Iterator
 from teraio.files import write_atomic
 
 FORMAT = "teraio.result/1"
-STATUSES: tuple[str, ...] = ("ok", "oom", "error", "timeout")
+STATUSES: tuple[str, ...] = ("ok", "oom", "error", "timeout", "interrupted")
 POINT_KEYS: tuple[str, ...] = ("model", "system", "hardware", "batch_size", "micro_batch_size",
                                "seq_len", "trial")
 # Facts of the run itself, set by the worker or the sweep (not by a runner).

@@ -8,7 +8,11 @@ Before the first run, every point of the sweep is composed and checked
 Then, per point (:func:`run_point_job`), in ``<runs_dir>/<name>/<point>/`` — a directory
 named after the point keys, so a rerun finds it:
 
-* ``result.json`` already ``ok``: skipped (resume), never overwritten;
+* ``result.json`` already ``ok``: skipped (resume), never overwritten — if it was made
+  with the same config (:func:`changed_keys`: every key but where the drives are and
+  ``timeout_s``); one made with another config stops the sweep before anything runs
+  (a result is never shown under a config it was not made with), unless
+  ``sweep.rerun_changed=true``: then it is kept as ``result.<n>.json`` and the point runs again;
 * an earlier failed ``result.json`` (oom, error, timeout) is kept as ``result.<n>.json``,
   the side files of that attempt (trace, plan, logs of the run, ``resolved.yaml``) move to
   ``attempt.<n>/`` (:func:`keep_attempt`), and the point runs again;
@@ -16,6 +20,9 @@ named after the point keys, so a rerun finds it:
   subprocess (``torchrun`` for ``hardware.n_gpus`` > 1), its output streamed to the
   terminal and appended to ``worker.log``; past ``timeout_s`` its process group is killed
   and a ``timeout`` row written; a worker that dies without a row gets an ``error`` row;
+  SIGTERM or SIGINT to the sweep ends its worker, which writes an ``interrupted`` row (not
+  counted; the next sweep runs the point again), and stops the sweep (:func:`main`); before
+  and after every worker, what dead runs left on its drives is removed (:func:`remove_leftovers`);
 * with ``sweep.tune.enabled``, a system that opts in (``SystemSpec.tuner``) runs with the
   fastest of its candidate settings, measured before its first trial and recorded in
   ``<runs_dir>/<name>/tuning/`` for every trial and later sweep (:mod:`teraio.harness.tune`);
@@ -43,8 +50,10 @@ not meant for real runs.
 from __future__ import annotations
 
 import collections
+import fcntl
 import importlib.util
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -65,6 +74,8 @@ from teraio.harness.checks import validate
 from teraio.harness.compose import job_overrides, register_resolvers, run_config
 from teraio.config import RunConfig
 from teraio.harness.drive_lock import OWNER_LOCK, hold_drives, hold_point
+from teraio.harness.interrupt import Interrupted, raise_on_signals
+from teraio.files import SCRATCH, remove_orphans
 from teraio.harness.launch import console, launch_worker
 from teraio.harness.tune import tune_settings, tuned_run, write_job_tuning
 from teraio.result import lock_path, read_status, result_row, write_result
@@ -143,12 +154,46 @@ def keep_attempt(job_dir: Path, kept_result: Path) -> None:
         entry.rename(dest / name)
 
 
-def config_diff(a: Any, b: Any, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two nested dicts."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [k for key in sorted(set(a) | set(b), key=str)
-                for k in config_diff(a.get(key), b.get(key), f"{prefix}{key}.")]
-    return [] if a == b else [prefix.rstrip(".")]
+# Keys of the run config that do not change what a run measures: where its drives are
+# (so a runs dir copied elsewhere keeps its rows) and how long it may take.
+NOT_IDENTITY = ("hardware.ssd_dirs", "system.options.nvme_path", "timeout_s")
+
+
+# The config's sections (RunConfig's dataclasses): a field only one side has is a field
+# added or dropped since the row was made, not compared; below them a value (a map such as
+# hardware.prices) is compared whole.
+SECTIONS = ("", "model.", "workload.", "system.", "hardware.", "system.options.")
+
+
+def changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted keys of the run config whose values differ between ``old`` (the config a row
+    was made with) and ``new``, but for :data:`NOT_IDENTITY`; a field of a section
+    (:data:`SECTIONS`) that only one side has (a row made before the field existed) is
+    not compared."""
+    if prefix in SECTIONS and isinstance(old, dict) and isinstance(new, dict):
+        return [k for key in sorted(set(old) & set(new), key=str)
+                for k in changed_keys(old[key], new[key], f"{prefix}{key}.")]
+    key = prefix.rstrip(".")
+    return [] if old == new or key in NOT_IDENTITY else [key]
+
+
+def changed_ok_row(job_dir: Path, run: RunConfig) -> list[str]:
+    """The keys that :func:`changed_keys` finds between the ok row in ``job_dir`` and
+    ``run``; empty where there is no ok row or it was made with the same config."""
+    path = job_dir / "result.json"
+    if read_status(path) != "ok":
+        return []
+    done, now = json.loads(path.read_text()), run.to_dict()
+    chosen = (done.get("tuning") or {}).get("chosen")
+    if chosen:  # the row ran with its tuned setting (teraio.harness.tune)
+        now["system"]["options"] = {**now["system"]["options"], **chosen}
+    return changed_keys(done.get("config") or {}, now)
+
+
+def changed_message(job_dir: Path, changed: list[str]) -> str:
+    return (f"{job_dir}/result.json is an ok row made with a different {', '.join(changed)}; "
+            "run with sweep.rerun_changed=true to run it again with this config (the old row is "
+            "kept as result.<n>.json), or move its job dir away")
 
 
 def failure_row(run: RunConfig, status: str, error: str, started: float, tuning: dict | None = None) -> dict:
@@ -170,9 +215,21 @@ def drive_dirs(run: RunConfig) -> list[str]:
     return [*run.hardware.ssd_dirs, *([extra] if extra else [])]
 
 
+def remove_leftovers(run: RunConfig) -> None:
+    """Remove what dead runs left on the drives of ``run`` (:func:`drive_dirs`): TeraIO's
+    slot files and ZeRO-Infinity's swap directories whose process is gone
+    (``teraio.files.remove_orphans``), before a worker starts (so that its plan sees their
+    room free) and after it ended, however it ended (a worker killed past its grace
+    leaves them)."""
+    for d in drive_dirs(run):
+        for prefix, suffix in SCRATCH:
+            remove_orphans(d, prefix, suffix)
+
+
 def run_point_job(cfg: DictConfig, job_dir: Path, label: str = "") -> str:
     """Validate, resume-check and run one point in ``job_dir``; returns its final status,
-    ``"skip"`` for a point already ok, ``"deferred"`` for one left for later
+    ``"skip"`` for a point already ok, ``"changed"`` for one whose ok row was made with
+    another config (not run; ``sweep.rerun_changed``), ``"deferred"`` for one left for later
     (``sweep.deadline``), or ``"busy"`` when another sweep is running it now
     (``teraio.harness.drive_lock.hold_point``, held for the point's whole run). Never raises for a
     failed point: the failure is written as its row, so that the sweep goes on."""
@@ -193,15 +250,12 @@ def _run_owned_point(cfg: DictConfig, job_dir: Path) -> str:
     except ValueError as e:  # the pre-pass catches this in a multirun
         console.print(f"[red]✗ invalid config:[/red] {escape(str(e))}")
         return "invalid"
-    if read_status(result_path) == "ok":
-        done = json.loads(result_path.read_text())
-        old, now = done.get("config"), run.to_dict()
-        chosen = (done.get("tuning") or {}).get("chosen")
-        if chosen:  # the row ran with its tuned setting
-            now["system"]["options"] = {**now["system"]["options"], **chosen}
-        changed = config_diff(old, now)
-        console.print("  skip (ok)" + (f" — made with a different {', '.join(changed)}; "
-                                       "move its job dir away to run it again" if changed else ""))
+    changed = changed_ok_row(job_dir, run)
+    if changed and not cfg.sweep.rerun_changed:
+        console.print(f"[red]✗ changed:[/red] {escape(changed_message(job_dir, changed))}")
+        return "changed"
+    if read_status(result_path) == "ok" and not changed:
+        console.print("  skip (ok)")
         return "skip"
     try:
         deadline = deadline_of(cfg)
@@ -231,11 +285,20 @@ def _run_owned_point(cfg: DictConfig, job_dir: Path) -> str:
             write_job_tuning(job_dir, tuning)
             resolved.write_text(yaml.safe_dump(run.to_dict(), sort_keys=False))
             started = time.time()  # a timeout row's time starts with its worker
-            rc, tail = launch_worker(run, job_dir, resolved)
+            remove_leftovers(run)
+            try:
+                rc, tail = launch_worker(run, job_dir, resolved)
+            finally:
+                remove_leftovers(run)
     except ValueError as e:  # a check that only the machine running the job can make
         write_result(result_path, failure_row(run, "error", f"invalid config: {e}", started))
         rc, tail = 0, []
         tuning = None
+    except Interrupted as e:  # the worker, ended, wrote its interrupted row; else the sweep does
+        if read_status(result_path) is None:
+            write_result(result_path, failure_row(run, "interrupted", f"{e} (the sweep)", started))
+        e.job_dir = job_dir
+        raise
     status = read_status(result_path)
     log_tail = "\n".join(tail)
     cause = None  # why the worker wrote no row, where the sweep writes it
@@ -244,7 +307,7 @@ def _run_owned_point(cfg: DictConfig, job_dir: Path) -> str:
         write_result(result_path, failure_row(
             run, "timeout", f"{cause}; last output:\n{log_tail}", started, tuning))
     elif status is None:
-        why = f"exit code {rc}" + (" (killed by a signal: the host OOM killer?)" if rc and rc < 0 else "")
+        why = f"killed by signal {-rc}, {signal.Signals(-rc).name}" if rc and rc < 0 else f"exit code {rc}"
         cause = f"worker ended ({why}) without writing result.json"
         write_result(result_path, failure_row(run, "error", f"{cause}; last output:\n{log_tail}", started, tuning))
     row = json.loads(result_path.read_text())
@@ -273,7 +336,8 @@ class SweepCallback(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Compose every point as the launcher will, build and validate its RunConfig,
-        and refuse two points that share a job dir.
+        and refuse two points that share a job dir, and a point whose job dir holds an ok
+        row made with another config (:func:`changed_keys`) unless ``sweep.rerun_changed``.
 
         Raises:
             SystemExit: for the first bad point, with its overrides and the reason.
@@ -298,7 +362,11 @@ class SweepCallback(Callback):
                                  "swept keys change one of them (e.g. hardware.name). "
                                  "Nothing was run.")
             seen[job_dir] = where
-            counts[read_status(job_dir / "result.json") or "new"] += 1
+            changed = changed_ok_row(job_dir, run_config(point))
+            if changed and not point.sweep.rerun_changed:
+                raise SystemExit(f"teraio.sweep: point [{where}]: {changed_message(job_dir, changed)}. "
+                                 "Nothing was run.")
+            counts["changed" if changed else read_status(job_dir / "result.json") or "new"] += 1
         self.job_dirs = list(seen)
         console.print(f"[bold]{len(seen)} points[/bold] in {config.hydra.sweep.dir}: "
                       + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
@@ -314,13 +382,20 @@ class SweepCallback(Callback):
         statuses = self.outcomes or collections.Counter(read_status(d / "result.json") or "missing"
                                                         for d in self.job_dirs)
         console.print("[bold]sweep done:[/bold] " + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())))
+        if statuses["changed"]:
+            raise SystemExit(f"teraio.sweep: {statuses['changed']} point(s) not run: their ok rows were made "
+                             "with another config (sweep.rerun_changed=true runs them again)")
         if config.sweep.analyze:
             analyze(Path(config.hydra.sweep.dir))
 
 
+ANALYSIS_LOCK = ".analysis.lock"
+
+
 def analyze(sweep_dir: Path) -> None:
-    """``python -m analysis <sweep_dir>`` (tables and figures, in ``<sweep_dir>/analysis``),
-    then the throughput table on the terminal.
+    """``python -m analysis <sweep_dir>`` (tables and figures, in ``<sweep_dir>/analysis``;
+    one at a time per sweep dir, under :data:`ANALYSIS_LOCK`), then its index and the
+    throughput table on the terminal.
 
     Raises:
         SystemExit: the analysis failed (the rows stay as they are).
@@ -333,10 +408,17 @@ def analyze(sweep_dir: Path) -> None:
         console.print("[yellow]analysis package not available in this checkout: no tables "
                       f"or figures; run `python -m analysis {sweep_dir}` once it is[/yellow]")
         return
-    rc = subprocess.call([sys.executable, "-m", "analysis", str(sweep_dir)])
-    if rc:
-        raise SystemExit(f"teraio.sweep: `python -m analysis {sweep_dir}` failed (exit {rc}); "
+    # One analysis at a time in a sweep dir: sweeps into one runs dir end at their own times.
+    with open(sweep_dir / ANALYSIS_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        p = subprocess.run([sys.executable, "-m", "analysis", str(sweep_dir)], stdout=subprocess.PIPE, text=True)
+    if p.returncode:
+        sys.stdout.write(p.stdout)
+        raise SystemExit(f"teraio.sweep: `python -m analysis {sweep_dir}` failed (exit {p.returncode}); "
                          "the result rows are intact")
+    written = [ln for ln in p.stdout.splitlines() if ln.strip() and not ln.startswith("see ")]
+    console.print(f"analysis: {len(written)} files in {sweep_dir / 'analysis'}"
+                  + "".join(f"; {ln}" for ln in p.stdout.splitlines() if ln.startswith("see ")), markup=False)
     table = sweep_dir / "analysis" / "tables" / "throughput.md"
     if table.exists():
         console.print(f"\n{table.read_text()}", markup=False)
@@ -354,12 +436,25 @@ def _hydra_main(cfg: DictConfig) -> str:
         run(cfg, Path(hc.runtime.output_dir))
         return "ok"
     label = f"#{hc.job.num} " if hc.mode.name == "MULTIRUN" else ""
-    return run_point_job(cfg, Path(hc.runtime.output_dir), label)
+    status = run_point_job(cfg, Path(hc.runtime.output_dir), label)
+    if status == "changed" and hc.mode.name != "MULTIRUN":
+        raise SystemExit(1)
+    return status
 
 
 def main() -> None:
+    """Run the sweep; SIGTERM or SIGINT (Ctrl-C) end the running worker (it closes its
+    tiers and writes an ``interrupted`` row, which the next sweep runs again) and stop the
+    sweep with one line and exit status 128 + the signal's number."""
     register_resolvers()
-    _hydra_main()
+    raise_on_signals()
+    try:
+        _hydra_main()
+    except Interrupted as e:
+        where = getattr(e, "job_dir", None)
+        console.print(f"[red]✗ sweep {e}[/red]" + (f"; {escape(str(where))} has an interrupted row, "
+                                                   "run again by the next sweep" if where else ""))
+        sys.exit(128 + e.signum)
 
 
 if __name__ == "__main__":

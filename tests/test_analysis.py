@@ -619,9 +619,12 @@ def test_ok_rows_that_are_not_finite_count_as_failed_and_stay_out_of_n(tmp_path)
     assert "(2 ok, 2 failed)" in describe(sweep)
 
 
-def test_a_small_host_cap_is_shown_in_mib():
-    from analysis.tables import _gib
-    assert _gib(4 * 2**20) == "4.00 MiB" and _gib(8 * GIB) == "8.00" and _gib(None) == "n/a"
+def test_a_small_host_cap_is_shown_in_mib_and_the_header_says_so():
+    from analysis.tables import _host_cap
+    header, cells = _host_cap(pd.Series([4 * 2**20, 8 * GIB, None]))
+    assert header == "Host cap (MiB)" and list(cells) == ["4.00", "8192.0", "n/a"]
+    header, cells = _host_cap(pd.Series([8 * GIB, None]))
+    assert header == "Host cap (GiB)" and list(cells) == ["8.00", "n/a"]
 
 
 def test_figure_titles_break_between_phrases_not_inside_one():
@@ -720,3 +723,50 @@ def test_a_figure_written_twice_has_the_same_bytes(sweep_dir, tmp_path):
     first = {p.suffix: p.read_bytes() for p in save_figure(fig, tmp_path / "a" / "fig7")}
     second = {p.suffix: p.read_bytes() for p in save_figure(fig, tmp_path / "b" / "fig7")}
     assert first == second and b"/CreationDate" not in first[".pdf"]
+
+
+@pytest.mark.parametrize("edit, named", [
+    (lambda r: r.update(format="teraio.result/2"), "teraio.result/2"),
+    (lambda r: r.update(format="teraio.result/9-beta"), "9-beta"),
+    (lambda r: r.pop("point"), "'point'"),
+    (lambda r: r["point"].pop("seq_len"), "point.seq_len"),
+    (lambda r: r.pop("iterations"), "'iterations'"),
+    (lambda r: r.update(iterations=[]), "iterations"),
+    (lambda r: r.pop("status"), "'status'"),
+    (lambda r: r.update(status="maybe"), "maybe"),
+])
+def test_a_row_of_an_unknown_format_or_missing_a_key_is_skipped_naming_it(sweep_dir, edit, named):
+    path = sweep_dir / "A_teraio_mixed_1" / "result.json"
+    row = json.loads(path.read_text())
+    edit(row)
+    path.write_text(json.dumps(row))
+    with pytest.warns(UserWarning) as caught:
+        sweep = load_sweep(sweep_dir)
+    warned = [str(w.message) for w in caught if "skipping" in str(w.message)]
+    assert len(warned) == 1 and str(path) in warned[0] and named in warned[0]
+    assert len(sweep.runs) == 19 and str(path) in sweep.skipped[0][0]
+    assert "A_teraio_mixed_1" not in set(sweep.runs["job_dir"])
+
+
+def test_an_ok_row_whose_warmup_loss_was_not_finite_is_flagged_not_counted(sweep_dir):
+    # JSON has no NaN: the worker writes a loss that was not finite as null (teraio.result).
+    path = sweep_dir / "A_teraio_mixed_1" / "result.json"
+    row = json.loads(path.read_text())
+    row["losses"] = [None, 1.0, 1.0, 1.0, 1.0]  # step 0, a warm-up step, diverged
+    path.write_text(json.dumps(row))
+    runs = load_sweep(sweep_dir).runs
+    flagged = runs[runs["job_dir"] == "A_teraio_mixed_1"].iloc[0]
+    assert flagged["status"] == "non-finite" and flagged["failed"]
+    assert runs[runs["job_dir"] == "A_teraio_mixed_0"].iloc[0]["status"] == "ok"
+
+
+def test_a_row_whose_cap_was_not_enforced_is_marked_in_the_throughput_table(sweep_dir, tmp_path):
+    path = sweep_dir / "A_zero_offload_0" / "result.json"
+    row = json.loads(path.read_text())
+    row["capacity_enforced"] = False  # zero.run on a CPU device
+    path.write_text(json.dumps(row))
+    runs = load_sweep(sweep_dir).runs
+    assert runs.loc[runs["cap_not_enforced"], "job_dir"].tolist() == ["A_zero_offload_0"]
+    analyze(sweep_dir, tmp_path / "out")
+    text = " ".join((tmp_path / "out" / "tables" / "throughput.md").read_text().split())
+    assert "cap not enforced: ZeRO-Offload ran where nothing held it" in text

@@ -418,6 +418,37 @@ def test_a_run_that_failed_after_its_profile_still_measures_the_makeup(tmp_path)
     assert c["measured_m"] == 200.0 and c["measured_persistent"] == measured["persistent_at_peak"].iloc[0]
 
 
+@pytest.mark.parametrize("error", ["ValueError: the capacity cannot be met",
+                                   "FloatingPointError: step 3: loss nan is not finite"])
+def test_every_teraio_run_failed_after_its_trace_and_the_tables_list_the_failures(tmp_path, error):
+    # No ok run carries an M (Ideal's row has none, every TeraIO run failed, one after saving
+    # its trace): the analysis writes its tables, the failures in them, and no per-point row.
+    from analysis.__main__ import main
+    from teraio.result import result_row, write_result
+
+    point = {"model": "tiny", "hardware": "cpu", "batch_size": 2, "micro_batch_size": 1, "seq_len": 8}
+    for system, trial in (("ideal", 0), ("teraio_ssd", 0), ("teraio_ssd", 1)):
+        job = tmp_path / "sweep" / f"{system}-t{trial}"
+        job.mkdir(parents=True)
+        row = result_row({**point, "system": system, "trial": trial},
+                         {"hardware": {"name": "cpu", "prices": {}, "ssd_dirs": ["/ssd"], "n_gpus": 1,
+                                       "host_mem_cap_bytes": 1 << 22}})
+        if system == "ideal":
+            row.update(status="ok", tokens_per_s=10.0, iterations=[
+                {"step": 2, "seconds": 1.0, "tokens": 16, "tokens_per_s": 16.0, "loss": 1.0}])
+        else:
+            hand_trace().save(job / "trace.json")
+            row.update(status="error", error=error, artifacts={"trace": "trace.json"})
+        write_result(job / "result.json", row)
+    main([str(tmp_path / "sweep")])
+    tables = tmp_path / "sweep" / "analysis" / "tables"
+    throughput = (tables / "throughput.md").read_text()
+    assert "error×2" in throughput and "TeraIO-SSD" in throughput
+    makeup = (tables / "memory_makeup_per_point.md").read_text()
+    assert "tiny" not in makeup.split("|---", 1)[-1]  # its header, no point row
+    assert (tables / "memory_breakdown.md").exists()
+
+
 def test_the_capacity_estimate_tracks_ideals_measured_peaks_on_the_h200():
     """The one-GPU estimate behind each fig7_h200 capacity against the peak Ideal measured on the
     H200 at the same shape (every committed measured ok Ideal row of fig7_h200 and its first runs;

@@ -577,3 +577,16 @@ def test_slot_files_of_killed_runs_are_removed_by_the_next_run(tmp_path, capsys)
         assert os.path.basename(own).startswith(f"teraio-{host}-{os.getpid()}-")
         assert not orphan.exists() and live.exists() and elsewhere.exists()
     assert f"removed {orphan} (100 B), left by process {dead.pid}, which is gone" in capsys.readouterr().out
+
+
+def test_the_room_for_a_plan_is_measured_after_a_dead_runs_slot_files_are_removed(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = tmp_path / f"teraio-{socket.gethostname().replace('-', '_')}-{dead.pid}-abc123.slots"
+    orphan.write_bytes(b"x" * 100)
+    drive_room_bytes([str(tmp_path)])
+    assert not orphan.exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,11 +20,13 @@ import pytest
 import yaml
 
 from teraio.config import load_run_config
+from teraio.result import read_status
 
 REPO = Path(__file__).resolve().parents[1]
 
 # A worker that writes rows with the real teraio.result code, acting per trial as
-# $FAKE_PLAN says: ok | oom | crash (exit 3, no row) | sleep (hang until killed) | slow (ok after 8 s).
+# $FAKE_PLAN says: ok | oom | crash (exit 3, no row) | sleep (hang until killed) | slow (ok after 8 s)
+# | scratch (leave a slot file and a ZeRO swap dir on the drives, then sleep).
 FAKE_WORKER = '''
 import json, os, sys, time
 from pathlib import Path
@@ -40,6 +43,14 @@ print(f"fake worker trial {cfg.trial}: {action}", flush=True)
 print("[2026-12-01 00:00:00,000] [WARNING] [lib.py:1:f] noise from a library", flush=True)
 if action == "crash":
     sys.exit(3)
+if action == "scratch":  # a killed run's scratch on the drives: slot files, a ZeRO swap dir
+    import socket
+    a, b = cfg.hardware.ssd_dirs
+    owner = f"{socket.gethostname().replace('-', '_')}-{os.getpid()}"  # teraio.files.owner_tag
+    Path(a, f"teraio-{owner}-x.slots").write_bytes(b"s" * 4096)
+    Path(b, f"zero-{owner}-point-1").mkdir()
+    Path(b, f"zero-{owner}-point-1", "swap.bin").write_bytes(b"z" * 4096)
+    action = "sleep"
 if action == "sleep":
     time.sleep(120)
 if action == "slow":
@@ -337,3 +348,104 @@ def test_a_system_added_through_the_registry_alone_runs_end_to_end(tmp_path):
     bad = subprocess.run(cmd + ["+system.options.turbo=1"], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=300)
     assert bad.returncode != 0 and "fake_offload takes only speed" in bad.stderr
+
+
+@pytest.mark.parametrize("change", ["workload.lr=0.001", "seed=1", "hardware.host_mem_cap_bytes=1048576",
+                                    "+sweep.system_options.ideal.modeled_traces.llama3_70b=/x.json"])
+def test_a_changed_config_never_reuses_an_old_ok_row(tmp_path, fake_worker, change):
+    runs = tmp_path / "runs"
+    assert run_sweep(runs, {}, fake_worker, "trial=0").returncode == 0
+    ok = (job_dir(runs, 0) / "result.json").read_bytes()
+    p = run_sweep(runs, {}, fake_worker, "trial=0", change)
+    assert p.returncode != 0 and "Nothing was run" in p.stderr, p.stdout + p.stderr
+    key = {"+": "system.options.modeled_traces"}.get(change[0], change.split("=")[0])
+    assert key in " ".join(p.stderr.split()) and "sweep.rerun_changed=true" in p.stderr
+    assert calls(runs, 0) == 1 and (job_dir(runs, 0) / "result.json").read_bytes() == ok
+
+    p = run_sweep(runs, {}, fake_worker, "trial=0", change, "sweep.rerun_changed=true")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert calls(runs, 0) == 2 and (job_dir(runs, 0) / "result.1.json").read_bytes() == ok
+    assert row(runs, 0)["status"] == "ok" and row(runs, 0)["config"] != json.loads(ok)["config"]
+
+
+def test_a_copied_runs_dir_keeps_its_rows(tmp_path, fake_worker):
+    runs = tmp_path / "runs"
+    assert run_sweep(runs, {}, fake_worker, "trial=0", "timeout_s=30").returncode == 0
+    copy = tmp_path / "elsewhere" / "runs"
+    shutil.copytree(runs, copy)
+    p = run_sweep(copy, {}, fake_worker, "trial=0")  # another ssd_dirs (under it) and timeout_s
+    assert p.returncode == 0 and "skip (ok)" in p.stdout and "different" not in p.stdout, p.stdout + p.stderr
+    assert calls(copy, 0) == 1
+
+
+def scratch(runs: Path) -> list[str]:
+    """The entries on the smoke sweep's drives (hardware cpu_ci's ssd_dirs under runs_dir)."""
+    return sorted(str(p.relative_to(runs)) for p in (runs / "_ssd").glob("*/*/*"))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_sweep_closes_the_tiers_and_writes_an_interrupted_row(tmp_path, sig):
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen(sweep_cmd(runs, "system=teraio_mixed", "trial=0", "workload.measure_steps=100000"),
+                            cwd=REPO, env=sweep_env({}, None), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        log = runs / "smoke" / "llama3_tiny-teraio_mixed-cpu_ci-bs4-mb2-seq64-t0" / "worker.log"
+        deadline = time.time() + 120
+        while not (log.exists() and "step 4 " in log.read_text()):  # planned, its tiers open
+            assert time.time() < deadline and proc.poll() is None, "the run never reached step 4"
+            time.sleep(0.2)
+        assert any(name.endswith(".slots") for name in scratch(runs))
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + sig, out
+    r = json.loads((log.parent / "result.json").read_text())
+    assert r["status"] == "interrupted" and "interrupted by SIGTERM" in r["error"]  # the sweep ends its worker so
+    assert r["plan"]["migrations"] > 0 and r["iterations"]  # what it measured before, kept
+    assert scratch(runs) == []  # the worker closed its tiers (nothing was left to remove)
+    assert "left by process" not in out and "Traceback" not in out
+    after = out.split("step 4 ", 1)[1].splitlines()[1:]
+    ours = [ln for ln in after if not ln.startswith("  │ step ")]
+    assert len(ours) == 1 and ours[0].startswith(f"✗ sweep interrupted by {sig.name}"), out
+
+
+def test_a_timeout_or_a_rerun_removes_what_a_killed_worker_left_on_the_drives(tmp_path, fake_worker):
+    runs = tmp_path / "runs"
+    ssd = ("system=teraio_ssd", "trial=0")  # a system that uses the drives; the fake worker runs it
+    job = runs / "smoke" / "llama3_tiny-teraio_ssd-cpu_ci-bs4-mb2-seq64-t0"
+    p = run_sweep(runs, {"0": "scratch"}, fake_worker, *ssd, "timeout_s=3")
+    assert p.returncode == 0 and read_status(job / "result.json") == "timeout", p.stdout + p.stderr
+    assert scratch(runs) == [] and p.stdout.count("left by process") == 2
+    # a worker killed past the sweep's reach (its sweep SIGKILLed): the next sweep removes it
+    proc = subprocess.Popen(sweep_cmd(runs, *ssd), cwd=REPO, env=sweep_env({"0": "scratch"}, fake_worker),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 60
+        while len(scratch(runs)) < 2:
+            assert time.time() < deadline and proc.poll() is None, "the worker never wrote its scratch"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    worker_pid = int((job / "pid").read_text())
+    deadline = time.time() + 10
+    while pid_alive(worker_pid):
+        assert time.time() < deadline, "orphan worker outlived the killed sweep"
+        time.sleep(0.1)
+    assert len(scratch(runs)) == 2
+    p = run_sweep(runs, {}, fake_worker, *ssd)
+    assert p.returncode == 0 and read_status(job / "result.json") == "ok", p.stdout + p.stderr
+    assert scratch(runs) == [] and p.stdout.count("left by process") == 2
+
+
+def test_the_sweep_ends_with_the_analysis_index_and_the_table_not_every_path(tmp_path, fake_worker):
+    runs = tmp_path / "runs"
+    p = run_sweep(runs, {}, fake_worker, "trial=0,1", "sweep.analyze=true")
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = " ".join(p.stdout.split())
+    assert f"files in {runs / 'smoke' / 'analysis'}; see " in out and "index.md" in out
+    assert "tables/throughput.tex" not in out and "| System" in p.stdout  # the table, not the list
+    assert (runs / "smoke" / ".analysis.lock").exists()  # concurrent sweeps' analyses take turns

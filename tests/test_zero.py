@@ -6,6 +6,7 @@ the first time, then cached); each run itself takes seconds.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -229,6 +230,15 @@ def test_zero_offload_follows_plain_torch(tmp_path, reference, options):
     assert result["zero_micro_batch_size"] == mb
     assert json.loads((tmp_path / zero.CONFIG_FILE).read_text())["gradient_accumulation_steps"] == \
         WORKLOAD.batch_size // mb
+
+
+def test_a_cap_on_a_cpu_is_marked_not_enforced_in_the_row(tmp_path):
+    # Nothing holds a CPU run to the CUDA allocator's cap: a 4 KB "GPU" trains as well as any.
+    cfg = make_cfg("zero_offload", {"stage": 2})
+    cfg.hardware = dataclasses.replace(cfg.hardware, gpu_capacity_bytes=4096)
+    result = run_point(cfg, tmp_path, runner=zero.run)
+    assert result["status"] == "ok", result["error"]
+    assert result["capacity_bytes"] == 4096 and result["capacity_enforced"] is False
 
 
 def test_zero_infinity_swaps_to_nvme_and_follows_plain_torch(tmp_path, reference, monkeypatch):

@@ -120,6 +120,11 @@ class _Tensor:
     spill: torch.Tensor | None = None  # its bytes in host memory while spilled (module docstring)
 
 
+# Steps whose StepStats MigrationEngine.history keeps: the first and the latest, so that a
+# long run's memory stays flat.
+HISTORY_STEPS = 64
+
+
 @dataclass
 class StepStats:
     """What one iteration under the engine did. Seconds are wall time; bytes are bytes."""
@@ -165,6 +170,10 @@ class MigrationEngine(TorchDispatchMode):
 
     Use :meth:`prime` once before the first step, run each step with :meth:`run_step`, and
     :meth:`close` at the end (restores every offloaded tensor and frees the tiers).
+
+    ``history`` holds the :class:`StepStats` of the first step and of the latest ones
+    (:data:`HISTORY_STEPS` in all); ``oplog`` and ``transfers`` every record since the last
+    :meth:`take_logs`.
     """
 
     def __init__(self, trace: Trace, plan: MigrationPlan, persistent: dict[str, torch.Tensor],
@@ -364,7 +373,19 @@ class MigrationEngine(TorchDispatchMode):
         if self.log_ops:
             self.oplog.append({"step": step, "t_start_s": self._op_t.copy(), "stall_s": self._op_stall.copy()})
         self.history.append(self.stats)
+        if len(self.history) > HISTORY_STEPS:
+            del self.history[1]  # the first (audited) step stays, then the latest ones
         return out
+
+    def take_logs(self) -> tuple[list[dict], list[dict]]:
+        """Hand over the per-op records of the steps run so far (``oplog``, with ``log_ops``)
+        and the records of the transfers issued so far, in issue order, up to the first
+        still in flight (``transfers``), and forget them: a runner that writes them out as
+        it goes (``teraio.systems.teraio``) keeps a long run's memory flat. Between steps."""
+        oplog, self.oplog = self.oplog, []
+        n = next((i for i, r in enumerate(self.transfers) if r["t_done_s"] is None), len(self.transfers))
+        done, self.transfers = self.transfers[:n], self.transfers[n:]
+        return oplog, done
 
     def hand_back(self, pager) -> None:
         """Between steps, end the engine's life without bringing anything back to the

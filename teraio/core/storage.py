@@ -27,7 +27,6 @@ import ctypes
 import errno
 import os
 import shutil
-import socket
 import tempfile
 import threading
 import weakref
@@ -35,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from teraio.files import SLOT_FILES, owner_tag, remove_orphans as remove_owned
 from teraio.core.slots import FILE_ALIGN, HOST_ALIGN, SSD_STRIPE, align_up
 
 BACKENDS: tuple[str, ...] = ("auto", "direct", "buffered", "kvikio")
@@ -45,7 +45,9 @@ def drive_room_bytes(dirs: list[str], reserve: int = SSD_FREE_RESERVE) -> int:
     """Most bytes the SSD tier's files may take over ``dirs`` (one per drive), for the
     planner's ``ssd_cap_bytes``: the tier spreads its slots evenly over the directories, so
     each may take its filesystem's free bytes less ``reserve``, shared among that
-    filesystem's directories. :class:`SSDTier` still checks each file's share when it opens.
+    filesystem's directories. The slot files a dead run left there (:func:`remove_orphans`)
+    are removed first, so that their bytes count as free. :class:`SSDTier` still checks each
+    file's share when it opens.
 
     Raises:
         ValueError: no directory, or one that does not exist.
@@ -56,6 +58,8 @@ def drive_room_bytes(dirs: list[str], reserve: int = SSD_FREE_RESERVE) -> int:
         groups = _by_filesystem(dirs)
     except OSError as e:
         raise ValueError(f"offload dir {e.filename!r} cannot be read ({e}); hardware.ssd_dirs must exist") from e
+    for d in dirs:
+        remove_orphans(d)
     each = min(max(0, shutil.disk_usage(dirs[ix[0]]).free - reserve) // len(ix) for ix in groups.values())
     return each * len(dirs)
 
@@ -267,45 +271,14 @@ def _delete_files(paths: list[str], handles: list) -> None:
     paths.clear()
 
 
-_SLOT_PREFIX = "teraio-"
-
-
-def _owner() -> str:
-    """``<host>-<pid>``: who owns a slot file, so that a later run can tell an orphan."""
-    return f"{socket.gethostname().replace('-', '_')}-{os.getpid()}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
+_SLOT_PREFIX = SLOT_FILES[0]
 
 
 def remove_orphans(directory: str) -> list[str]:
     """Delete the slot files in ``directory`` that a TeraIO process of this host left behind
-    when it was killed (its process is gone), printing a line for each; files of live
-    processes and of other hosts stay. Returns the deleted paths."""
-    host = socket.gethostname().replace("-", "_")
-    gone = []
-    for name in sorted(os.listdir(directory)):
-        parts = name[len(_SLOT_PREFIX):].split("-") if name.startswith(_SLOT_PREFIX) else []
-        if len(parts) < 3 or not name.endswith(".slots") or parts[0] != host or not parts[1].isdigit():
-            continue
-        if _alive(int(parts[1])):
-            continue
-        path = os.path.join(directory, name)
-        try:
-            size = os.path.getsize(path)
-            os.unlink(path)
-        except FileNotFoundError:  # another run removed it first
-            continue
-        print(f"SSD tier: removed {path} ({size} B), left by process {parts[1]}, which is gone", flush=True)
-        gone.append(path)
-    return gone
+    when it was killed (its process is gone; ``teraio.files.remove_orphans``), printing a line
+    for each; files of live processes and of other hosts stay. Returns the deleted paths."""
+    return remove_owned(directory, *SLOT_FILES)
 
 
 @dataclass(frozen=True)
@@ -397,7 +370,7 @@ class SSDTier:
             for d, need in zip(dirs, share):
                 remove_orphans(d)
                 try:
-                    fd, path = tempfile.mkstemp(prefix=f"{_SLOT_PREFIX}{_owner()}-", suffix=".slots", dir=d)
+                    fd, path = tempfile.mkstemp(prefix=f"{_SLOT_PREFIX}{owner_tag()}-", suffix=".slots", dir=d)
                 except OSError as e:
                     raise ValueError(f"offload dir {d!r} is not writable ({e}); "
                                      f"the plan needs {need} bytes there") from e

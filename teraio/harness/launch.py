@@ -1,7 +1,8 @@
 """Running one worker process: its command (``python -m teraio.harness.run``, ``torchrun`` for
 several GPUs, or the test hook ``$TERAIO_WORKER_CMD``), its output streamed to the terminal
-and to ``worker.log`` (library chatter to the log only), and its process group killed past
-``timeout_s``."""
+and to ``worker.log`` (library chatter to the log only), and its process group ended past
+``timeout_s`` or when the sweep is interrupted (SIGTERM, then SIGKILL after
+:data:`KILL_GRACE_S`)."""
 from __future__ import annotations
 
 import collections
@@ -73,12 +74,16 @@ def launch_worker(run: RunConfig, job_dir: Path, resolved: Path) -> tuple[int | 
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
                                 env=env, start_new_session=True, preexec_fn=_die_with_parent)
 
+        ending = threading.Event()  # set when the sweep ends the worker: its last words go to the log only
+
         def pump() -> None:
             hidden = 0
             for line in proc.stdout:
                 log.write(line)
                 log.flush()
                 tail.append(line.rstrip("\n"))
+                if ending.is_set():
+                    continue
                 if _LIBRARY_NOISE.search(line):
                     hidden += 1
                     if hidden == 1:
@@ -93,8 +98,11 @@ def launch_worker(run: RunConfig, job_dir: Path, resolved: Path) -> tuple[int | 
         except subprocess.TimeoutExpired:
             rc = None
         finally:
-            # A timeout, the sweep interrupted, or children left behind by a finished
-            # worker (they would hold its output pipe open).
+            # A timeout, the sweep interrupted (the worker then writes its interrupted row,
+            # teraio.harness.interrupt), or children left behind by a finished worker (they
+            # would hold its output pipe open).
+            if proc.poll() is None:
+                ending.set()
             _kill_group(proc)
         reader.join()
     return rc, list(tail)

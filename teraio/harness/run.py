@@ -14,6 +14,9 @@ or missing one fails its own points and nothing else. The row is made here, by
 ``teraio.result.result_row``, from what the runner returned (or, when it raised, from what it
 had measured by then: ``teraio.result.kept_on_failure``).
 
+SIGTERM or SIGINT ends the run through the runner's ``finally`` blocks (its tiers closed,
+their files deleted; ``teraio.harness.interrupt``) and the row is ``interrupted``.
+
 Under torchrun (``hardware.n_gpus`` > 1, or ``workload.pipeline_stages`` > 1: one rank per
 stage) every rank trains on ``cuda:<LOCAL_RANK>`` (or the CPU) and rank 0 alone writes the
 row and prints its status.
@@ -38,6 +41,7 @@ import torch  # noqa: E402
 from teraio import systems
 from teraio.config import RunConfig, load_run_config
 from teraio.systems.measure import environment_facts, peak_host_rss_bytes
+from teraio.harness.interrupt import Interrupted, raise_on_signals
 from teraio.result import Measurements, check_finite, measured_before, result_row, write_result
 from teraio.harness.tune import row_tuning
 
@@ -84,7 +88,8 @@ def note_time_limit(cfg: RunConfig, measured: Measurements) -> None:
 
 def run_point(cfg: RunConfig, job_dir: Path, runner: Runner | None = None) -> dict:
     """Train ``cfg`` and return its result row (never raises for a failed run: the failure
-    is the row's status and message)."""
+    is the row's status and message; :class:`~teraio.harness.interrupt.Interrupted` makes an
+    ``interrupted`` row)."""
     device = run_device(cfg)
     started_at = iso_time()
     t0 = time.perf_counter()
@@ -102,6 +107,10 @@ def run_point(cfg: RunConfig, job_dir: Path, runner: Runner | None = None) -> di
         check_finite(measured)
         note_time_limit(cfg, measured)
         status, error = "ok", None
+    except Interrupted as e:  # the runner's finally blocks have closed its tiers
+        if not isinstance(measured, Measurements):
+            measured = measured_before(e)
+        status, error = "interrupted", f"{e} at {iso_time()}"
     except Exception as e:  # every failure becomes the row's status and message
         if not isinstance(measured, Measurements):
             measured = measured_before(e)
@@ -119,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m teraio.harness.run <job dir>/resolved.yaml", file=sys.stderr)
         return 2
     resolved = Path(argv[0])
+    raise_on_signals()
     cfg = load_run_config(resolved)
     result = {**run_point(cfg, resolved.parent), **row_tuning(resolved.parent)}
     tps = result["tokens_per_s"]

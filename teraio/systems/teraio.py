@@ -264,7 +264,7 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
     apply_memory_cap(cfg.hardware.gpu_capacity_bytes, device)  # from the first allocation on
     measured.capacity_bytes = capacity
     measured.capacity_emulated = emulated if capacity is not None else None
-    engine = None
+    engine = logs = None
     try:
         reset_peak_memory(device)
         training = build_training(cfg.model, w, device, cfg.seed)
@@ -274,6 +274,7 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
         prefix = "" if training.n_stages == 1 else f"stage{training.stage}/"
         side = job_dir / prefix
         side.mkdir(parents=True, exist_ok=True)
+        logs = EngineLogs(side, first_step=w.warmup_steps)
         loud = training.stage == 0
 
         def step_fn(step: int):
@@ -410,6 +411,7 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
 
         def engine_stats() -> StepStats:
             peaks.append(peak_memory(device))
+            logs.write(runs)
             s = engine.stats
             if s.audit is not None:  # an engine's first step, measured or warm-up
                 measured.extras.setdefault("audits", []).append({"step": s.step, **s.audit})
@@ -427,6 +429,10 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
             measured.step_peak_allocated_bytes = [a for a, _ in peaks[1:]]
             measured.peak_allocated_bytes = max(a for a, _ in peaks)
             measured.peak_reserved_bytes = max(r for _, r in peaks)
+    except BaseException:
+        if logs is not None:  # a failed run leaves no partial logs
+            logs.discard()
+        raise
     finally:
         lift_memory_cap(device)
         if engine is not None:
@@ -435,7 +441,8 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
             engine.close(restore=lambda name: name.startswith("param:"))
     measured.losses = [losses[step] for step in sorted(losses)]
     digest = param_digest(model)
-    _write_logs(runs, side, first_step=w.warmup_steps)
+    logs.write(runs)
+    logs.close()
     measured.artifacts.update(oplog=f"{prefix}oplog.csv", transfers=f"{prefix}transfers.csv")
     totals = iteration_totals(measured.iterations)
     stages = gather_stages(training, {
@@ -449,26 +456,44 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
     measured.extras["final_params_sha256"] = digest
 
 
-def _write_logs(runs: list, job_dir: Path, first_step: int) -> None:
+class EngineLogs:
     """``oplog.csv`` and ``transfers.csv`` of the steps from ``first_step`` on, over every
-    ``(engine, trace)`` of the run (several where the run planned again)."""
-    with open(job_dir / "oplog.csv", "w", newline="") as f:
-        wr = csv.writer(f)
-        wr.writerow(["step", "op", "op_name", "t_start_s", "seconds", "stall_s"])
+    engine of the run (several where it planned again), written as the steps go: each
+    :meth:`write` takes the engines' records (``MigrationEngine.take_logs``), so that a long
+    run's memory stays flat."""
+
+    TRANSFER_COLUMNS = ["step", "tensor", "tier", "direction", "nbytes", "op_issued", "op_done",
+                        "t_issued_s", "t_done_s"]
+
+    def __init__(self, job_dir: Path, first_step: int):
+        self.paths = [job_dir / "oplog.csv", job_dir / "transfers.csv"]
+        self.first_step = first_step
+        self._files = [open(p, "w", newline="") for p in self.paths]
+        self._ops = csv.writer(self._files[0])
+        self._ops.writerow(["step", "op", "op_name", "t_start_s", "seconds", "stall_s"])
+        self._transfers = csv.DictWriter(self._files[1], fieldnames=self.TRANSFER_COLUMNS)
+        self._transfers.writeheader()
+
+    def write(self, runs: list) -> None:
+        """Write and forget the records of each ``(engine, trace)`` of ``runs``."""
         for engine, trace in runs:
-            for row in engine.oplog:
-                if row["step"] < first_step:
+            oplog, transfers = engine.take_logs()
+            for row in oplog:
+                if row["step"] < self.first_step:
                     continue
                 t = row["t_start_s"]
                 dur = list(t[1:] - t[:-1]) + [float("nan")]
                 for k in range(trace.n_ops):
-                    wr.writerow([row["step"], k, trace.op_names[k], f"{t[k]:.9f}", f"{dur[k]:.9f}",
-                                 f"{row['stall_s'][k]:.9f}"])
-    cols = ["step", "tensor", "tier", "direction", "nbytes", "op_issued", "op_done", "t_issued_s", "t_done_s"]
-    with open(job_dir / "transfers.csv", "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=cols)
-        wr.writeheader()
-        for engine, _ in runs:
-            for r in engine.transfers:
-                if r["step"] >= first_step:
-                    wr.writerow(r)
+                    self._ops.writerow([row["step"], k, trace.op_names[k], f"{t[k]:.9f}", f"{dur[k]:.9f}",
+                                        f"{row['stall_s'][k]:.9f}"])
+            self._transfers.writerows(r for r in transfers if r["step"] >= self.first_step)
+
+    def close(self) -> None:
+        for f in self._files:
+            f.close()
+
+    def discard(self) -> None:
+        """Close and delete the files (a failed run)."""
+        self.close()
+        for p in self.paths:
+            p.unlink(missing_ok=True)

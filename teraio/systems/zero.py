@@ -86,6 +86,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from teraio.files import SWAP_DIRS, owner_tag, remove_orphans
 from teraio.config import RunConfig
 from teraio.systems.loop import Step, Steps, measure_steps
 from teraio.systems.measure import apply_memory_cap, peak_memory, reset_peak_memory
@@ -401,6 +402,13 @@ def _check_swap_dir(path: Path, need: int) -> None:
                          "system.options.nvme_path at a larger drive")
 
 
+def swap_dir_of(root: Path, job_dir: Path) -> Path:
+    """zero_infinity's swap directory under ``root`` for a run in ``job_dir``: named after
+    this process (``teraio.files.owner_tag``), so that a later run removes it where this one
+    died before its ``finally`` did (``teraio.files.remove_orphans`` with ``teraio.files.SWAP_DIRS``)."""
+    return root / f"{SWAP_DIRS[0]}{owner_tag()}-{job_dir.name}-{time.time_ns()}"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -449,7 +457,8 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
     the global batch. The loss is the mean over micro-batches (and ranks) of the
     cross-entropy, as in :func:`teraio.workload.step.train_step`. Peaks (bytes) cover all
     iterations, after DeepSpeed's set-up; the emulated capacity
-    (``hardware.gpu_capacity_bytes``) is applied before anything is placed on the device.
+    (``hardware.gpu_capacity_bytes``) is applied before anything is placed on the device;
+    on a CPU nothing enforces it, and the row says so (``capacity_enforced: false``).
 
     Stage 2 builds the model on ``device`` (as Ideal does: same initial weights). Stage 3
     builds it on the host and hands it to ``deepspeed.zero.Init``, which partitions and
@@ -476,8 +485,9 @@ def _run(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measurem
     world = int(os.environ.get("WORLD_SIZE", 1))
     if cfg.system.name == "zero_infinity":
         root = Path(opts["nvme_path"] or cfg.hardware.ssd_dirs[0])
+        remove_orphans(root, *SWAP_DIRS)  # what a killed run left, before the free room is checked
         _check_swap_dir(root, swap_bytes_needed(numels, opts, world, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
-        swap_dir = root / f"zero-{job_dir.name}-{time.time_ns()}"
+        swap_dir = swap_dir_of(root, job_dir)
     ds_config = deepspeed_config(cfg, opts, max(numels), world, str(swap_dir) if swap_dir else None)
     check_param_buffers(cfg, opts)
     measured.extras["zero_micro_batch_size"] = ds_config["train_micro_batch_size_per_gpu"]
@@ -513,6 +523,8 @@ def _run(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measurem
         _release_device(device, capped=cfg.hardware.gpu_capacity_bytes is not None)
     measured.capacity_bytes = cfg.hardware.gpu_capacity_bytes
     measured.capacity_emulated = True if cfg.hardware.gpu_capacity_bytes is not None else None
+    if cfg.hardware.gpu_capacity_bytes is not None and device.type != "cuda":
+        measured.extras["capacity_enforced"] = False  # the cap is the CUDA allocator's: nothing held this run to it
 
 
 def _train(engine, cfg: RunConfig, measured: Measurements, device: torch.device, world: int, mb: int) -> None:
