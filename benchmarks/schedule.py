@@ -1,7 +1,8 @@
 """TeraIO's schedule against today's plan, on CPU, over committed runs: for each job
 directory (its ``trace.json[.gz]`` and ``plan.json[.gz]``), plan the trace at the committed
-plan's capacity, host cap, drive and host rates and options twice, as today (tiers only)
-and with ``recompute="auto"`` (``teraio.core.planner.plan_migrations``: each candidate
+plan's capacity, host cap, drive and host rates and options, the host packing chosen as the
+systems choose it today (``host_arena="auto"``), twice: as today (tiers only) and with
+``recompute="auto"`` (``teraio.core.planner.plan_migrations``: each candidate
 moved to SSD, to host memory, or dropped and recomputed), and replay both through the
 simulator (``teraio.core.simulator.simulate``, FIFO, one drive for both directions).
 
@@ -43,7 +44,7 @@ def schedule(job: Path) -> dict:
            "ideal_s": float(trace.op_seconds.sum())}
     for key, recompute in (("today", False), ("schedule", "auto")):
         t0 = time.perf_counter()
-        plan = plan_as_committed(trace, committed, recompute=recompute)
+        plan = plan_as_committed(trace, committed, host_arena="auto", recompute=recompute)
         seconds = time.perf_counter() - t0
         out[f"{key}_simulated_s"] = simulate(trace, plan, tiers, shared_ssd=shared).iteration_seconds
         out[f"{key}_plan_seconds"] = seconds

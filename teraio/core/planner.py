@@ -82,7 +82,11 @@ the ops that produced it (``teraio.core.recompute.Chains``: the producer, and re
 the producers of its inputs that are dead by then, from inputs that are resident). Its
 window is ``[a + 1, r)``, where r is the latest op up to b at which the memory with the
 chain's intermediates (``extra_bytes``) stays within the capacity (b itself where it
-does); it uses no bandwidth and costs the chain's profiled op seconds on the compute stream
+does) or, in a first plan, is still over it (the greedy must free that op anyway, the
+chain's bytes with it; early in the greedy nearly every op is, so the first rule alone
+leaves the largest tensors to the tiers); where that first plan does not fit, a second
+takes the first rule alone, and the plan with the smaller shortfall is kept
+(``meta["recompute_room"]``: ``"critical"`` or ``"fits"``). It uses no bandwidth and costs the chain's profiled op seconds on the compute stream
 before op r. Ranked as the tiers are: benefit per
 second of cost (the pressure benefit over the window, divided by the chain's seconds where
 a tier divides by its transfer seconds), and chosen for a candidate where that beats the
@@ -307,7 +311,7 @@ class _Planner:
 
     def __init__(self, trace: Trace, capacity: int, tiers: TierBandwidth, host_cap: int,
                  benefit: str, use_ssd: bool, periods: Periods, shared_ssd: bool, host_arena: bool = False,
-                 ssd_cap: int | None = None, recompute: bool = False):
+                 ssd_cap: int | None = None, recompute: str | None = None):
         self.n = trace.n_ops
         self.capacity = capacity
         self.benefit = benefit
@@ -331,15 +335,17 @@ class _Planner:
         self._prefix_cache: dict[int, np.ndarray] = {}
         self._recompute_setup(trace, recompute)
         self.recomputes: list[Recompute] = []
+        self.pinned: dict[int, list[int]] = {}  # candidate -> ops where a recompute reads it
 
-    def _recompute_setup(self, trace: Trace, on: bool) -> None:
+    def _recompute_setup(self, trace: Trace, on: str | None) -> None:
         """The recompute option's per-candidate state: ``rc_ok`` (a chain exists and its
         resident inputs are still resident), ``rc_cost`` (its seconds), ``rc_extra`` (its
         bytes beyond the tensor), ``rc_chain``; ``rc_anchors[c]``, the candidates (periods of
         the chain's resident inputs that hold op b, ``a' < b <= b'``) that recomputing c
         keeps on the GPU; ``rc_dependents[c]``, the recompute candidates for which c is one."""
         N = len(self.s)
-        self.rc_on = on
+        self.rc_on = on is not None
+        self.rc_room = on
         self.rc_ok = np.zeros(N, dtype=bool)
         self.rc_cost = np.ones(N)
         self.rc_extra = np.zeros(N, dtype=np.int64)
@@ -347,7 +353,7 @@ class _Planner:
         self.rc_anchors: list[list[int]] = [[] for _ in range(N)]
         self.rc_dependents: list[list[int]] = [[] for _ in range(N)]
         self.n_recomputable = 0
-        if not on:
+        if not self.rc_on:
             return
         chains = Chains(trace)
         by_tid: dict[int, list[int]] = {}
@@ -430,11 +436,16 @@ class _Planner:
     def _recompute_at(self, c: int) -> int:
         """The op before which candidate c is made again: the latest op r in ``(a + 1, b]``
         where the memory with its chain's intermediates stays within the capacity (at op
-        b where it does); -1 where there is none."""
+        b where it does), or, with ``rc_room="critical"``, where it does or the op is still
+        over the capacity (the greedy frees it, the chain's bytes with it, later); -1 where
+        there is none."""
         if not self.rc_ok[c]:
             return -1
         lo, b = int(self.a[c]) + 2, int(self.b[c])
-        room = self.live2[lo:b + 1] + self.rc_extra[c] <= self.capacity
+        seg = self.live2[lo:b + 1]
+        room = seg + self.rc_extra[c] <= self.capacity
+        if self.rc_room == "critical":
+            room |= seg > self.capacity
         if room[-1]:
             return b
         r = np.flatnonzero(room)
@@ -596,9 +607,10 @@ class _Planner:
                     extra_bytes=ch.extra_bytes))
                 alive[c] = False
                 self.taken[c] = True
-                for c2 in self.rc_anchors[c]:  # its chain's inputs stay on the GPU through op b
+                for c2 in self.rc_anchors[c]:  # its chain's inputs stay on the GPU at op r
                     alive[c2] = False
                     self.taken[c2] = True
+                    self.pinned.setdefault(c2, []).append(p)
                 fresh &= ~self._overlapping(c, through_b=True)
                 continue
             tier = self.tiers[int(choice[c])]
@@ -628,6 +640,8 @@ class _Planner:
         stalling. A migration's window spans the critical ops of its period (from the first
         to the last), so its transfers run into waits the simulator charges. Host memory
         is used when it fits (faster, so shorter stalls), else SSD. Ranked as in phase 1.
+        A tensor kept on the GPU for a recompute's chain may go where its window misses
+        every op at which a chain reads it.
 
         A period that already has a hidden migration (``hidden``, phase 1's list) can be
         *widened* instead: its window grows to cover the critical ops of the period outside
@@ -639,6 +653,8 @@ class _Planner:
         """
         n, N = self.n, len(self.s)
         alive = ~self.taken
+        alive_pinned = np.zeros(N, dtype=bool)
+        alive_pinned[list(self.pinned)] = True
         st, b, s = self.a + 1, self.b, self.s
         hf, hp = np.full(N, -1), np.full(N, -1)  # hidden windows (unrolled), -1 where none
         widenable = np.zeros(N, dtype=bool)
@@ -658,6 +674,10 @@ class _Planner:
             f = np.where(widenable & has_crit, np.minimum(f, hf), np.where(widenable, hf, f))
             p = np.where(widenable & has_crit, np.maximum(p, hp), np.where(widenable, hp, p))
             ok = (alive | widenable) & has_crit
+            for c2, ops in self.pinned.items():  # an input of a recompute may go where its window misses op r
+                if ok[c2] or not alive_pinned[c2] or not has_crit[c2]:
+                    continue
+                ok[c2] = not any(f[c2] <= r < p[c2] or f[c2] <= r + n < p[c2] for r in ops)
             tier = np.where(widenable, hidden_tier, -1)
             fresh = ok & ~widenable
             if "host" in self.tiers and fresh.any():
@@ -699,6 +719,7 @@ class _Planner:
             name = "host" if tier[c] == 1 else "ssd"
             self._place(c, name)
             alive[c] = False
+            alive_pinned[c] = False
             t = trace.tensors[int(self.p_tid[c])]
             migrations.append(Migration(tid=t.tid, name=t.name, nbytes=t.nbytes, tier=name,
                                         offload_after=int(self.a[c]), free_before=fc % n,
@@ -792,8 +813,28 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
     capacity_bytes = int(capacity_bytes)
     baseline = trace.peak_bytes()
     periods = inactive_periods(trace, min_tensor_bytes)
-    planner = _Planner(trace, capacity_bytes, tiers, int(host_cap_bytes), benefit, use_ssd, periods, shared_ssd,
-                       host_arena, None if ssd_cap_bytes is None else int(ssd_cap_bytes), bool(recompute))
+    plan = None
+    for room in (("critical", "fits") if recompute else (None,)):
+        planner = _Planner(trace, capacity_bytes, tiers, int(host_cap_bytes), benefit, use_ssd, periods, shared_ssd,
+                           host_arena, None if ssd_cap_bytes is None else int(ssd_cap_bytes), room)
+        other = _plan_with(planner, trace, capacity_bytes, baseline, periods, allow_stalls, t0, meta={
+            "planner": "teraio.planner/1", "benefit": benefit,
+            "tiers_gbps": dataclasses.asdict(tiers), "host_cap_bytes": int(host_cap_bytes),
+            "use_ssd": use_ssd, "allow_stalls": allow_stalls, "min_tensor_bytes": int(min_tensor_bytes),
+            "shared_ssd": shared_ssd, "host_arena": host_arena,
+            "ssd_cap_bytes": None if ssd_cap_bytes is None else int(ssd_cap_bytes),
+            "recompute": bool(recompute), "recompute_room": room})
+        if plan is None or other.shortfall_bytes < plan.shortfall_bytes:
+            plan = other
+        if plan.feasible:
+            break
+    return plan
+
+
+def _plan_with(planner: _Planner, trace: Trace, capacity_bytes: int, baseline: int, periods: Periods,
+               allow_stalls: bool, t0: float, meta: dict) -> MigrationPlan:
+    """Run ``planner``'s phases (the second with ``allow_stalls``) and make the plan; ``meta``
+    holds the settings, to which the run's statistics are added."""
     if baseline > capacity_bytes:
         migrations, stats = planner.run(trace)
         if allow_stalls and stats["stop_reason"] != "fits":
@@ -806,12 +847,7 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
         migrations, stats = [], {"n_candidates": len(periods.tid), "evaluations": 0, "stop_reason": "fits"}
     predicted = int(planner.live.max()) if trace.n_ops else 0
     meta = {
-        "planner": "teraio.planner/1", "benefit": benefit,
-        "tiers_gbps": dataclasses.asdict(tiers), "host_cap_bytes": int(host_cap_bytes),
-        "use_ssd": use_ssd, "allow_stalls": allow_stalls, "min_tensor_bytes": int(min_tensor_bytes),
-        "shared_ssd": shared_ssd, "host_arena": host_arena,
-        "ssd_cap_bytes": None if ssd_cap_bytes is None else int(ssd_cap_bytes),
-        "n_exposed": 0, "n_widened": 0, "recompute": bool(recompute),
+        **meta, "n_exposed": 0, "n_widened": 0,
         "recomputed_bytes": sum(r.nbytes for r in planner.recomputes),
         "shortfall_bytes": max(0, predicted - capacity_bytes), **stats,
         "slot_bytes": {t: planner.bins[t].held_bytes for t in ("ssd", "host")},
