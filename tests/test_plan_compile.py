@@ -56,7 +56,7 @@ def test_plan_compile_times_the_schedule_search_beside_todays_planner(tmp_path):
     sched = entry["schedule"]
     assert len(sched["seconds"]) == len(entry["seconds"]) == 2
     assert sched["ratio_to_today"] == pytest.approx(sched["median_seconds"] / entry["median_seconds"])
-    assert set(sched["recompute_auto"]) == {"off", "on"} and sched["shortfall_bytes"] == 0
+    assert "on" in sched["recompute_auto"] and sched["shortfall_bytes"] == 0
     assert "schedule" not in plan_compile.main([str(path), "--label", "toy", "--paper-m", "180",
                                                 "--repeats", "1", "--out", str(out)])
 

@@ -420,8 +420,10 @@ class _Planner:
         recomputing them before their next: the window is the whole period, the cost the
         chain's seconds on the compute stream."""
         s, f = self.s[idx], self.a[idx] + 1
-        p = np.array([self._recompute_at(int(c)) for c in idx], dtype=np.int64)
-        ok = self.rc_ok[idx] & (p > f)
+        ok = self.rc_ok[idx]
+        p = np.full(len(idx), -1, dtype=np.int64)
+        p[ok] = [self._recompute_at(int(c)) for c in idx[ok]]
+        ok &= p > f
         ben = np.zeros(len(idx))
         for size in np.unique(s[ok]):
             m = ok & (s == size)
@@ -862,15 +864,19 @@ def _plan_with(planner: _Planner, trace: Trace, capacity_bytes: int, baseline: i
 def _fastest_schedule(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
                       **options) -> MigrationPlan:
     """``plan_migrations(recompute="auto")``: plans without and with the recompute option,
-    the latter kept where it simulates more than :data:`REGION_MARGIN` faster."""
+    the latter kept where it simulates more than :data:`REGION_MARGIN` faster. A plan with
+    the option that recomputes nothing is the plan without it (the option only adds
+    choices), so it is kept without planning again; ``meta["recompute_auto"]`` then has
+    ``"on"`` only."""
     from teraio.core.simulator import simulate  # the simulator builds on this module
 
     t0 = time.perf_counter()
-    plans = {k: plan_migrations(trace, capacity_bytes, tiers, host_cap_bytes, **options, recompute=k == "on")
-             for k in ("off", "on")}
+    plans = {"on": plan_migrations(trace, capacity_bytes, tiers, host_cap_bytes, **options, recompute=True)}
+    if plans["on"].recomputes:  # else it is the plan without the option
+        plans["off"] = plan_migrations(trace, capacity_bytes, tiers, host_cap_bytes, **options, recompute=False)
     seconds = {k: simulate(trace, plan, tiers, shared_ssd=options["shared_ssd"]).iteration_seconds
                for k, plan in plans.items()}
-    on = seconds["on"] < seconds["off"] * (1 - REGION_MARGIN)
+    on = "off" not in plans or seconds["on"] < seconds["off"] * (1 - REGION_MARGIN)
     kept = plans["on" if on else "off"]
     kept.meta.update(recompute_auto=seconds, compile_seconds=time.perf_counter() - t0)
     return kept
