@@ -356,7 +356,7 @@ class _Planner:
         if not self.rc_on:
             return
         chains = Chains(trace)
-        by_tid: dict[int, list[int]] = {}
+        self.by_tid = by_tid = {}
         for c, t in enumerate(self.p_tid.tolist()):
             by_tid.setdefault(t, []).append(c)
         for c in range(N):
@@ -484,6 +484,19 @@ class _Planner:
             f, p, score = np.where(rc, rf, f), np.where(rc, rp, p), np.where(rc, rscore, score)
         return bound, choice, f, p, score
 
+    def _pins(self, c: int, r: int) -> list[int] | None:
+        """The candidates that keep candidate c's chain inputs on the GPU at op r (periods
+        ``a' < r <= b'``), or None if one of them is already moved or recomputed."""
+        pins = []
+        for i in self.rc_chain[c].inputs:
+            for c2 in self.by_tid.get(i, ()):
+                a2, b2 = int(self.a[c2]), int(self.b[c2])
+                if a2 < r <= b2 or a2 < r + self.n <= b2:
+                    if self.taken[c2] and c2 not in self.pinned:
+                        return None
+                    pins.append(c2)
+        return pins
+
     def accept_recompute(self, c: int) -> tuple[int, int]:
         """Drop candidate c from op a + 1 until it is made again before op b'
         (:meth:`_recompute_at`); its chain's intermediates add to op b'."""
@@ -595,6 +608,10 @@ class _Planner:
             if recompute and self._recompute_at(c) != pwin[c]:
                 fresh[c] = False  # memory near op b changed since c was scored: score it again
                 continue
+            pins = self._pins(c, int(pwin[c])) if recompute else []
+            if pins is None:  # an input of its chain is off the GPU at op r
+                self.rc_ok[c] = fresh[c] = False
+                continue
             for r in self.rc_dependents[c]:  # c no longer stays resident through their op b
                 self.rc_ok[r] = False
                 fresh[r] = False
@@ -609,7 +626,7 @@ class _Planner:
                     extra_bytes=ch.extra_bytes))
                 alive[c] = False
                 self.taken[c] = True
-                for c2 in self.rc_anchors[c]:  # its chain's inputs stay on the GPU at op r
+                for c2 in pins:  # its chain's inputs stay on the GPU at op r
                     alive[c2] = False
                     self.taken[c2] = True
                     self.pinned.setdefault(c2, []).append(p)
