@@ -131,3 +131,13 @@ def test_schedule_of_a_committed_h200_trace_fits_keeps_chain_inputs_and_beats_to
     assert row["host_cap_bytes"] == 16 * 10**9
     assert row["recomputed_bytes"] > 0
     assert row["ideal_s"] < row["schedule_simulated_s"] < row["today_simulated_s"]
+
+
+def test_the_engine_refuses_a_plan_that_recomputes():
+    import torch
+
+    from teraio.core.engine import MigrationEngine
+
+    tr = attention_trace()
+    with pytest.raises(ValueError, match=r"recomputes \d+ tensor"):
+        MigrationEngine(tr, plan(tr, True), {}, {}, torch.device("cpu"))
