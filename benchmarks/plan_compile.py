@@ -4,7 +4,7 @@
 
     python benchmarks/plan_compile.py TRACE --label NAME --paper-m M_PERCENT \
         [--host-cap-gb 170] [--ssd-gbps 16] [--host-gbps 50] [--host-arena {false,true,auto}] \
-        [--repeats 3] [--synthesize L:L2] [--note TEXT] [--out benchmarks/results/plan_compile_cpu.json]
+        [--repeats 3] [--schedule] [--synthesize L:L2] [--note TEXT] [--out benchmarks/results/plan_compile_cpu.json]
 
 Setting (the paper's TeraIO-Mixed on its server, §4.1): capacity = the trace's
 un-offloaded peak / M; SSD tier ``--ssd-gbps`` GB/s each way (4 x 990 PRO per GPU,
@@ -49,9 +49,11 @@ PAPER_SECONDS = {"llama3_8b": 31.2, "granite_8b": 37.9, "llama3_70b": 396.6}
 
 def time_plan(trace: Trace, paper_m: float, ssd_gbps: float = 16.0, host_gbps: float = 50.0,
               host_cap_bytes: int = 170 * 10**9, repeats: int = 3, min_tensor_bytes: int = 1 << 20,
-              host_arena: bool | str = "auto") -> dict:
+              host_arena: bool | str = "auto", schedule: bool = False) -> dict:
     """Plan ``trace`` ``repeats`` times at capacity = peak / (``paper_m`` / 100) and report
-    wall times (s) and the plan's size.
+    wall times (s) and the plan's size; with ``schedule``, each time also with
+    ``recompute="auto"`` (TeraIO's schedule search: tiers or recompute per tensor), right
+    after today's plan, its times, their ratio to today's and its plan under ``"schedule"``.
 
     Raises:
         ValueError: ``paper_m`` <= 100 (nothing to plan) or ``repeats`` < 1.
@@ -63,12 +65,23 @@ def time_plan(trace: Trace, paper_m: float, ssd_gbps: float = 16.0, host_gbps: f
     peak = trace.peak_bytes()
     capacity = int(peak / (paper_m / 100))
     tiers = TierBandwidth(ssd_gbps, ssd_gbps, host_gbps, host_gbps)
-    seconds, plan = [], None
+    seconds, plan, sched_seconds, sched = [], None, [], None
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        plan = plan_migrations(trace, capacity, tiers, host_cap_bytes=host_cap_bytes, allow_stalls=True,
-                               min_tensor_bytes=min_tensor_bytes, host_arena=host_arena)
-        seconds.append(time.perf_counter() - t0)
+        for recompute, times in ((False, seconds), ("auto", sched_seconds) if schedule else (None, None)):
+            if times is None:
+                continue
+            t0 = time.perf_counter()
+            out = plan_migrations(trace, capacity, tiers, host_cap_bytes=host_cap_bytes, allow_stalls=True,
+                                  min_tensor_bytes=min_tensor_bytes, host_arena=host_arena, recompute=recompute)
+            times.append(time.perf_counter() - t0)
+            plan, sched = (out, sched) if recompute is False else (plan, out)
+    extra = {}
+    if schedule:
+        extra["schedule"] = {
+            "seconds": sched_seconds, "median_seconds": statistics.median(sched_seconds),
+            "ratio_to_today": statistics.median(sched_seconds) / statistics.median(seconds),
+            "recompute_auto": sched.meta.get("recompute_auto"), "recomputed_bytes": sched.recomputed_bytes(),
+            "bytes_per_tier": sched.bytes_per_tier(), "shortfall_bytes": sched.shortfall_bytes}
     return {
         "seconds": seconds, "median_seconds": statistics.median(seconds),
         "trace": {"n_ops": trace.n_ops, "n_tensors": len(trace.tensors), "peak_bytes": peak,
@@ -84,6 +97,7 @@ def time_plan(trace: Trace, paper_m: float, ssd_gbps: float = 16.0, host_gbps: f
                  **{k: plan.meta[k] for k in ("n_exposed", "stop_reason", "n_candidates", "evaluations",
                                               "shortfall_bytes", "host_arena")},
                  "host_arena_auto": plan.meta.get("host_arena_auto")},
+        **extra,
     }
 
 
@@ -117,6 +131,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--host-arena", choices=tuple(HOST_ARENA), default="auto",
                    help="host tier packing: false (slots), true (one region) or auto (both, the faster kept)")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--schedule", action="store_true",
+                   help="also time the schedule search (recompute=auto) beside today's planner, each repeat")
     p.add_argument("--synthesize", metavar="L:L2", help="synthesize L2 layers from this L-layer trace first")
     p.add_argument("--paper-key", help="key of PAPER_SECONDS to compare with (default: the trace's "
                                        "model, none with --synthesize)")
@@ -133,13 +149,13 @@ def main(argv: list[str] | None = None) -> dict:
     entry = {"command": shlex.join(["python", "benchmarks/plan_compile.py", *(argv or sys.argv[1:])]),
              "trace_file": str(a.trace), "note": a.note, "machine": machine(),
              **time_plan(trace, a.paper_m, a.ssd_gbps, a.host_gbps, int(a.host_cap_gb * 1e9), a.repeats,
-                          host_arena=HOST_ARENA[a.host_arena])}
+                          host_arena=HOST_ARENA[a.host_arena], schedule=a.schedule)}
     # A synthesized stand-in (e.g. 8B widths at 80 layers) is no paper model.
     key = a.paper_key or (None if a.synthesize else trace.meta.get("model"))
     entry["paper_seconds"] = PAPER_SECONDS.get(key)
     write_entry(a.out, a.label, entry)
     print(json.dumps({a.label: {k: entry[k] for k in ("median_seconds", "seconds", "paper_seconds")},
-                      "plan": entry["plan"]}, indent=1))
+                      "plan": entry["plan"], **{k: entry[k] for k in ("schedule",) if k in entry}}, indent=1))
     return entry
 
 

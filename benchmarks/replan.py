@@ -114,10 +114,12 @@ def load_plan(job: Path) -> MigrationPlan:
 
 
 def plan_as_committed(trace: Trace, committed: MigrationPlan, host_cap_bytes: int | None = None,
-                      host_arena: bool | str | None = None, ssd_cap_bytes: int | None = None) -> MigrationPlan:
+                      host_arena: bool | str | None = None, ssd_cap_bytes: int | None = None,
+                      recompute: bool | str = False) -> MigrationPlan:
     """``trace`` planned by the current planner as ``committed`` was: at its capacity, rates,
     host cap (``host_cap_bytes`` if given) and options (host packing: ``host_arena`` if given;
-    the SSD files within ``ssd_cap_bytes`` if given, else as committed).
+    the SSD files within ``ssd_cap_bytes`` if given, else as committed; ``recompute``, as
+    ``plan_migrations`` takes it).
 
     Raises:
         ValueError: a bad ``host_arena`` (``plan_migrations``).
@@ -129,7 +131,8 @@ def plan_as_committed(trace: Trace, committed: MigrationPlan, host_cap_bytes: in
                            use_ssd=meta["use_ssd"], allow_stalls=meta["allow_stalls"],
                            shared_ssd=meta["shared_ssd"],
                            host_arena=meta.get("host_arena", False) if host_arena is None else host_arena,
-                           ssd_cap_bytes=meta.get("ssd_cap_bytes") if ssd_cap_bytes is None else ssd_cap_bytes)
+                           ssd_cap_bytes=meta.get("ssd_cap_bytes") if ssd_cap_bytes is None else ssd_cap_bytes,
+                           recompute=recompute)
 
 
 def replan(job: Path, host_cap_bytes: int | None = None, host_arena: bool | str | None = None,

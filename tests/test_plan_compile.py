@@ -48,6 +48,19 @@ def test_plan_compile_times_the_host_packing_it_is_given(tmp_path, capsys):
     assert "invalid choice: 'region'" in capsys.readouterr().err
 
 
+def test_plan_compile_times_the_schedule_search_beside_todays_planner(tmp_path):
+    path, out = tmp_path / "toy.json.gz", tmp_path / "pc.json"
+    layered_trace(2, mm_seconds=10e-3).save(path)
+    entry = plan_compile.main([str(path), "--label", "toy", "--paper-m", "180", "--host-cap-gb", "0.2",
+                               "--repeats", "2", "--schedule", "--out", str(out)])
+    sched = entry["schedule"]
+    assert len(sched["seconds"]) == len(entry["seconds"]) == 2
+    assert sched["ratio_to_today"] == pytest.approx(sched["median_seconds"] / entry["median_seconds"])
+    assert "on" in sched["recompute_auto"] and sched["shortfall_bytes"] == 0
+    assert "schedule" not in plan_compile.main([str(path), "--label", "toy", "--paper-m", "180",
+                                                "--repeats", "1", "--out", str(out)])
+
+
 def test_plan_compile_refuses_a_model_that_fits():
     with pytest.raises(ValueError, match="paper_m=90"):
         plan_compile.time_plan(layered_trace(2), 90)

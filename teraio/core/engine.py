@@ -182,6 +182,9 @@ class MigrationEngine(TorchDispatchMode):
         super().__init__()
         if plan.n_ops != trace.n_ops:
             raise ValueError(f"plan is for {plan.n_ops} ops but the trace has {trace.n_ops}")
+        if plan.recomputes:  # they need a re-run of their chains, which this engine does not do
+            raise ValueError(f"plan recomputes {len(plan.recomputes)} tensor(s) (planned with recompute); "
+                             "this engine executes migrations only: plan with recompute=False")
         missing = {m.tier for m in plan.migrations} - set(tiers)
         if missing:
             raise ValueError(f"plan uses tier(s) {sorted(missing)} but only {sorted(tiers)} were given")

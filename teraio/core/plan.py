@@ -86,6 +86,44 @@ class Migration:
 
 
 @dataclasses.dataclass
+class Recompute:
+    """One planned drop-and-recompute of one tensor over one inactive period: the third option
+    beside the SSD and host tiers (``teraio.core.planner``, ``recompute=``).
+
+    The tensor is dropped after its use ``drop_after`` (a) and made again before op
+    ``recompute_before`` (r, at most its next use ``needed_by``, b) by re-running ``ops``,
+    the op indices of the trace (ascending) that produced it and the tensors in between that
+    are dead by op b, from ``inputs``, the tids of the tensors those ops read that are
+    resident from op r through op b. Memory is saved for ops in ``[a + 1, r)``; the re-run
+    costs ``seconds`` (the ops' profiled times, on the compute stream before op r) and,
+    while it runs, up to ``extra_bytes`` beyond the tensor itself.
+
+    Attributes:
+        tid, name, nbytes: the tensor's ``Trace`` id, stable name and bytes.
+        drop_after, recompute_before, needed_by: op indices, see above.
+        ops: the producing ops, ascending.
+        inputs: tids of the tensors the ops read that stay resident through op b.
+        seconds: the ops' profiled seconds in all.
+        extra_bytes: the most bytes the re-run holds beyond the tensor (its intermediates).
+    """
+
+    tid: int
+    name: str
+    nbytes: int
+    drop_after: int
+    recompute_before: int
+    needed_by: int
+    ops: list[int]
+    inputs: list[int]
+    seconds: float
+    extra_bytes: int = 0
+
+    def saves_at(self, k: int, n_ops: int) -> bool:
+        """True if the tensor is off HBM during op k."""
+        return cyclic_between(k, self.drop_after + 1, self.recompute_before, n_ops)
+
+
+@dataclasses.dataclass
 class MigrationPlan:
     """A per-GPU migration plan (paper Fig. 4 "Per-GPU Tensor Migration Plans").
 
@@ -97,6 +135,8 @@ class MigrationPlan:
         migrations: the chosen migrations, in the order the planner chose them.
         meta: planner settings (benefit variant, bandwidths in GB/s, host cap in bytes,
             compile seconds, ...).
+        recomputes: the tensors dropped and recomputed instead of moved (:class:`Recompute`),
+            in the order chosen; empty unless planned with ``recompute``.
     """
 
     n_ops: int
@@ -105,6 +145,7 @@ class MigrationPlan:
     predicted_peak_bytes: int
     migrations: list[Migration]
     meta: dict = dataclasses.field(default_factory=dict)
+    recomputes: list[Recompute] = dataclasses.field(default_factory=list)
 
     @property
     def shortfall_bytes(self) -> int:
@@ -154,6 +195,10 @@ class MigrationPlan:
                 delta[self.n_ops] -= m.nbytes
         return np.cumsum(delta[:-1])
 
+    def recomputed_bytes(self) -> int:
+        """Bytes the plan drops and recomputes per iteration (each made once more)."""
+        return sum(r.nbytes for r in self.recomputes)
+
     def bytes_per_tier(self) -> dict[str, int]:
         out = {t: 0 for t in TIERS}
         for m in self.migrations:
@@ -169,6 +214,7 @@ class MigrationPlan:
             raise ValueError(f"not a TeraIO plan: format={d.get('format')!r}, expected 'teraio.plan/1'")
         d = {k: v for k, v in d.items() if k != "format"}
         d["migrations"] = [Migration(**m) for m in d["migrations"]]
+        d["recomputes"] = [Recompute(**r) for r in d.get("recomputes", [])]
         return cls(**d)
 
     def save(self, path: str | Path) -> None:

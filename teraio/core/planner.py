@@ -73,6 +73,29 @@ finds its offset taken. ``host_arena="auto"`` plans both and keeps the region wh
 simulator (``teraio.core.simulator.simulate``) puts its iteration more than
 :data:`REGION_MARGIN` shorter, slots otherwise.
 
+Recompute (``recompute=``)
+--------------------------
+A third option beside the tiers, in the spirit of systems that decide swap and recompute
+together (Capuchin, ASPLOS 2020; Checkmate, MLSys 2020): drop an intermediate tensor after
+its last use before the period and make it again before its next use by re-running
+the ops that produced it (``teraio.core.recompute.Chains``: the producer, and recursively
+the producers of its inputs that are dead by then, from inputs that are resident). Its
+window is ``[a + 1, r)``, where r is the latest op up to b at which the memory with the
+chain's intermediates (``extra_bytes``) stays within the capacity (b itself where it
+does) or, in a first plan, is still over it (the greedy must free that op anyway, the
+chain's bytes with it; early in the greedy nearly every op is, so the first rule alone
+leaves the largest tensors to the tiers); where that first plan does not fit, a second
+takes the first rule alone, and the plan with the smaller shortfall is kept
+(``meta["recompute_room"]``: ``"critical"`` or ``"fits"``). It uses no bandwidth and costs the chain's profiled op seconds on the compute stream
+before op r. Ranked as the tiers are: benefit per
+second of cost (the pressure benefit over the window, divided by the chain's seconds where
+a tier divides by its transfer seconds), and chosen for a candidate where that beats the
+tier the rule above picks. Recomputing a tensor keeps its chain's resident inputs on the
+GPU through op b: their periods that hold op b leave the candidates (a candidate whose chain
+would so pin a tensor larger than itself has no recompute option), and a candidate whose
+input is moved or recomputed there loses the option. Such an update can raise a score
+(op b's memory rises), so the lazy greedy's bounds are then only close to exact.
+
 When memory cannot fit
 ----------------------
 By default the plan holds only migrations Algorithm 1 deems viable and reports any
@@ -102,7 +125,8 @@ import time
 
 import numpy as np
 
-from teraio.core.plan import Migration, MigrationPlan
+from teraio.core.plan import Migration, MigrationPlan, Recompute
+from teraio.core.recompute import Chains
 from teraio.core.slots import HOST_ALIGN, HostArena, SlotBins, ssd_file_bytes
 from teraio.core.trace import Trace
 
@@ -287,7 +311,7 @@ class _Planner:
 
     def __init__(self, trace: Trace, capacity: int, tiers: TierBandwidth, host_cap: int,
                  benefit: str, use_ssd: bool, periods: Periods, shared_ssd: bool, host_arena: bool = False,
-                 ssd_cap: int | None = None):
+                 ssd_cap: int | None = None, recompute: str | None = None):
         self.n = trace.n_ops
         self.capacity = capacity
         self.benefit = benefit
@@ -309,6 +333,52 @@ class _Planner:
         # Until the SSD files come within one largest slot of the cap, every candidate has room there.
         self._ssd_largest = int(ssd_file_bytes(int(self.s.max()))) if len(self.s) else 0
         self._prefix_cache: dict[int, np.ndarray] = {}
+        self._recompute_setup(trace, recompute)
+        self.recomputes: list[Recompute] = []
+        self.pinned: dict[int, list[int]] = {}  # candidate -> ops where a recompute reads it
+
+    def _recompute_setup(self, trace: Trace, on: str | None) -> None:
+        """The recompute option's per-candidate state: ``rc_ok`` (a chain exists and its
+        resident inputs are still resident), ``rc_cost`` (its seconds), ``rc_extra`` (its
+        bytes beyond the tensor), ``rc_chain``; ``rc_anchors[c]``, the candidates (periods of
+        the chain's resident inputs that hold op b, ``a' < b <= b'``) that recomputing c
+        keeps on the GPU; ``rc_dependents[c]``, the recompute candidates for which c is one."""
+        N = len(self.s)
+        self.rc_on = on is not None
+        self.rc_room = on
+        self.rc_ok = np.zeros(N, dtype=bool)
+        self.rc_cost = np.ones(N)
+        self.rc_extra = np.zeros(N, dtype=np.int64)
+        self.rc_chain: list = [None] * N
+        self.rc_anchors: list[list[int]] = [[] for _ in range(N)]
+        self.rc_dependents: list[list[int]] = [[] for _ in range(N)]
+        self.n_recomputable = 0
+        if not self.rc_on:
+            return
+        chains = Chains(trace)
+        self.by_tid = by_tid = {}
+        for c, t in enumerate(self.p_tid.tolist()):
+            by_tid.setdefault(t, []).append(c)
+        for c in range(N):
+            rec = trace.tensors[int(self.p_tid[c])]
+            if rec.persistent or rec.kind not in ("activation", "temp"):
+                continue
+            b = int(self.b[c])
+            ch = chains.chain(rec.tid, b)
+            if ch is None:
+                continue
+            anchors = [c2 for i in ch.inputs for c2 in by_tid.get(i, ())
+                       if int(self.a[c2]) < b <= int(self.b[c2]) or int(self.a[c2]) < b + self.n <= int(self.b[c2])]
+            if any(self.s[c2] > self.s[c] for c2 in anchors):
+                continue  # it would pin a larger tensor than it frees
+            self.rc_ok[c] = True
+            self.rc_cost[c] = max(ch.seconds, 1e-9)
+            self.rc_extra[c] = ch.extra_bytes
+            self.rc_chain[c] = ch
+            self.rc_anchors[c] = anchors
+            for c2 in anchors:
+                self.rc_dependents[c2].append(c)
+        self.n_recomputable = int(self.rc_ok.sum())
 
     # ---- scoring (vectorized over candidates) -------------------------------------------
     def _benefit_prefix(self, size: int) -> np.ndarray:
@@ -345,11 +415,57 @@ class _Planner:
         per = s * self.cost_per_byte[tier] if self.benefit == "pressure" else s.astype(np.float64)
         return ok, f, p, ben, _snap(np.where(ok, ben / per, 0.0))
 
-    def evaluate(self, idx: np.ndarray):
-        """For candidates ``idx``: (upper bound on every future score, chosen tier index
-        into ``self.tiers`` or -1, free_before, prefetch_before (unrolled), chosen score).
+    def _recompute_option(self, idx: np.ndarray):
+        """As :meth:`_options`, for dropping candidates ``idx`` after their last use and
+        recomputing them before their next: the window is the whole period, the cost the
+        chain's seconds on the compute stream."""
+        s, f = self.s[idx], self.a[idx] + 1
+        ok = self.rc_ok[idx]
+        p = np.full(len(idx), -1, dtype=np.int64)
+        p[ok] = [self._recompute_at(int(c)) for c in idx[ok]]
+        ok &= p > f
+        ben = np.zeros(len(idx))
+        for size in np.unique(s[ok]):
+            m = ok & (s == size)
+            q = self._benefit_prefix(int(size))
+            ben[m] = q[p[m]] - q[f[m]]
+        if self.benefit == "formula":
+            ben *= s
+        ok &= ben > 0
+        per = self.rc_cost[idx] if self.benefit == "pressure" else s.astype(np.float64)
+        return ok, f, p, ben, _snap(np.where(ok, ben / per, 0.0))
 
-        Tier rule: SSD unless the host window's benefit is strictly larger."""
+    def _recompute_at(self, c: int) -> int:
+        """The op before which candidate c is made again: the latest op r in ``(a + 1, b]``
+        where the memory with its chain's intermediates stays within the capacity (at op
+        b where it does), or, with ``rc_room="critical"``, where it does or the op is still
+        over the capacity (the greedy frees it, the chain's bytes with it, later); -1 where
+        there is none."""
+        if not self.rc_ok[c]:
+            return -1
+        lo, b = int(self.a[c]) + 2, int(self.b[c])
+        seg = self.live2[lo:b + 1]
+        room = seg + self.rc_extra[c] <= self.capacity
+        if self.rc_room == "critical":
+            room |= seg > self.capacity
+        if room[-1]:
+            return b
+        r = np.flatnonzero(room)
+        return lo + int(r[-1]) if r.size else -1
+
+    @property
+    def rc_index(self) -> int:
+        """The choice index (:meth:`evaluate`) of the recompute option."""
+        return len(self.tiers)
+
+    def evaluate(self, idx: np.ndarray):
+        """For candidates ``idx``: (upper bound on every future score, chosen option: a tier
+        index into ``self.tiers``, :attr:`rc_index` for recompute, or -1, free_before,
+        prefetch_before (unrolled), chosen score).
+
+        Tier rule: SSD unless the host window's benefit is strictly larger; then recompute
+        where its score (benefit per second of recompute) beats the tier's (benefit per
+        second of transfer)."""
         opts = [self._options(t, idx) for t in self.tiers]
         bound = np.max([o[4] for o in opts], axis=0)
         choice = np.where(opts[0][0], 0, -1)
@@ -360,7 +476,43 @@ class _Planner:
         f = np.where(host, opts[-1][1], opts[0][1])
         p = np.where(host, opts[-1][2], opts[0][2])
         score = np.where(choice >= 0, np.where(host, opts[-1][4], opts[0][4]), 0.0)
+        if self.rc_on:
+            rok, rf, rp, _, rscore = self._recompute_option(idx)
+            bound = np.maximum(bound, rscore)
+            rc = rok & (rscore > score)
+            choice = np.where(rc, self.rc_index, choice)
+            f, p, score = np.where(rc, rf, f), np.where(rc, rp, p), np.where(rc, rscore, score)
         return bound, choice, f, p, score
+
+    def _pins(self, c: int, r: int) -> list[int] | None:
+        """The candidates that keep candidate c's chain inputs on the GPU at op r (periods
+        ``a' < r <= b'``), or None if one of them is already moved or recomputed."""
+        pins = []
+        for i in self.rc_chain[c].inputs:
+            for c2 in self.by_tid.get(i, ()):
+                a2, b2 = int(self.a[c2]), int(self.b[c2])
+                if a2 < r <= b2 or a2 < r + self.n <= b2:
+                    if self.taken[c2] and c2 not in self.pinned:
+                        return None
+                    pins.append(c2)
+        return pins
+
+    def accept_recompute(self, c: int) -> tuple[int, int]:
+        """Drop candidate c from op a + 1 until it is made again before op b'
+        (:meth:`_recompute_at`); its chain's intermediates add to op b'."""
+        s, a, b = int(self.s[c]), int(self.a[c]), self._recompute_at(c)
+        for lo, hi in _cyclic_slices(a + 1, b, self.n):
+            self.live[lo:hi] -= s
+            self.live2[lo:hi] -= s
+            self.live2[lo + self.n:hi + self.n] -= s
+        extra = int(self.rc_extra[c])
+        if extra:
+            k = b % self.n
+            self.live[k] += extra
+            self.live2[k] += extra
+            self.live2[k + self.n] += extra
+        self._prefix_cache.clear()
+        return a + 1, b
 
     # ---- choosing -----------------------------------------------------------------------
     def accept(self, c: int, tier: str) -> tuple[int, int]:
@@ -412,10 +564,11 @@ class _Planner:
         """Candidate c's tensor's byte offset in the host region; -1 outside it."""
         return self.bins["host"].at[int(self.p_tid[c])] if self._by_period(tier) else -1
 
-    def _overlapping(self, c: int) -> np.ndarray:
+    def _overlapping(self, c: int, through_b: bool = False) -> np.ndarray:
         """Candidates whose inactive period shares an op with candidate c's: the only ones
-        whose scores accepting c can change (all its effects lie inside its period)."""
-        lo, hi = self.a[c] + 1, self.b[c]
+        whose scores accepting c can change (all its effects lie inside its period, or up to
+        and including op b with ``through_b``: a recompute's intermediates)."""
+        lo, hi = self.a[c] + 1, self.b[c] + int(through_b)
         clo, chi = self.a + 1, self.b
         return ((clo < hi) & (lo < chi)) | ((clo < hi - self.n) & (lo - self.n < chi)) | \
                ((clo < hi + self.n) & (lo + self.n < chi))
@@ -451,6 +604,34 @@ class _Planner:
             if not usable.any():
                 break
             c = int(np.flatnonzero(usable)[np.argmax(score[usable])])
+            recompute = choice[c] == self.rc_index
+            if recompute and self._recompute_at(c) != pwin[c]:
+                fresh[c] = False  # memory near op b changed since c was scored: score it again
+                continue
+            pins = self._pins(c, int(pwin[c])) if recompute else []
+            if pins is None:  # an input of its chain is off the GPU at op r
+                self.rc_ok[c] = fresh[c] = False
+                continue
+            for r in self.rc_dependents[c]:  # c no longer stays resident through their op b
+                self.rc_ok[r] = False
+                fresh[r] = False
+            if recompute:
+                f, p = self.accept_recompute(c)
+                assert (f, p) == (fwin[c], pwin[c]), "accepted a stale window"
+                t = trace.tensors[int(self.p_tid[c])]
+                ch = self.rc_chain[c]
+                self.recomputes.append(Recompute(
+                    tid=t.tid, name=t.name, nbytes=t.nbytes, drop_after=int(self.a[c]),
+                    recompute_before=p, needed_by=int(self.b[c]), ops=ch.ops, inputs=ch.inputs, seconds=ch.seconds,
+                    extra_bytes=ch.extra_bytes))
+                alive[c] = False
+                self.taken[c] = True
+                for c2 in pins:  # its chain's inputs stay on the GPU at op r
+                    alive[c2] = False
+                    self.taken[c2] = True
+                    self.pinned.setdefault(c2, []).append(p)
+                fresh &= ~self._overlapping(c, through_b=True)
+                continue
             tier = self.tiers[int(choice[c])]
             f, p = self.accept(c, tier)
             assert (f, p) == (fwin[c], pwin[c]), "accepted a stale window"
@@ -469,7 +650,8 @@ class _Planner:
             self.taken[c] = True
             fresh &= ~self._overlapping(c)
         stop = "fits" if int(self.live.max()) <= self.capacity else "no_viable_candidate"
-        return migrations, {"n_candidates": N, "evaluations": int(evaluations), "stop_reason": stop}
+        return migrations, {"n_candidates": N, "evaluations": int(evaluations), "stop_reason": stop,
+                            "n_recomputable": self.n_recomputable}
 
     def run_exposed(self, trace: Trace, hidden: list[Migration]) -> tuple[list[Migration], int]:
         """Phase 2 (``allow_stalls``): with no hidden migration left and memory still over
@@ -477,6 +659,8 @@ class _Planner:
         stalling. A migration's window spans the critical ops of its period (from the first
         to the last), so its transfers run into waits the simulator charges. Host memory
         is used when it fits (faster, so shorter stalls), else SSD. Ranked as in phase 1.
+        A tensor kept on the GPU for a recompute's chain may go where its window misses
+        every op at which a chain reads it.
 
         A period that already has a hidden migration (``hidden``, phase 1's list) can be
         *widened* instead: its window grows to cover the critical ops of the period outside
@@ -488,6 +672,8 @@ class _Planner:
         """
         n, N = self.n, len(self.s)
         alive = ~self.taken
+        alive_pinned = np.zeros(N, dtype=bool)
+        alive_pinned[list(self.pinned)] = True
         st, b, s = self.a + 1, self.b, self.s
         hf, hp = np.full(N, -1), np.full(N, -1)  # hidden windows (unrolled), -1 where none
         widenable = np.zeros(N, dtype=bool)
@@ -507,6 +693,10 @@ class _Planner:
             f = np.where(widenable & has_crit, np.minimum(f, hf), np.where(widenable, hf, f))
             p = np.where(widenable & has_crit, np.maximum(p, hp), np.where(widenable, hp, p))
             ok = (alive | widenable) & has_crit
+            for c2, ops in self.pinned.items():  # an input of a recompute may go where its window misses op r
+                if ok[c2] or not alive_pinned[c2] or not has_crit[c2]:
+                    continue
+                ok[c2] = not any(f[c2] <= r < p[c2] or f[c2] <= r + n < p[c2] for r in ops)
             tier = np.where(widenable, hidden_tier, -1)
             fresh = ok & ~widenable
             if "host" in self.tiers and fresh.any():
@@ -548,6 +738,7 @@ class _Planner:
             name = "host" if tier[c] == 1 else "ssd"
             self._place(c, name)
             alive[c] = False
+            alive_pinned[c] = False
             t = trace.tensors[int(self.p_tid[c])]
             migrations.append(Migration(tid=t.tid, name=t.name, nbytes=t.nbytes, tier=name,
                                         offload_after=int(self.a[c]), free_before=fc % n,
@@ -559,7 +750,8 @@ class _Planner:
 def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
                     benefit: str = "pressure", min_tensor_bytes: int = 1 << 20,
                     use_ssd: bool = True, allow_stalls: bool = False, shared_ssd: bool = True,
-                    host_arena: bool | str = False, ssd_cap_bytes: int | None = None) -> MigrationPlan:
+                    host_arena: bool | str = False, ssd_cap_bytes: int | None = None,
+                    recompute: bool | str = False) -> MigrationPlan:
     """Algorithm 1 (paper §3.2): a migration plan that brings ``trace``'s peak live bytes
     under ``capacity_bytes`` while hiding transfers behind compute.
 
@@ -593,6 +785,12 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
             stripes, ``teraio.core.slots.ssd_file_bytes``): the room on its drives. A
             candidate whose SSD slot would pass it goes to host memory or stays; None: no
             cap. ``meta["ssd_file_bytes"]`` is what the plan's SSD slots take.
+        recompute: also consider, per candidate, dropping the tensor and recomputing it
+            before its next use (``teraio.core.recompute``; ``plan.recomputes``), ranked
+            against the tiers (module docstring, "Recompute"); ``"auto"``: plan with and
+            without it and keep the plan with recompute where it simulates more than
+            :data:`REGION_MARGIN` shorter; ``meta["recompute_auto"]`` holds both simulated
+            iterations (``{"off": s, "on": s}``).
 
     Returns:
         the plan, migrations in the order chosen. If the peak cannot be brought under
@@ -601,16 +799,23 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
 
     Raises:
         ValueError: non-positive capacity, negative host or SSD cap, unknown benefit, a
-            ``host_arena`` other than true, false or ``"auto"``, or no tier to migrate to
-            (``use_ssd=False`` with ``host_cap_bytes=0``).
+            ``host_arena`` or ``recompute`` other than true, false or ``"auto"``, or no tier
+            to migrate to (``use_ssd=False`` with ``host_cap_bytes=0``).
     """
     if not is_host_arena(host_arena):
         raise ValueError(f"host_arena={host_arena!r}; valid: true, false or 'auto'")
+    if not is_host_arena(recompute):
+        raise ValueError(f"recompute={recompute!r}; valid: true, false or 'auto'")
+    if recompute == "auto":
+        return _fastest_schedule(trace, capacity_bytes, tiers, host_cap_bytes, benefit=benefit,
+                                 min_tensor_bytes=min_tensor_bytes, use_ssd=use_ssd,
+                                 allow_stalls=allow_stalls, shared_ssd=shared_ssd,
+                                 ssd_cap_bytes=ssd_cap_bytes, host_arena=host_arena)
     if host_arena == "auto":
         return _fastest_packing(trace, capacity_bytes, tiers, host_cap_bytes, benefit=benefit,
                                 min_tensor_bytes=min_tensor_bytes, use_ssd=use_ssd,
                                 allow_stalls=allow_stalls, shared_ssd=shared_ssd,
-                                ssd_cap_bytes=ssd_cap_bytes)
+                                ssd_cap_bytes=ssd_cap_bytes, recompute=recompute)
     if not isinstance(capacity_bytes, (int, np.integer)) or capacity_bytes <= 0:
         raise ValueError(f"capacity_bytes={capacity_bytes!r}; must be a positive int (bytes)")
     if host_cap_bytes < 0:
@@ -627,8 +832,28 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
     capacity_bytes = int(capacity_bytes)
     baseline = trace.peak_bytes()
     periods = inactive_periods(trace, min_tensor_bytes)
-    planner = _Planner(trace, capacity_bytes, tiers, int(host_cap_bytes), benefit, use_ssd, periods, shared_ssd,
-                       host_arena, None if ssd_cap_bytes is None else int(ssd_cap_bytes))
+    plan = None
+    for room in (("critical", "fits") if recompute else (None,)):
+        planner = _Planner(trace, capacity_bytes, tiers, int(host_cap_bytes), benefit, use_ssd, periods, shared_ssd,
+                           host_arena, None if ssd_cap_bytes is None else int(ssd_cap_bytes), room)
+        other = _plan_with(planner, trace, capacity_bytes, baseline, periods, allow_stalls, t0, meta={
+            "planner": "teraio.planner/1", "benefit": benefit,
+            "tiers_gbps": dataclasses.asdict(tiers), "host_cap_bytes": int(host_cap_bytes),
+            "use_ssd": use_ssd, "allow_stalls": allow_stalls, "min_tensor_bytes": int(min_tensor_bytes),
+            "shared_ssd": shared_ssd, "host_arena": host_arena,
+            "ssd_cap_bytes": None if ssd_cap_bytes is None else int(ssd_cap_bytes),
+            "recompute": bool(recompute), "recompute_room": room})
+        if plan is None or other.shortfall_bytes < plan.shortfall_bytes:
+            plan = other
+        if plan.feasible:
+            break
+    return plan
+
+
+def _plan_with(planner: _Planner, trace: Trace, capacity_bytes: int, baseline: int, periods: Periods,
+               allow_stalls: bool, t0: float, meta: dict) -> MigrationPlan:
+    """Run ``planner``'s phases (the second with ``allow_stalls``) and make the plan; ``meta``
+    holds the settings, to which the run's statistics are added."""
     if baseline > capacity_bytes:
         migrations, stats = planner.run(trace)
         if allow_stalls and stats["stop_reason"] != "fits":
@@ -641,19 +866,37 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
         migrations, stats = [], {"n_candidates": len(periods.tid), "evaluations": 0, "stop_reason": "fits"}
     predicted = int(planner.live.max()) if trace.n_ops else 0
     meta = {
-        "planner": "teraio.planner/1", "benefit": benefit,
-        "tiers_gbps": dataclasses.asdict(tiers), "host_cap_bytes": int(host_cap_bytes),
-        "use_ssd": use_ssd, "allow_stalls": allow_stalls, "min_tensor_bytes": int(min_tensor_bytes),
-        "shared_ssd": shared_ssd, "host_arena": host_arena,
-        "ssd_cap_bytes": None if ssd_cap_bytes is None else int(ssd_cap_bytes),
-        "n_exposed": 0, "n_widened": 0,
+        **meta, "n_exposed": 0, "n_widened": 0,
+        "recomputed_bytes": sum(r.nbytes for r in planner.recomputes),
         "shortfall_bytes": max(0, predicted - capacity_bytes), **stats,
         "slot_bytes": {t: planner.bins[t].held_bytes for t in ("ssd", "host")},
         "ssd_file_bytes": planner.bins["ssd"].tier_bytes,
         "compile_seconds": time.perf_counter() - t0,
     }
     return MigrationPlan(n_ops=trace.n_ops, capacity_bytes=capacity_bytes, baseline_peak_bytes=baseline,
-                         predicted_peak_bytes=predicted, migrations=migrations, meta=meta)
+                         predicted_peak_bytes=predicted, migrations=migrations, meta=meta,
+                         recomputes=planner.recomputes)
+
+
+def _fastest_schedule(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
+                      **options) -> MigrationPlan:
+    """``plan_migrations(recompute="auto")``: plans without and with the recompute option,
+    the latter kept where it simulates more than :data:`REGION_MARGIN` faster. A plan with
+    the option that recomputes nothing is the plan without it (the option only adds
+    choices), so it is kept without planning again; ``meta["recompute_auto"]`` then has
+    ``"on"`` only."""
+    from teraio.core.simulator import simulate  # the simulator builds on this module
+
+    t0 = time.perf_counter()
+    plans = {"on": plan_migrations(trace, capacity_bytes, tiers, host_cap_bytes, **options, recompute=True)}
+    if plans["on"].recomputes:  # else it is the plan without the option
+        plans["off"] = plan_migrations(trace, capacity_bytes, tiers, host_cap_bytes, **options, recompute=False)
+    seconds = {k: simulate(trace, plan, tiers, shared_ssd=options["shared_ssd"]).iteration_seconds
+               for k, plan in plans.items()}
+    on = "off" not in plans or seconds["on"] < seconds["off"] * (1 - REGION_MARGIN)
+    kept = plans["on" if on else "off"]
+    kept.meta.update(recompute_auto=seconds, compile_seconds=time.perf_counter() - t0)
+    return kept
 
 
 def _fastest_packing(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
@@ -677,7 +920,8 @@ def _fastest_packing(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, ho
 def predicted_live_bytes(trace: Trace, plan: MigrationPlan) -> np.ndarray:
     """int64 ``[n_ops]``: live bytes during each op with ``plan`` applied (``M'``): each
     migration's bytes are off the GPU over its cyclic window ``[free_before,
-    prefetch_before)``.
+    prefetch_before)``; each recompute's over ``[drop_after + 1, recompute_before)``, its
+    chain's ``extra_bytes`` added at op ``recompute_before``.
 
     Raises:
         ValueError: the plan was made for a trace with another op count.
@@ -691,6 +935,10 @@ def predicted_live_bytes(trace: Trace, plan: MigrationPlan) -> np.ndarray:
         for s, e in _cyclic_slices(lo, hi if hi > lo else hi + n, n):
             delta[s] -= m.nbytes
             delta[e] += m.nbytes
+    for r in plan.recomputes:
+        delta[r.drop_after + 1] -= r.nbytes
+        delta[r.recompute_before] += r.nbytes + r.extra_bytes
+        delta[r.recompute_before + 1] -= r.extra_bytes
     return trace.required_bytes() + np.cumsum(delta[:-1])
 
 

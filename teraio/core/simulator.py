@@ -28,6 +28,8 @@ Model
   first left in flight (steady state). In the first iteration, a transfer that belongs
   to the iteration before is taken as already done (the engine primes them before step
   one).
+* A recompute (``plan.recomputes``) re-runs its chain's ops before op ``recompute_before``,
+  after that op's waits, on the compute stream: its ``seconds`` add to that op's run.
 * Ideal (paper §4, a GPU with unlimited memory) is the sum of op times. Memory is not
   modelled: the plan is trusted to fit.
 """
@@ -48,12 +50,14 @@ class SimResult:
     """Predicted steady-state iteration.
 
     Attributes:
-        iteration_seconds: predicted iteration time, s (= ideal + stall).
+        iteration_seconds: predicted iteration time, s (= ideal + recompute + stall).
         ideal_seconds: sum of op times, s.
+        recompute_seconds: time spent re-running ops of the plan's recomputes, s.
         stall_seconds: time spent waiting for transfers, s.
         stall_count: waits that lasted longer than zero.
-        op_start_seconds: float64 ``[n_ops]``, when op k starts (after its waits),
-            seconds from the iteration's start.
+        op_start_seconds: float64 ``[n_ops]``, when op k starts (after its waits; a
+            recompute before op k runs from then on, as part of op k's run), seconds from
+            the iteration's start.
         op_stall_seconds: float64 ``[n_ops]``, wait before op k, s.
         slot_bytes: channel -> float64 ``[n_ops]``, bytes the channel moved during op k's
             slot (its waits plus its run).
@@ -66,6 +70,7 @@ class SimResult:
     op_start_seconds: np.ndarray
     op_stall_seconds: np.ndarray
     slot_bytes: dict[str, np.ndarray]
+    recompute_seconds: float = 0.0
 
     @property
     def normalized_throughput(self) -> float:
@@ -111,6 +116,9 @@ def simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: st
     iterations = 2
     total = iterations * n
     tau = trace.op_seconds
+    run = tau.copy()  # each op's run, with the recomputes before it
+    for r in plan.recomputes:
+        run[r.recompute_before] += r.seconds
 
     # Each migration recurs every iteration: instance (migration, anchor), where the anchor
     # is the global op index (iteration * n + k) after which its offload is issued.
@@ -182,7 +190,7 @@ def simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: st
             t = wait(g, i, 1, t)
         op_stall[g] = t - t0
         op_start[g] = t
-        t += tau[g % n]
+        t += run[g % n]
         for i in off_after.get(g, ()):
             ch, key, nbytes, dl, name = transfer(i, 0)
             ch.issue(t, key, nbytes, dl, name)
@@ -192,9 +200,11 @@ def simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: st
     last = slice(first, total)
     ideal = float(tau.sum())
     stall = float(op_stall[last].sum())
+    recompute = float(run.sum() - ideal)
     slot_bytes = {c: np.diff(_bytes_done_by([p for p in ch.pieces if p[3] == c], boundary[first:]))
                   for c, ch in chans.items()}
-    return SimResult(iteration_seconds=ideal + stall, ideal_seconds=ideal, stall_seconds=stall,
+    return SimResult(iteration_seconds=ideal + recompute + stall, ideal_seconds=ideal, stall_seconds=stall,
+                     recompute_seconds=recompute,
                      stall_count=int(stalls[last].sum()), op_start_seconds=op_start[last] - boundary[first],
                      op_stall_seconds=op_stall[last].copy(), slot_bytes=slot_bytes)
 

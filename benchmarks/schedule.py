@@ -1,0 +1,77 @@
+"""TeraIO's schedule against today's plan, on CPU, over committed runs: for each job
+directory (its ``trace.json[.gz]`` and ``plan.json[.gz]``), plan the trace at the committed
+plan's capacity, host cap, drive and host rates and options, the host packing chosen as the
+systems choose it today (``host_arena="auto"``), twice: as today (tiers only) and with
+``recompute="auto"`` (``teraio.core.planner.plan_migrations``: each candidate
+moved to SSD, to host memory, or dropped and recomputed), and replay both through the
+simulator (``teraio.core.simulator.simulate``, FIFO, one drive for both directions).
+
+    python benchmarks/schedule.py JOB_DIR [JOB_DIR ...] --out FILE.json
+
+Per job: ``ideal_s`` (the sum of op times), ``today_simulated_s``, ``schedule_simulated_s``,
+and the schedule's bytes per iteration, each direction: ``recomputed_bytes``, ``ssd_bytes``,
+``host_bytes``; with ``host_cap_bytes``, ``capacity_bytes``, the plan kept by ``"auto"``
+(``recompute``), both plans' planning seconds and shortfalls. ``--out`` is replaced atomically.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.replan import load_plan, load_trace, plan_as_committed  # noqa: E402
+from teraio.core.planner import TierBandwidth  # noqa: E402
+from teraio.core.simulator import simulate  # noqa: E402
+from teraio.files import write_atomic  # noqa: E402
+
+
+def schedule(job: Path) -> dict:
+    """Today's plan and the schedule with recompute of ``job``, simulated side by side.
+
+    Raises:
+        ValueError: ``job`` lacks its trace or plan.
+    """
+    trace, committed = load_trace(job), load_plan(job)
+    tiers = TierBandwidth(**committed.meta["tiers_gbps"])
+    shared = committed.meta["shared_ssd"]
+    out = {"job": str(job), "host_cap_bytes": committed.meta["host_cap_bytes"],
+           "capacity_bytes": committed.capacity_bytes, "tiers_gbps": committed.meta["tiers_gbps"],
+           "ideal_s": float(trace.op_seconds.sum())}
+    for key, recompute in (("today", False), ("schedule", "auto")):
+        t0 = time.perf_counter()
+        plan = plan_as_committed(trace, committed, host_arena="auto", recompute=recompute)
+        seconds = time.perf_counter() - t0
+        out[f"{key}_simulated_s"] = simulate(trace, plan, tiers, shared_ssd=shared).iteration_seconds
+        out[f"{key}_plan_seconds"] = seconds
+        out[f"{key}_shortfall_bytes"] = plan.shortfall_bytes
+    tiers_bytes = plan.bytes_per_tier()
+    out.update(recomputed_bytes=plan.recomputed_bytes(), ssd_bytes=tiers_bytes["ssd"],
+               host_bytes=tiers_bytes["host"], recompute=plan.meta["recompute"],
+               recompute_auto=plan.meta.get("recompute_auto"))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("jobs", nargs="+", type=Path, help="job directories with trace and plan")
+    ap.add_argument("--out", type=Path, required=True)
+    argv = sys.argv[1:] if argv is None else argv
+    args = ap.parse_args(argv)
+    rows = []
+    for job in args.jobs:
+        r = schedule(job)
+        rows.append(r)
+        print(f"{job.name}: ideal {r['ideal_s']:.1f} s, today {r['today_simulated_s']:.1f} s, schedule "
+              f"{r['schedule_simulated_s']:.1f} s (recomputed {r['recomputed_bytes'] / 1e9:.1f} GB, "
+              f"SSD {r['ssd_bytes'] / 1e9:.1f} GB, host {r['host_bytes'] / 1e9:.1f} GB)", flush=True)
+    write_atomic(args.out, json.dumps({"command": shlex.join(["python", "benchmarks/schedule.py", *argv]),
+                                       "jobs": rows}, indent=1).encode())
+
+
+if __name__ == "__main__":
+    main()

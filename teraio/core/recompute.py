@@ -1,0 +1,151 @@
+"""Recompute chains: what it takes to make a tensor of a :class:`~teraio.core.trace.Trace`
+again just before a later use, from tensors that are resident then (DTR-style
+rematerialization, the third option of ``teraio.core.planner`` beside the SSD and host tiers).
+
+A trace records, per storage, the ops that touch it. The op that first touches a
+non-persistent storage made during the step (``uses[0]``) produced it (the trace names it
+``op<k>:out<j>``); every other storage an op touches is one of its inputs. To recompute a
+tensor X before op b, its producer runs again; each of the producer's inputs is either
+*resident* at b (a persistent tensor, or an intermediate whose last use is b or later) or
+is itself recomputed first, recursively, up to ``max_ops`` ops. The attention
+probabilities of an SDPA math kernel are the case this serves: ``_safe_softmax`` of
+``add(bmm(q, k), mask)``, each a few ms, from q, k and the mask that stay resident.
+
+A chain is refused (not *recomputable*) where re-running it might not give the same bytes:
+an op that draws random numbers, allocates without writing (``empty``), writes in place or
+into an ``out=`` argument, or is a collective; or where a tensor of the chain (a recomputed
+one or a resident input) is written in place by another op between its producer and b.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+
+from teraio.core.trace import Trace
+
+# Ops whose outputs a re-run might not reproduce bit for bit, or that touch other ranks.
+_IMPURE = re.compile(r"rand|dropout|bernoulli|normal|uniform|multinomial|exponential|empty|c10d|"
+                     r"_foreach|copy_")
+
+
+def is_inplace(op_name: str) -> bool:
+    """Whether ``op_name`` (``"aten.add_.Tensor"``) writes one of its arguments: an in-place
+    variant (base name ending in ``_``, not a dunder such as ``__and__``) or an ``out=``
+    overload."""
+    parts = op_name.split(".")
+    base = parts[1] if len(parts) > 1 else parts[0]
+    overload = parts[2] if len(parts) > 2 else ""
+    return (base.endswith("_") and not base.startswith("__")) or overload.startswith("out")
+
+
+def is_pure(op_name: str) -> bool:
+    """Whether re-running ``op_name`` on the same inputs makes the same outputs and writes
+    nothing else (see the module docstring)."""
+    return not is_inplace(op_name) and not _IMPURE.search(op_name)
+
+
+@dataclasses.dataclass
+class Chain:
+    """How to make one tensor again before op ``needed_by``.
+
+    Attributes:
+        ops: the op indices to re-run, ascending.
+        inputs: tids of the resident tensors they read.
+        seconds: the ops' profiled seconds in all.
+        extra_bytes: the most bytes the re-run holds at once beyond the tensor itself.
+    """
+
+    ops: list[int]
+    inputs: list[int]
+    seconds: float
+    extra_bytes: int
+
+
+class Chains:
+    """Recompute chains of a trace's tensors (module docstring).
+
+    Args:
+        trace: the profiled iteration.
+        max_ops: longest chain, in producing ops.
+    """
+
+    def __init__(self, trace: Trace, max_ops: int = 8):
+        self.trace = trace
+        self.max_ops = max_ops
+        n = trace.n_ops
+        self.outputs: list[list[int]] = [[] for _ in range(n)]
+        self.inputs: list[list[int]] = [[] for _ in range(n)]
+        for t in trace.tensors:
+            made_here = not t.persistent and t.kind != "input"
+            for j, u in enumerate(t.uses):
+                (self.outputs if made_here and j == 0 else self.inputs)[u].append(t.tid)
+        self.pure = np.array([is_pure(o) for o in trace.op_names], dtype=bool)
+        self.inplace = np.array([is_inplace(o) for o in trace.op_names], dtype=bool)
+
+    def _written_between(self, tid: int, lo: int, hi: int) -> bool:
+        """Whether an in-place op touches tensor ``tid`` at an op in ``(lo, hi)``."""
+        u = np.asarray(self.trace.tensors[tid].uses)
+        u = u[(u > lo) & (u < hi)]
+        return bool(self.inplace[u].any()) if u.size else False
+
+    def chain(self, tid: int, needed_by: int) -> Chain | None:
+        """The chain that makes tensor ``tid`` again just before op ``needed_by``; None if it
+        is not recomputable (module docstring) or longer than ``max_ops`` ops.
+
+        Raises:
+            ValueError: ``needed_by`` is not after the tensor's producer.
+        """
+        tensors = self.trace.tensors
+        x = tensors[tid]
+        if x.persistent or x.kind == "input":
+            return None
+        if needed_by <= x.uses[0]:
+            raise ValueError(f"needed_by={needed_by} is not after the producer (op {x.uses[0]}) of {x.name!r}")
+        made: set[int] = set()
+        resident: set[int] = set()
+        ops: set[int] = set()
+        stack = [tid]
+        while stack:
+            t = stack.pop()
+            if t in made:
+                continue
+            rec = tensors[t]
+            if rec.persistent or rec.kind == "input":
+                return None
+            k = rec.uses[0]
+            if not self.pure[k] or self._written_between(t, k, needed_by):
+                return None
+            ops.add(k)
+            if len(ops) > self.max_ops:
+                return None
+            made.update(self.outputs[k])
+            for i in self.inputs[k]:
+                if i in made or i in resident:
+                    continue
+                r = tensors[i]
+                if r.persistent or r.kind == "input" or r.uses[-1] >= needed_by:
+                    if self._written_between(i, k, needed_by):
+                        return None
+                    resident.add(i)
+                else:
+                    stack.append(i)
+        order = sorted(ops)
+        # Bytes alive during the re-run: each op's outputs appear; a made tensor other than
+        # the target goes after the last chain op that reads it.
+        last_read = {}
+        for k in order:
+            for i in self.inputs[k]:
+                if i in made:
+                    last_read[i] = k
+        alive = peak = 0
+        for k in order:
+            alive += sum(tensors[o].nbytes for o in self.outputs[k])
+            peak = max(peak, alive)
+            for o in made:
+                if o != tid and last_read.get(o, tensors[o].uses[0]) == k:
+                    alive -= tensors[o].nbytes
+        return Chain(ops=order, inputs=sorted(resident),
+                     seconds=float(self.trace.op_seconds[order].sum()),
+                     extra_bytes=max(0, peak - x.nbytes))
