@@ -845,7 +845,7 @@ def test_free_blocks_note_sums_the_free_blocks_of_a_snapshot():
 
 
 def test_a_long_run_under_the_engine_stays_flat(tmp_path):
-    """1,000 steps of a two-layer MLP (the fewest ops a real training step has, so that the
+    """1,000 steps of a one-block tiny Llama3 (this file's model, cut to one block so that the
     steps take seconds) under a plan that moves tensors through both tiers every step, the
     records taken after each as the TeraIO runner does (``EngineLogs``): the resident set
     (``/proc``) grows by less than 1 MB from step 200 to step 1,000."""
@@ -859,19 +859,16 @@ def test_a_long_run_under_the_engine_stays_flat(tmp_path):
         return int(next(ln for ln in status.splitlines() if ln.startswith("VmRSS:")).split()[1]) * 1024
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
+    one_block, work = dataclasses.replace(MODEL, n_layers=1), dataclasses.replace(WORK, micro_batch_size=2)
+    model = build_model(one_block, work.seq_len)
     opt = make_optimizer(model, 1e-3)
-    x = torch.randn(8, 64)
+    x, y = make_batch(0, work, one_block.vocab_size, 0, CPU)
 
-    def mlp_step():
-        loss = model(x).square().mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.item()
+    def tiny_step():  # one micro-batch a step: half the ops of the file's two
+        return train_step(model, opt, x, y, work.micro_batch_size)
 
-    mlp_step()
-    _, trace = profile_step(mlp_step, model, opt, CPU)
+    tiny_step()
+    _, trace = profile_step(tiny_step, model, opt, CPU)
     plan = every_gap_plan(trace, alternate_tiers, min_gap=2)
     assert {m.tier for m in plan.migrations} == {"ssd", "host"}
     eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), open_tiers(plan, tmp_path), CPU)
@@ -879,7 +876,7 @@ def test_a_long_run_under_the_engine_stays_flat(tmp_path):
     eng.prime()
     sampled = {}
     for step in range(2, 1002):
-        eng.run_step(mlp_step, step)
+        eng.run_step(tiny_step, step)
         logs.write([(eng, trace)])
         if step in (202, 1001):
             sampled[step] = rss()

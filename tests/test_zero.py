@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -270,10 +271,11 @@ def test_zero_infinity_swaps_to_nvme_and_follows_plain_torch(tmp_path, reference
     # every parameter of >= 1 MiB: tok_embeddings, output, wq, wk, wv, wo, w1, w2, w3
     assert len(params) == 9, sorted(files)
     assert optimizer, sorted(files)
-    assert all(f.startswith("zero-job-") for f in files)
+    swap_dirs = {f.split("/")[0] for f in files}  # one, named after the process and the job
+    assert len(swap_dirs) == 1 and re.fullmatch(r"zero-.+-job-\d+", next(iter(swap_dirs))), swap_dirs
     assert not any(ssd.iterdir())  # the run's swap directory is removed afterwards
     swap = json.loads((job / zero.CONFIG_FILE).read_text())["zero_optimization"]
-    assert swap["offload_param"]["nvme_path"].startswith(str(ssd / "zero-job-"))
+    assert Path(swap["offload_param"]["nvme_path"]) == ssd / next(iter(swap_dirs))
     # what the check before DeepSpeed starts asks of the drive is at most what it swapped
     assert max(swapped) >= zero.swap_bytes_needed(zero.param_numels(cfg), zero.resolve_options("zero_infinity", options))
 
