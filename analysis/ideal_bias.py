@@ -68,7 +68,8 @@ def bias_frame(sweeps: list[Sweep]) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     m = (measured.groupby(POINT, dropna=False)["iteration_seconds"].agg(["mean", "count"])
          .rename(columns={"mean": "measured_s", "count": "measured_n"}).reset_index())
-    joined = est.merge(m, on=POINT, how="inner")
+    # gpu_name is all missing (float64) in a CPU sweep's frame and text in another's
+    joined = est.astype({"gpu_name": object}).merge(m.astype({"gpu_name": object}), on=POINT, how="inner")
     joined["r"] = joined["seconds"] / joined["measured_s"]
     g = joined.groupby([*POINT, "how", "measured_s", "measured_n"], dropna=False)
     out = g.agg(estimate_s=("seconds", "mean"), estimate_min_s=("seconds", "min"),

@@ -10,10 +10,11 @@ from teraio.core.trace import TensorRecord, Trace
 from teraio.result import result_row, write_result
 
 
-def write_row(root, name, system, seconds, *, measure="measured", batch=4, micro=2, seq=8, trace=None):
+def write_row(root, name, system, seconds, *, measure="measured", batch=4, micro=2, seq=8, trace=None,
+              gpu_name="GPU X"):
     point = {"model": "tiny", "system": system, "hardware": "gpu", "batch_size": batch,
              "micro_batch_size": micro, "seq_len": seq, "trial": int(name[-1])}
-    r = result_row(point, {"hardware": {"name": "gpu", "n_gpus": 1}}, status="ok", gpu_name="GPU X")
+    r = result_row(point, {"hardware": {"name": "gpu", "n_gpus": 1}}, status="ok", gpu_name=gpu_name)
     r["measure"] = measure
     r["iterations"] = [{"step": 2, "seconds": s, "tokens": batch * seq, "tokens_per_s": batch * seq / s}
                        for s in seconds]
@@ -50,6 +51,16 @@ def test_modeled_and_composed_ideal_against_the_measured_one(tmp_path, capsys):
     md = (tmp_path / "out" / "ideal_bias.md").read_text()
     assert "| tiny | 4 | 2 | 8 | GPU X | modeled from teraio_mixed | 2.500 (2) | 2.875 (2) | 1.150 (1.100–1.200) |" in md
     assert (tmp_path / "out" / "ideal_bias.tex").exists()
+
+
+def test_a_cpu_sweep_without_a_gpu_name_gets_its_ratio(tmp_path):
+    """On a CPU no row names a GPU (all missing, float64), while the estimates' frame is
+    text: the smoke sweep's analysis failed to merge them."""
+    write_row(tmp_path, "ideal-t0", "ideal", [2.0], gpu_name=None)
+    write_row(tmp_path, "mixed-t0", "teraio_mixed", [9.0], trace=3.0, gpu_name=None)
+    frame = bias_frame([load_sweep(tmp_path)])
+    assert list(frame["how"]) == ["modeled from teraio_mixed"]
+    assert frame.iloc[0]["ratio"] == pytest.approx(1.5)
 
 
 def test_no_point_with_both_is_said(tmp_path):
