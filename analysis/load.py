@@ -67,6 +67,7 @@ import yaml
 
 from teraio import systems
 from teraio.core.engine import RECOVERY_KEYS
+from teraio.harness.tune import TUNING_DIR
 from teraio.result import FORMAT, STATUSES
 
 RESULT_NAME = "result.json"
@@ -337,8 +338,9 @@ def load_sweep(sweep_dir: str | Path, exclude: str | Path | None = None) -> Swee
         raise FileNotFoundError(f"sweep dir {root} is not a directory")
     excl = Path(exclude).resolve() if exclude else None
     runs, iters, skipped = [], [], []
+    tuning = root / TUNING_DIR  # the tuning candidates' rows: in the tuning files, not runs
     for path in sorted(root.rglob(RESULT_NAME)):
-        if excl is not None and excl in path.parents:
+        if (excl is not None and excl in path.parents) or tuning in path.parents:
             continue
         try:
             result = json.loads(path.read_text())

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from analysis.load import load_sweep
 from teraio import systems
 from teraio.config import run_config_from_dict
 from teraio.harness import tune
@@ -113,6 +114,9 @@ def test_the_fastest_candidate_that_ran_is_chosen_recorded_and_reused(tmp_path):
     assert r1["status"] == "ok" and r1["tuning"]["chosen"] == {"micro_batch_size": 2}
     assert r1["tuning"]["file"] == f"tuning/{record_file.name}"
     assert r1["tokens_per_s"] == 300.0
+    # The candidates' rows (under tuning/) are in the record, not runs of the sweep.
+    assert len(list((runs / "smoke" / "tuning").rglob("result.json"))) == 3
+    assert sorted(load_sweep(runs / "smoke").runs["trial"]) == [0, 1]
 
 
 def test_a_record_made_for_another_config_is_kept_and_the_point_tuned_again(tmp_path):
