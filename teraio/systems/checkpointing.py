@@ -51,6 +51,13 @@ def check_micro_batch(system: str, mb) -> None:
                          "(the workload's)")
 
 
+def check_bools(opts: dict, keys) -> None:
+    """Each of ``keys`` of ``opts`` is a bool. Raises ValueError naming the first that is not."""
+    for key in keys:
+        if not isinstance(opts[key], bool):
+            raise ValueError(f"system.options.{key}={opts[key]!r}; must be true or false")
+
+
 def check_keys(system: str, options: dict, defaults: dict) -> dict:
     """``options`` over ``defaults``; raises ValueError naming an unknown key and the valid ones."""
     unknown = sorted(set(options) - set(defaults))

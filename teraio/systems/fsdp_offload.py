@@ -44,8 +44,8 @@ import torch.nn.functional as F
 
 from teraio.config import RunConfig
 from teraio.result import Measurements, kept_on_failure
-from teraio.systems.checkpointing import (AC_MODES, apply_checkpointing, check_ac, check_keys, check_micro_batch,
-                                          final_params_digest, micro_batch)
+from teraio.systems.checkpointing import (AC_MODES, apply_checkpointing, check_ac, check_bools, check_keys,
+                                          check_micro_batch, final_params_digest, micro_batch)
 from teraio.systems.host_memory import HOST_BYTES_PER_PARAMETER, check_host_room, offloaded_parameters
 from teraio.systems.loop import Step, Steps, measure_steps
 from teraio.systems.measure import apply_memory_cap, lift_memory_cap, peak_memory, reset_peak_memory
@@ -61,9 +61,7 @@ def resolve_options(system: str, options: dict) -> dict:
     opts = check_keys(system, options, DEFAULTS)
     check_ac(system, "ac", opts["ac"], opts["selective_ac_option"], AC_MODES)
     check_micro_batch(system, opts["micro_batch_size"])
-    for key in ("pin_memory", "reshard_after_forward", "check_host_memory"):
-        if not isinstance(opts[key], bool):
-            raise ValueError(f"system.options.{key}={opts[key]!r}; must be true or false")
+    check_bools(opts, ("pin_memory", "reshard_after_forward", "check_host_memory"))
     return opts
 
 

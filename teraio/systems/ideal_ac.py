@@ -24,7 +24,7 @@ import torch
 
 from teraio.config import RunConfig
 from teraio.result import Measurements, kept_on_failure
-from teraio.systems.checkpointing import (apply_checkpointing, check_ac, check_keys, check_micro_batch,
+from teraio.systems.checkpointing import (apply_checkpointing, check_ac, check_bools, check_keys, check_micro_batch,
                                           final_params_digest, micro_batch, saved_activation_peak_bytes)
 from teraio.systems.ideal import NO_MIGRATION
 from teraio.systems.loop import Step, Steps, measure_steps
@@ -41,9 +41,7 @@ def resolve_options(system: str, options: dict) -> dict:
     opts = check_keys(system, options, DEFAULTS)
     check_ac(system, "mode", opts["mode"], opts["selective_ac_option"], modes=("full", "selective"))
     check_micro_batch(system, opts["micro_batch_size"])
-    if not isinstance(opts["profile_saved_activations"], bool):
-        raise ValueError(f"system.options.profile_saved_activations={opts['profile_saved_activations']!r}; "
-                         "must be true or false")
+    check_bools(opts, ("profile_saved_activations",))
     return opts
 
 

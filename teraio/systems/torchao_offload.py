@@ -36,8 +36,8 @@ import torch
 
 from teraio.config import RunConfig
 from teraio.result import Measurements, kept_on_failure
-from teraio.systems.checkpointing import (AC_MODES, apply_checkpointing, check_ac, check_keys, check_micro_batch,
-                                          final_params_digest, micro_batch)
+from teraio.systems.checkpointing import (AC_MODES, apply_checkpointing, check_ac, check_bools, check_keys,
+                                          check_micro_batch, final_params_digest, micro_batch)
 from teraio.systems.host_memory import HOST_BYTES_PER_PARAMETER, check_host_room, offloaded_parameters
 from teraio.systems.loop import Step, Steps, measure_steps
 from teraio.systems.measure import apply_memory_cap, lift_memory_cap, peak_memory, reset_peak_memory
@@ -55,9 +55,7 @@ def resolve_options(system: str, options: dict) -> dict:
     opts = check_keys(system, options, DEFAULTS)
     check_ac(system, "ac", opts["ac"], opts["selective_ac_option"], AC_MODES)
     check_micro_batch(system, opts["micro_batch_size"])
-    for key in ("offload_gradients", "fused", "check_host_memory"):
-        if not isinstance(opts[key], bool):
-            raise ValueError(f"system.options.{key}={opts[key]!r}; must be true or false")
+    check_bools(opts, ("offload_gradients", "fused", "check_host_memory"))
     if not (isinstance(opts["minimal_size"], int) and not isinstance(opts["minimal_size"], bool)
             and opts["minimal_size"] >= 0):
         raise ValueError(f"system.options.minimal_size={opts['minimal_size']!r}; must be an int >= 0 (elements)")
