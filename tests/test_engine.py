@@ -889,3 +889,63 @@ def test_a_long_run_under_the_engine_stays_flat(tmp_path):
     assert len(ops) == 1000 * trace.n_ops and ops["step"].nunique() == 1000
     moved = pd.read_csv(tmp_path / "transfers.csv")
     assert moved["t_done_s"].notna().all() and set(moved["step"]) == set(range(2, 1002))
+
+
+def every_recompute_plan(trace, min_gap=3):
+    """Drop and re-run every intermediate over every inactive gap of at least ``min_gap`` ops
+    that a chain can make again (``teraio.core.recompute.Chains``): the engine's harshest
+    test of re-runs, chains whose inputs are themselves dropped included."""
+    from teraio.core.plan import Recompute
+    from teraio.core.recompute import Chains
+
+    chains, recs = Chains(trace), []
+    for t in trace.tensors:
+        if t.persistent or t.kind == "input":
+            continue
+        for a, b in zip(t.uses, t.uses[1:]):
+            ch = chains.chain(t.tid, b) if b - a >= min_gap else None
+            if ch is not None:
+                recs.append(Recompute(t.tid, t.name, t.nbytes, a, b, b, ch.ops, ch.inputs, ch.seconds,
+                                      ch.extra_bytes))
+    return MigrationPlan(trace.n_ops, 0, trace.peak_bytes(), 0, [], recomputes=recs)
+
+
+def test_every_recompute_is_bit_exact(tmp_path):
+    model, opt, losses, trace = profiled()
+    plan = every_recompute_plan(trace)
+    assert len(plan.recomputes) > 10 and any(len(r.ops) > 1 for r in plan.recomputes)
+    eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), {}, CPU)
+    train_bit_exact(eng, model, opt, losses, n_steps=6)
+    # each dropped tensor was made again once per step (a chain input that another recompute
+    # dropped is made again first, ahead of its own plan, and counted as urgent)
+    for h in eng.history:
+        assert h.recomputed_bytes == plan.recomputed_bytes()
+    assert max(h.max_accounted_bytes for h in eng.history) < trace.peak_bytes()
+
+
+def test_recomputes_beside_migrations_of_a_planned_schedule_are_bit_exact(tmp_path):
+    from teraio.core.planner import TierBandwidth, plan_migrations
+
+    model, opt, losses, trace = profiled()
+    # a drive far too slow to hide moves: the planner recomputes what a chain makes cheaply
+    cap = int(trace.peak_bytes() * 0.6)
+    plan = plan_migrations(trace, cap, TierBandwidth.uniform(1e-4), host_cap_bytes=1 << 26,
+                           min_tensor_bytes=256, allow_stalls=True, recompute=True)
+    assert plan.recomputes and plan.migrations
+    eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), open_tiers(plan, tmp_path), CPU)
+    train_bit_exact(eng, model, opt, losses, n_steps=6)
+    for h in eng.history:
+        assert h.recomputed_bytes == plan.recomputed_bytes()
+        assert h.max_accounted_bytes <= cap
+
+
+def test_a_dropped_tensor_used_before_its_planned_remake_is_made_again_at_once(tmp_path):
+    model, opt, losses, trace = profiled()
+    plan = every_recompute_plan(trace)
+    r = max(plan.recomputes, key=lambda r: r.recompute_before - r.drop_after)
+    late = dataclasses.replace(r, recompute_before=r.needed_by)  # remake at the use itself
+    plan.recomputes = [late]
+    eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), {}, CPU)
+    eng.remake_before[late.recompute_before].clear()  # as if the planned remake were lost
+    train_bit_exact(eng, model, opt, losses, n_steps=4)
+    assert all(h.urgent_count == 1 and h.recomputed_bytes == late.nbytes for h in eng.history)

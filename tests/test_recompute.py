@@ -133,11 +133,15 @@ def test_schedule_of_a_committed_h200_trace_fits_keeps_chain_inputs_and_beats_to
     assert row["ideal_s"] < row["schedule_simulated_s"] < row["today_simulated_s"]
 
 
-def test_the_engine_refuses_a_plan_that_recomputes():
+def test_the_engine_refuses_a_recompute_the_trace_does_not_describe():
+    import dataclasses
+
     import torch
 
     from teraio.core.engine import MigrationEngine
 
     tr = attention_trace()
-    with pytest.raises(ValueError, match=r"recomputes \d+ tensor"):
-        MigrationEngine(tr, plan(tr, True), {}, {}, torch.device("cpu"))
+    p = plan(tr, True)
+    p.recomputes[0] = dataclasses.replace(p.recomputes[0], name="op7:out0")
+    with pytest.raises(ValueError, match=r"plan recomputes tensor \d+ 'op7:out0' but the trace has"):
+        MigrationEngine(tr, p, {}, {}, torch.device("cpu"))

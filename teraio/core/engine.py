@@ -33,6 +33,14 @@ op k of the profiled trace. Around each op k:
   ``deferred_prefetches``, ``spilled_bytes``); the error's note names the allocator's free
   blocks (:func:`free_blocks_note`), which tell fragmentation from a plan that did not fit.
 
+A plan's recomputes (``plan.recomputes``, the planner's third option) run here too: after
+op ``drop_after`` the tensor's storage is freed as an offload's is (without a write), the
+calls of its chain's ops are recorded as they run, and before op ``recompute_before`` the
+chain runs again and its result's bytes go into the tensor's own storage
+(``teraio.core.rerun`` says how and why this stays bit-exact). A use of a dropped tensor
+before then makes it again at once (urgent). Counted per step (``recomputed_bytes``,
+``recompute_seconds``).
+
 Tensor objects and the autograd graph stay intact (the FSDP technique): only the storage's
 bytes come and go. Reads write through a fresh tensor set on the storage (inside the tier),
 so no tensor's autograd version counter moves. Ordering with CUDA events (recorded by the
@@ -80,6 +88,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from teraio.core.plan import Migration, MigrationPlan, cyclic_between
 from teraio.core.profiler import fresh_outputs, iter_tensors, storage_id, storage_key
+from teraio.core.rerun import Reruns
 from teraio.core.storage import Transfer, byte_view
 from teraio.core.trace import Trace
 
@@ -118,6 +127,7 @@ class _Tensor:
     transfer: dict | None = None  # the in-flight transfer's log row
     handle: Transfer | None = None  # the in-flight transfer
     spill: torch.Tensor | None = None  # its bytes in host memory while spilled (module docstring)
+    rerun: int | None = None  # while dropped by recompute i of the plan: i (``teraio.core.rerun``)
 
 
 # Steps whose StepStats MigrationEngine.history keeps: the first and the latest, so that a
@@ -141,6 +151,8 @@ class StepStats:
     dropped_bytes: int = 0  # bytes of prefetched tensors freed again for those retries
     deferred_prefetches: int = 0  # planned prefetches that did not fit, read at their use instead
     spilled_bytes: int = 0  # bytes of resident tensors copied to host memory and freed for retries
+    recomputed_bytes: int = 0  # bytes of dropped tensors made again by re-running their chains
+    recompute_seconds: float = 0.0  # host seconds spent issuing those re-runs (on CUDA, kernel launches)
     # the audited (first) step on CUDA: ``MigrationEngine.overrun`` as ``{"first": [op, bytes],
     # "largest": [op, bytes]}`` (empty: none) and ``lingering`` at the largest overrun's op (at
     # most 5, ``[name, bytes, last use]``); None in other steps and off CUDA
@@ -182,9 +194,6 @@ class MigrationEngine(TorchDispatchMode):
         super().__init__()
         if plan.n_ops != trace.n_ops:
             raise ValueError(f"plan is for {plan.n_ops} ops but the trace has {trace.n_ops}")
-        if plan.recomputes:  # they need a re-run of their chains, which this engine does not do
-            raise ValueError(f"plan recomputes {len(plan.recomputes)} tensor(s) (planned with recompute); "
-                             "this engine executes migrations only: plan with recompute=False")
         missing = {m.tier for m in plan.migrations} - set(tiers)
         if missing:
             raise ValueError(f"plan uses tier(s) {sorted(missing)} but only {sorted(tiers)} were given")
@@ -207,6 +216,12 @@ class MigrationEngine(TorchDispatchMode):
                 raise ValueError(f"plan names tensor {m.tid} {m.name!r} but the trace has {rec.name!r}")
             if m.tid not in self.tensors:
                 self.tensors[m.tid] = _Tensor(rec.name, rec.nbytes, rec.persistent)
+        for r in plan.recomputes:
+            rec = trace.tensors[r.tid]
+            if rec.name != r.name or rec.persistent:
+                raise ValueError(f"plan recomputes tensor {r.tid} {r.name!r} but the trace has "
+                                 f"{'persistent ' if rec.persistent else ''}{rec.name!r}")
+            self.tensors.setdefault(r.tid, _Tensor(rec.name, rec.nbytes, False))
         for t in self.tensors.values():
             if t.persistent:
                 if t.name not in persistent:
@@ -231,6 +246,14 @@ class MigrationEngine(TorchDispatchMode):
 
         self.offload_after, self.free_before = by_op("offload_after"), by_op("free_before")
         self.prefetch_before, self.needed_by = by_op("prefetch_before"), by_op("needed_by")
+        # Recomputes (``teraio.core.rerun``): their chains' calls, recorded as they run; which
+        # recomputes drop their tensor after op k, and which make it again before op k.
+        self.reruns = Reruns(plan.recomputes)
+        self.drop_after: list[list[int]] = [[] for _ in range(self.n_ops)]
+        self.remake_before: list[list[int]] = [[] for _ in range(self.n_ops)]
+        for i, r in enumerate(plan.recomputes):
+            self.drop_after[r.drop_after].append(i)
+            self.remake_before[r.recompute_before].append(i)
         # Intermediates: which op allocates them (slot j of op k) and after which op the
         # engine drops its reference, so autograd can free them as usual.
         self.produced_at: dict[int, list[tuple[int, int]]] = {}
@@ -240,7 +263,8 @@ class MigrationEngine(TorchDispatchMode):
                 continue
             k, j = _parse_intermediate(t.name)
             self.produced_at.setdefault(k, []).append((j, tid))
-            last = max(m.needed_by for m in plan.migrations if m.tid == tid)
+            last = max([m.needed_by for m in plan.migrations if m.tid == tid]
+                       + [r.needed_by for r in plan.recomputes if r.tid == tid])
             self.release_after.setdefault(last, []).append(tid)
 
         # Gradients (release_grads): the op and slot that allocate each, and the op after
@@ -353,6 +377,7 @@ class MigrationEngine(TorchDispatchMode):
         first_transfer = len(self.transfers)
         self._allocated = [] if not self.history else None
         self._overrun, self._overrun_lingering = {}, []
+        self.reruns.start_step()
         self._in_step = True
         try:
             with self:
@@ -445,6 +470,8 @@ class MigrationEngine(TorchDispatchMode):
         self.step_index, self.stats = -1, StepStats(step=-1)
         errors = []
         for tid, t in self.tensors.items():
+            if t.rerun is not None:  # an intermediate dropped by a step that failed: nothing reads it again
+                t.rerun, t.storage = None, None
             if t.storage is None or t.status == RESIDENT:
                 continue
             if t.status == OFFLOADING:  # the bytes never left the device: a failed write loses nothing
@@ -472,7 +499,7 @@ class MigrationEngine(TorchDispatchMode):
             self._op_t[k] = time.perf_counter() - self._step_t0
             self._before(k, args, kwargs)
             out = self._run_op(k, func, args, kwargs)
-            self._after(k, args, kwargs, out)
+            self._after(k, func, args, kwargs, out)
         except torch.OutOfMemoryError as e:
             self._failed = True
             e.add_note(self._memory_note(k))  # shown by traceback, so in the result row's error
@@ -640,9 +667,13 @@ class MigrationEngine(TorchDispatchMode):
             if t.status == OFFLOADED:
                 self._launch_prefetch(t, k, deferrable=True)
         waits = [m for m in self.needed_by[k] if self.tensors[m.tid].status != RESIDENT]
-        if waits or self._away:
+        remakes = [i for i in self.remake_before[k] if self.tensors[self.plan.recomputes[i].tid].rerun == i]
+        if waits or remakes or self._away:
             inputs = [storage_key(x) for x in iter_tensors(args, kwargs)]
             keep = frozenset(inputs)  # an allocation here may not free op k's own inputs
+            for i in remakes:
+                tid = self.plan.recomputes[i].tid
+                self._remake(tid, self.tensors[tid], k, keep)
             for m in waits:
                 self._make_resident(m.tid, self.tensors[m.tid], urgent=False, k=k, keep=keep)
             for key in inputs:
@@ -653,7 +684,7 @@ class MigrationEngine(TorchDispatchMode):
         if accounted > self.stats.max_accounted_bytes:
             self.stats.max_accounted_bytes = accounted
 
-    def _after(self, k: int, args, kwargs, out) -> None:
+    def _after(self, k: int, func, args, kwargs, out) -> None:
         produced, grads = self.produced_at.get(k), self.grad_produced_at.get(k)
         if produced or grads or self._allocated is not None:
             fresh = fresh_outputs(out, {storage_key(x) for x in iter_tensors(args, kwargs)})
@@ -667,6 +698,14 @@ class MigrationEngine(TorchDispatchMode):
                 self.tensors[tid].storage = fresh[j].untyped_storage()
             for j, tid in grads or ():
                 self._grads[tid] = fresh[j].untyped_storage()
+        if k in self.reruns.ops:
+            self.reruns.record(k, func, args, kwargs, out)
+        for i in self.drop_after[k]:
+            tid = self.plan.recomputes[i].tid
+            t = self.tensors[tid]
+            if t.status == RESIDENT and t.storage is not None:
+                self._free(tid, t)
+                t.rerun = i
         for tid in self.grad_free_after.get(k, ()):
             self._grads.pop(tid).resize_(0)  # param.grad keeps the tensor; zero_grad drops it
         for m in self.offload_after[k]:
@@ -760,6 +799,11 @@ class MigrationEngine(TorchDispatchMode):
 
     def _make_resident(self, tid: int, t: _Tensor, urgent: bool, k: int | None = None,
                        keep: frozenset = frozenset()) -> None:
+        if t.rerun is not None:  # dropped by a recompute: made again, whatever the op
+            if urgent and self.stats is not None:
+                self.stats.urgent_count += 1
+            self._remake(tid, t, -1 if k is None else k, keep)
+            return
         if t.status == OFFLOADED:
             self._launch_prefetch(t, k if k is not None else -1, keep=keep)
         if urgent and self.stats is not None:
@@ -771,6 +815,31 @@ class MigrationEngine(TorchDispatchMode):
         else:
             self._wait(t, k)
         t.status = RESIDENT
+
+    def _remake(self, tid: int, t: _Tensor, k: int, keep: frozenset) -> None:
+        """Make tensor ``tid``, dropped by recompute ``t.rerun``, again before op ``k``: its
+        chain's resident inputs first (fetched if something moved them), then the re-run,
+        then its bytes into its own storage, re-allocated (``teraio.core.rerun``). Each
+        allocation retries after an out-of-memory error as an op does (:meth:`_until_fits`)."""
+        i, t0 = t.rerun, time.perf_counter()
+        for x in self.reruns.inputs(i):
+            away = self._away.get(storage_key(x))
+            if away is not None:
+                self._make_resident(away, self.tensors[away], urgent=True, k=k, keep=keep)
+        keep = keep | {storage_key(x) for x in self.reruns.inputs(i)}
+        fresh = self.reruns.replay(i, lambda call: self._until_fits(call, k, lambda: keep))
+        if fresh.untyped_storage().nbytes() != t.nbytes:
+            raise RuntimeError(f"re-run of {t.name!r} made {fresh.untyped_storage().nbytes()} B; "
+                               f"the profiled tensor has {t.nbytes} B")
+        self._until_fits(lambda: self._resize(t.storage, t.nbytes), k, lambda: keep)
+        byte_view(t.storage).copy_(byte_view(fresh.untyped_storage()))
+        del fresh
+        self._away.pop(storage_id(t.storage), None)
+        self._away_bytes -= t.nbytes
+        t.status, t.rerun = RESIDENT, None
+        if self.stats is not None:
+            self.stats.recomputed_bytes += t.nbytes
+            self.stats.recompute_seconds += time.perf_counter() - t0
 
     # ---- device-side waits (device_waits) ----------------------------------------
     def _stream_ordered(self, t: _Tensor) -> bool:

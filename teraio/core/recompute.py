@@ -54,7 +54,8 @@ class Chain:
         ops: the op indices to re-run, ascending.
         inputs: tids of the resident tensors they read.
         seconds: the ops' profiled seconds in all.
-        extra_bytes: the most bytes the re-run holds at once beyond the tensor itself.
+        extra_bytes: the most bytes the re-run holds at once beyond the tensor itself (at
+            least the tensor's own bytes: the engine copies a fresh result into its storage).
     """
 
     ops: list[int]
@@ -146,6 +147,8 @@ class Chains:
             for o in made:
                 if o != tid and last_read.get(o, tensors[o].uses[0]) == k:
                     alive -= tensors[o].nbytes
+        # The engine re-runs the chain into fresh memory, then copies the result into the
+        # tensor's own storage (``teraio.core.rerun``): the tensor's bytes twice at the copy.
         return Chain(ops=order, inputs=sorted(resident),
                      seconds=float(self.trace.op_seconds[order].sum()),
-                     extra_bytes=max(0, peak - x.nbytes))
+                     extra_bytes=max(peak - x.nbytes, x.nbytes))
