@@ -63,7 +63,10 @@ class WorkloadConfig:
     """
 
     batch_size: int = 2
-    micro_batch_size: int = 1
+    micro_batch_size: int | str = 1
+    """Sequences per micro-batch, a divisor of ``batch_size``; or ``"auto"``: TeraIO picks the
+    divisor whose planned iteration simulates shortest (``teraio.systems.microbatch``; one
+    stage only; other systems refuse it)."""
     seq_len: int = 64
     warmup_steps: int = 2
     measure_steps: int = 3
@@ -74,7 +77,15 @@ class WorkloadConfig:
     def __post_init__(self) -> None:
         if self.pipeline_stages < 1:
             raise ValueError(f"workload.pipeline_stages={self.pipeline_stages} must be >= 1")
-        if self.micro_batch_size <= 0 or self.batch_size % self.micro_batch_size:
+        if self.micro_batch_size == "auto":
+            if self.pipeline_stages != 1:
+                raise ValueError(f"workload.micro_batch_size=auto with workload.pipeline_stages="
+                                 f"{self.pipeline_stages}: the choice is for one stage; name a divisor of "
+                                 f"batch_size={self.batch_size}")
+        elif not isinstance(self.micro_batch_size, int) or isinstance(self.micro_batch_size, bool):
+            raise ValueError(f"workload.micro_batch_size={self.micro_batch_size!r}; valid: a divisor of "
+                             f"batch_size={self.batch_size}, or auto")
+        elif self.micro_batch_size <= 0 or self.batch_size % self.micro_batch_size:
             raise ValueError(
                 f"workload.batch_size={self.batch_size} is not divisible by "
                 f"workload.micro_batch_size={self.micro_batch_size}; pick a divisor")
@@ -100,6 +111,9 @@ class WorkloadConfig:
 
     @property
     def grad_accum_steps(self) -> int:
+        if self.micro_batch_size == "auto":
+            raise ValueError("workload.micro_batch_size=auto: the micro-batches per step are known once "
+                             "TeraIO has chosen (teraio.systems.microbatch)")
         return self.batch_size // self.micro_batch_size
 
     @property

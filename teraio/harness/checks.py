@@ -27,6 +27,7 @@ def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool =
       ``check_device``, since otherwise the workers run elsewhere; the list must not be empty;
     * ``system.options``: every key and value, by the system's own check (``teraio.systems``);
     * a system that runs on CUDA only (``SystemSpec.cuda_only``) needs a CUDA device;
+    * ``workload.micro_batch_size: auto`` only for TeraIO's systems (they choose it);
     * a system with a host tier (TeraIO-Mixed) needs ``hardware.host_mem_cap_bytes`` > 0;
     * ``timeout_s`` > 0, ``workload.measure_steps`` >= 1, ``workload.warmup_steps`` >= 1,
       ``hardware.n_gpus`` >= 1;
@@ -72,6 +73,10 @@ def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool =
     if spec.cuda_only and device.type != "cuda":
         raise ValueError(f"hardware.device={hw.device!r}: {spec.name} runs on CUDA only; "
                          f"run it with a CUDA device (e.g. hardware=h200) or leave it out of this sweep")
+    if w.micro_batch_size == "auto" and spec.role != "teraio":
+        raise ValueError(f"workload.micro_batch_size=auto: {spec.name} trains the micro-batch it is given "
+                         f"(a divisor of batch_size={w.batch_size}); only "
+                         f"{[n for n in systems.names() if systems.get(n).role == 'teraio']} choose their own")
     if w.pipeline_stages > 1:
         check_pipeline(run, spec, device)
     if spec.uses_drives:
