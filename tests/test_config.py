@@ -176,6 +176,20 @@ def test_capacity_must_be_positive():
         sweep.validate(run_cfg(gpu_capacity_bytes=0))
 
 
+def test_micro_batch_auto_is_teraios_alone_and_one_stage_only():
+    auto = {"model": {"name": "m"}, "workload": {"batch_size": 4, "micro_batch_size": "auto"}}
+    with pytest.raises(ValueError, match=r"micro_batch_size=auto: zero_offload trains the micro-batch it is "
+                                         r"given .*only \['teraio_ssd', 'teraio_mixed'\]"):
+        sweep.validate(run_config_from_dict({**auto, "system": {"name": "zero_offload"}}))
+    with pytest.raises(ValueError, match=r"micro_batch_size=auto with workload.pipeline_stages=2"):
+        run_config_from_dict({**auto, "workload": {**auto["workload"], "pipeline_stages": 2},
+                              "system": {"name": "teraio_ssd"}})
+    with pytest.raises(ValueError, match=r"workload.micro_batch_size='big'; valid: a divisor of batch_size=4, or auto"):
+        run_config_from_dict({**auto, "workload": {"batch_size": 4, "micro_batch_size": "big"},
+                              "system": {"name": "teraio_ssd"}})
+    assert run_config_from_dict({**auto, "system": {"name": "teraio_ssd"}}).workload.micro_batch_size == "auto"
+
+
 def test_capacity_larger_than_the_gpu_is_refused(monkeypatch):
     props = type("Props", (), {"total_memory": 80 * 2**30})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
