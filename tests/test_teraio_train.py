@@ -24,7 +24,7 @@ from teraio.core.profiler import iter_tensors
 from teraio.result import measured_before, result_row
 from teraio.workload.step import make_batch, make_optimizer, train_step
 from teraio.core.engine import PlanDriftError
-from teraio.core.planner import REGION_MARGIN
+from teraio.perf.choose import REGION_MARGIN
 from teraio.systems.teraio import run
 
 CPU = torch.device("cpu")

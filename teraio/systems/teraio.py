@@ -39,7 +39,7 @@ On a CPU device with no capacity given nothing is capped (no pager, nothing to p
                          (``teraio.core.slots.HostArena``); false: slots shared by tensors
                          whose periods never overlap; ``"auto"`` (default): both planned,
                          the region kept where it simulates more than 2 % faster
-                         (``teraio.core.planner.REGION_MARGIN``)
+                         (``teraio.perf.choose.REGION_MARGIN``)
   ``replan_on_drift``    when a step's shape differs from the profiled one's
                          (``workload.seq_len_schedule``), hand the engine's tensors back to a
                          pager, profile that step and plan again (counted in the row's
@@ -66,7 +66,9 @@ from teraio.systems.loop import Step, Steps, StepStats, measure_steps
 from teraio.systems.measure import (apply_memory_cap, lift_memory_cap, param_digest, peak_memory, reset_peak_memory,
                             synchronize, timed)
 from teraio.workload.models import model_state_bytes
-from teraio.core.planner import BENEFITS, TierBandwidth, is_host_arena, plan_migrations
+from teraio.core.bandwidth import TierBandwidth
+from teraio.core.planner import BENEFITS
+from teraio.perf.choose import is_host_arena, plan_fastest
 from teraio.core.pager import Pager, PagedStep, PagerStats
 from teraio.core.profiler import persistent_tensors, profile_step
 from teraio.result import Measurements, iteration_totals, kept_on_failure, progress_line
@@ -335,10 +337,10 @@ def _train(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measur
             t0 = time.perf_counter()
             # The SSD tier's files within the drives' free room, shared by the pipeline's stages.
             ssd_cap = drive_room_bytes(list(cfg.hardware.ssd_dirs)) // w.pipeline_stages
-            plan = plan_migrations(trace, plan_capacity, bandwidths, host_cap_bytes=host_cap,
-                                   benefit=opts.benefit, min_tensor_bytes=opts.min_tensor_bytes,
-                                   allow_stalls=opts.allow_stalls, host_arena=opts.host_arena,
-                                   ssd_cap_bytes=ssd_cap)
+            plan = plan_fastest(trace, plan_capacity, bandwidths, host_cap_bytes=host_cap,
+                                benefit=opts.benefit, min_tensor_bytes=opts.min_tensor_bytes,
+                                allow_stalls=opts.allow_stalls, host_arena=opts.host_arena,
+                                ssd_cap_bytes=ssd_cap)
             compile_seconds = time.perf_counter() - t0
             plan.save(side / f"plan{suffix}.json")
             summary = {"capacity_bytes": plan_capacity, "predicted_peak_bytes": plan.predicted_peak_bytes,

@@ -40,8 +40,8 @@ import heapq
 
 import numpy as np
 
+from teraio.core.bandwidth import CHANNELS, TIER_CHANNELS, TierBandwidth
 from teraio.core.plan import MigrationPlan
-from teraio.core.planner import CHANNELS, TIER_CHANNELS, TierBandwidth
 from teraio.core.trace import Trace
 
 

@@ -2,7 +2,7 @@
 
 For each saved trace and each migration bandwidth, plan with Algorithm 1
 (:func:`teraio.core.planner.plan_migrations`, SSD only, every direction at that bandwidth) and
-replay the plan with the performance model (:func:`teraio.core.simulator.simulate`), under
+replay the plan with the performance model (:func:`teraio.perf.simulator.simulate`), under
 each requested channel policy. Normalized throughput = Ideal / predicted iteration time.
 When no hidden plan fits, the planner adds exposed migrations (``allow_stalls``), whose
 waits the model charges: that is how the paper's runtime behaves when memory cannot
@@ -28,9 +28,10 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from teraio.core.planner import TierBandwidth, plan_migrations
-from teraio.core.simulator import POLICIES, simulate
+from teraio.core.bandwidth import TierBandwidth
+from teraio.core.planner import plan_migrations
 from teraio.core.trace import Trace
+from teraio.perf.simulator import POLICIES, simulate
 
 BANDWIDTHS_GBPS: tuple[float, ...] = (0, 4, 8, 12, 16, 24, 32, 48, 64)  # paper Fig. 3's x ticks
 OUTPUT_FILES: tuple[str, ...] = ("roofline.csv", "roofline.parquet", "fig3_roofline.png", "fig3_roofline.pdf")
@@ -47,7 +48,7 @@ def roofline(traces: dict[str, Trace], capacities: dict[str, int],
         capacities: model name -> GPU capacity to plan for, bytes (the paper's
             ``peak / M``).
         bandwidths_gbps: migration bandwidths per GPU, GB/s, each >= 0.
-        policies: the simulator's channel orders (``teraio.core.simulator.POLICIES``).
+        policies: the simulator's channel orders (``teraio.perf.simulator.POLICIES``).
         progress: show a tqdm bar.
 
     Returns:
