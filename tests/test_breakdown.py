@@ -179,7 +179,7 @@ def test_the_ssd_floor_estimate_is_the_peak_beyond_the_usable_capacity_and_meets
     import json
 
     from analysis.breakdown import scaled_frame
-    from teraio.systems.teraio import CUDA_HEADROOM_FRACTION
+    from teraio.systems.teraio_options import CUDA_HEADROOM_FRACTION
 
     f = scaled_frame("fig7_h200").set_index(["model", "point"])
     capacity = f["peak_bytes"] / (f["paper_m"] / 100)

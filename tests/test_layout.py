@@ -10,6 +10,9 @@
 
 Nor do two modules import each other, through any chain (an import circle), at module level or
 inside a function.
+
+Sizes: no function of ``teraio`` is longer than :data:`MAX_FUNCTION_LINES`, and the runners
+(``teraio.systems``) share state through attributes, never ``nonlocal``.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = {"teraio", "teraio.config", "teraio.files", "teraio.result", "teraio.systems"}
+MAX_FUNCTION_LINES = 120
 
 
 def layer(module: str) -> int:
@@ -141,3 +145,36 @@ def test_the_circle_check_sees_a_circle(tmp_path):
     assert circles(import_graph(paths)) == [["teraio.a", "teraio.b", "teraio.c"]]
     paths["teraio.c"].write_text("x = 1\n")  # the chain broken: no circle
     assert circles(import_graph(paths)) == []
+
+
+def long_functions(path: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """``name (n lines)`` of each function or method of ``path`` longer than ``limit`` lines,
+    its docstring included."""
+    return [f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit]
+
+
+def nonlocal_lines(path: Path) -> list[int]:
+    """Lines of ``path`` holding a ``nonlocal`` statement."""
+    return [node.lineno for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Nonlocal)]
+
+
+def test_no_function_is_longer_than_the_limit():
+    long = {str(p.relative_to(REPO)): f for p in sorted((REPO / "teraio").rglob("*.py")) if (f := long_functions(p))}
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines (split them): {long}"
+
+
+def test_no_runner_shares_state_through_nonlocal():
+    found = {str(p.relative_to(REPO)): n for p in sorted((REPO / "teraio" / "systems").rglob("*.py"))
+             if (n := nonlocal_lines(p))}
+    assert not found, f"nonlocal in {found}: keep the run's state as attributes"
+
+
+def test_the_size_checks_see_a_long_function_and_a_nonlocal(tmp_path):
+    bad = tmp_path / "bad.py"
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    bad.write_text(f"def long():\n{body}\n\ndef short():\n    y = 0\n\n    def inner():\n        nonlocal y\n"
+                   "        y = 1\n    return inner\n")
+    assert long_functions(bad) == [f"long ({MAX_FUNCTION_LINES + 1} lines)"]
+    assert nonlocal_lines(bad) == [8 + MAX_FUNCTION_LINES]
