@@ -21,10 +21,11 @@ summed op times).
 
 Writes ``claims.md``/``.tex`` (the claims table), ``claims_detail.md``/``.tex`` (each
 claim's rule, its figure point by point, the rows used), ``ideal_bias.md``/``.tex`` and
-``fairness.md``/``.tex`` into ``--out`` (default ``runs/claims``). ``--insert FILE`` replaces
-each generated block of FILE (between ``<!-- analysis.claims:NAME begin -->`` and
+``fairness.md``/``.tex`` (what each system ran with) and ``runtime.md``/``.tex`` (how long the
+runs took, :mod:`analysis.runtime`) into ``--out`` (default ``runs/claims``). ``--insert FILE``
+replaces each generated block of FILE (between ``<!-- analysis.claims:NAME begin -->`` and
 ``<!-- analysis.claims:NAME end -->``, NAME one of :data:`BLOCKS`: ``claims``, ``ideal_bias``,
-``fairness``) by the file just written.
+``fairness``, ``runtime``) by the file just written.
 """
 from __future__ import annotations
 
@@ -45,11 +46,12 @@ from . import cost
 from .fairness import fairness_frame, fairness_table
 from .load import Sweep, describe, load_sweep
 from .render import fmt, to_latex, to_markdown
+from .runtime import HOUR, runtime_frame, runtime_table
 
 SUPPORTED, PARTLY, NOT_SUPPORTED, NOT_MEASURED = "supported", "partly", "not supported", "not measured"
 NEAR_IDEAL = 90.0  # % of Ideal the rules take as "near Ideal" (the paper gives no bar)
 DEFAULT_OUT = Path("runs/claims")
-BLOCKS = ("claims", "ideal_bias", "fairness")  # the files --insert puts into a document
+BLOCKS = ("claims", "ideal_bias", "fairness", "runtime")  # the files --insert puts into a document
 WRITTEN = BLOCKS + ("claims_detail",)  # every file written (each .md and .tex)
 MEASURED_IDEAL = ("measured", "composed")  # Ideal timed on the device: whole, or in phases
 
@@ -815,9 +817,10 @@ def _write(df: pd.DataFrame, stem: Path, caption: str, notes: list[str]) -> list
 
 
 def write_claims(ev: Evidence, out: Path) -> dict[str, Path]:
-    """Write ``claims``, ``claims_detail``, ``ideal_bias`` and ``fairness`` (``.md`` and
-    ``.tex``) under ``out``; return ``{name: markdown path}`` of the :data:`BLOCKS`."""
+    """Write ``claims``, ``claims_detail``, ``ideal_bias``, ``fairness`` and ``runtime``
+    (``.md`` and ``.tex``) under ``out``; return ``{name: markdown path}`` of the :data:`BLOCKS`."""
     who = "; ".join(describe(s) for s in ev.sweeps)
+    rows_of = "the rows of " + (", ".join(s.name for s in ev.sweeps) or "no sweep")  # the other captions
     found = findings(ev)
     counts = pd.Series([f.verdict for _, f in found]).value_counts()
     tally = ", ".join(f"{counts.get(v, 0)} {v}" for v in (SUPPORTED, PARTLY, NOT_SUPPORTED, NOT_MEASURED))
@@ -829,11 +832,11 @@ def write_claims(ev: Evidence, out: Path) -> dict[str, Path]:
             "(or composed: timed in phases) Ideals only; a modeled Ideal is named where used (its bias: "
             "ideal_bias). Fig. 7 claims read the sweeps named fig7*, Fig. 9 claims those named fig9*."])
     _write(claims_detail_table(found), out / "claims_detail",
-           f"The paper's claims: rules, figures point by point, rows used — {who}",
+           f"The paper's claims: rules, figures point by point, rows used — {rows_of}",
            ["Rows used: result.json files, trials folded (-t{0,1,2}), paths relative to the sweeps' parent."])
     bias = ideal_bias_frame(ev)
     _write(ideal_bias_table(bias), out / "ideal_bias",
-           f"The modeled Ideal against the measured one — {who}",
+           f"The modeled Ideal against the measured one — {rows_of}",
            ["Modeled: the TeraIO row's trace of the whole step, its op times summed (how a modeled "
             "Ideal row is made, teraio.systems.ideal); measured: Ideal's mean iteration at the same "
             "point. Above 1 the model is slow, so a % of a modeled Ideal reads high by that factor."
@@ -842,9 +845,16 @@ def write_claims(ev: Evidence, out: Path) -> dict[str, Path]:
     fair = fairness_frame(ev.runs) if len(ev.runs) else pd.DataFrame()
     n_tuned = int(fair["tuned"].sum()) if len(fair) else 0
     _write(fairness_table(fair) if len(fair) else pd.DataFrame({"none": []}), out / "fairness",
-           f"What each system ran with, and how it was chosen — {who}",
+           f"What each system ran with, and how it was chosen — {rows_of}",
            [f"{n_tuned} of {len(fair)} (point, system) groups tuned by measurement (the rows' tuning); "
             "the paper tunes each baseline per configuration (§4.1)."])
+    times = runtime_frame(ev.runs) if len(ev.runs) else pd.DataFrame()
+    _write(runtime_table(times) if len(times) else pd.DataFrame({"none": []}), out / "runtime",
+           f"How long the runs took — {rows_of}",
+           ["Worker time: each row's wall_seconds, the worker process from start to end (set-up, "
+            "profiling and planning included); failed runs count. A sweep's time is the sum over its "
+            f"points; in all {fmt(times['total_s'].sum() / HOUR, 2) if len(times) else '0'} worker hours, "
+            "one run after another. Each run is capped at its experiment's timeout_s."])
     return {name: out / f"{name}.md" for name in BLOCKS}
 
 

@@ -175,6 +175,21 @@ def test_fairness_names_the_engine_settings_each_teraio_group_ran_with(tmp_path)
         "host_arena absent (before the option: slots)"]
 
 
+def test_runtime_sums_each_groups_worker_time_failed_runs_included(tmp_path):
+    from analysis.runtime import runtime_frame, runtime_table
+    for t, (status, wall) in enumerate((("ok", 30.0), ("ok", 90.0), ("oom", 12.0))):
+        edit(write_run(tmp_path, f"m{t}", system="teraio_mixed", trial=t, tps=1.0, status=status, **WL),
+             wall_seconds=wall)
+    edit(write_run(tmp_path, "i", system="ideal", trial=0, tps=1.0, **WL), wall_seconds=None)
+    frame = runtime_frame(load_sweep(tmp_path).runs).set_index("system")
+    assert frame.loc["teraio_mixed", ["runs", "ok", "min_s", "max_s", "total_s"]].tolist() == [3, 2, 12.0, 90.0, 132.0]
+    assert frame.loc["ideal", "runs"] == 1 and frame.loc["ideal", "total_s"] == 0.0
+    table = runtime_table(frame.reset_index()).set_index("System")
+    assert table.loc["TeraIO-Mixed", "worker s per run"] == "12.0–90.0"
+    assert table.loc["TeraIO-Mixed", "runs (ok)"] == "3 (2)"
+    assert table.loc["Ideal", "worker s per run"] == "n/a"
+
+
 def test_insert_replaces_each_block_and_refuses_a_document_without_one(tmp_path):
     made = tmp_path / "claims.md"
     made.write_text("| generated |\n")
