@@ -531,7 +531,7 @@ def c12(ev: Evidence) -> Finding:
                      for t, r, p in zip(table3["teraio"], table3["paper_table3"], table3["paper_stated"]))
     return Finding(ours + ", from Table 3's prices",
                    SUPPORTED if all(same) else PARTLY if any(same) else NOT_SUPPORTED,
-                   detail=ours + " (arithmetic from Table 3's prices, analysis.cost)")
+                   ("the paper's Table 3 prices in analysis/cost.py",), ours + " (arithmetic, analysis.cost)")
 
 
 def c13(ev: Evidence) -> Finding:

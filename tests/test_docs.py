@@ -6,7 +6,7 @@ the checkout can do.
   Hydra's compose API (an unknown key fails there, as on the command line), and every point
   it would run becomes a valid run config (``teraio.sweep.run_config``);
 - every repository path the READMEs name exists, and every ``python -m`` module imports;
-- ae_README.md has one row per claim C1-C22 of the paper (ae_README.md §1 lists them);
+- ae_README.md has one row per claim C1-C22 of the paper (its §3 and §4 list them);
 - ae_README.md reads in two hours: at most 4,000 words of prose, no sentence over 60 words
   (prose, words and sentences as ``prose_blocks`` defines them);
 - the Dockerfile (no Docker engine here to build it) installs what pyproject.toml pins, at
