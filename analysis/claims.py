@@ -19,10 +19,13 @@ modeled one would add. ``ideal_bias`` tables modeled ÷ measured Ideal wherever 
 measured Ideal and a TeraIO trace to model it from (the modeled Ideal's method: the trace's
 summed op times).
 
-Writes ``claims.md``/``.tex``, ``ideal_bias.md``/``.tex`` and ``fairness.md``/``.tex`` into
-``--out`` (default ``runs/claims``). ``--insert FILE`` replaces each generated block of
-FILE (between ``<!-- analysis.claims:NAME begin -->`` and ``<!-- analysis.claims:NAME end -->``,
-NAME one of ``claims``, ``ideal_bias``, ``fairness``) by the file just written.
+Writes ``claims.md``/``.tex`` (the claims table), ``claims_detail.md``/``.tex`` (each
+claim's rule, its figure point by point, the rows used), ``ideal_bias.md``/``.tex`` and
+``fairness.md``/``.tex`` (what each system ran with) and ``runtime.md``/``.tex`` (how long the
+runs took, :mod:`analysis.runtime`) into ``--out`` (default ``runs/claims``). ``--insert FILE``
+replaces each generated block of FILE (between ``<!-- analysis.claims:NAME begin -->`` and
+``<!-- analysis.claims:NAME end -->``, NAME one of :data:`BLOCKS`: ``claims``, ``ideal_bias``,
+``fairness``, ``runtime``) by the file just written.
 """
 from __future__ import annotations
 
@@ -43,21 +46,26 @@ from . import cost
 from .fairness import fairness_frame, fairness_table
 from .load import Sweep, describe, load_sweep
 from .render import fmt, to_latex, to_markdown
+from .runtime import HOUR, runtime_frame, runtime_table
 
 SUPPORTED, PARTLY, NOT_SUPPORTED, NOT_MEASURED = "supported", "partly", "not supported", "not measured"
 NEAR_IDEAL = 90.0  # % of Ideal the rules take as "near Ideal" (the paper gives no bar)
 DEFAULT_OUT = Path("runs/claims")
-BLOCKS = ("claims", "ideal_bias", "fairness")
+BLOCKS = ("claims", "ideal_bias", "fairness", "runtime")  # the files --insert puts into a document
+WRITTEN = BLOCKS + ("claims_detail",)  # every file written (each .md and .tex)
 MEASURED_IDEAL = ("measured", "composed")  # Ideal timed on the device: whole, or in phases
 
 
 @dataclasses.dataclass(frozen=True)
 class Finding:
-    """What a rule found: our figure (text), the verdict, the rows or files it used."""
+    """What a rule found: ``ours``, our figure in one or two sentences (the claims table's
+    cell); the verdict; the rows or files it used; ``detail``, the figure point by point
+    (``claims_detail``; empty where ``ours`` says it all)."""
 
     ours: str
     verdict: str
     used: tuple[str, ...] = ()
+    detail: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,8 +148,30 @@ def _x(v: float) -> str:
     return f"{fmt(v, 2)}×"
 
 
+def _span(values, unit: str = "", digits: int | None = None) -> str:
+    """``a–b<unit>`` over ``values`` (formatted as :func:`fmt`), one value where they print
+    the same; ``n/a`` when there is none."""
+    v = [float(x) for x in values if x is not None and math.isfinite(float(x))]
+    if not v:
+        return "n/a"
+    lo, hi = fmt(min(v), digits), fmt(max(v), digits)
+    return f"{lo}{unit}" if lo == hi else f"{lo}–{hi}{unit}"
+
+
+def _n(k: int, what: str) -> str:
+    return f"{k} {what}" + ("" if k == 1 else "s")
+
+
 def _points(df: pd.DataFrame) -> str:
     return ", ".join(f"{m} {c}" for m, c in zip(df["model"], df["config"]))
+
+
+def _modeled_short(df: pd.DataFrame) -> str:
+    """The figures against a modeled Ideal in a few words, named as such."""
+    mod = df[df["ideal_measure"] == "modeled"]
+    if not len(mod):
+        return ""
+    return f"; {_span(mod['pct_of_ideal'], ' %', 1)} of a modeled Ideal at {_n(len(mod), 'point')} (ideal_bias)"
 
 
 def _modeled_note(df: pd.DataFrame, system: str) -> str:
@@ -198,13 +228,16 @@ def _speedup(ev: Evidence, paper: float, use_max: bool) -> Finding:
     zero_groups = best[best["system"].isin(("zero_offload", "zero_infinity"))].merge(
         both[agg.COMPARE_KEYS], on=agg.COMPARE_KEYS)
     tuned = _tuned(ev, zero_groups)
-    ours = (f"{'max' if use_max else 'mean'} {_x(value)} over {len(both)} points ({per})"
-            + (f"; ZeRO failed where TeraIO-Mixed ran: {_points(failed)}" if len(failed) else "")
-            + ("" if tuned else "; ZeRO not tuned (its rows carry no tuning)"))
+    failed_text = f"ZeRO failed where TeraIO-Mixed ran: {_points(failed)}" if len(failed) else ""
+    ours = (f"{'max' if use_max else 'mean'} {_x(value)} over {_n(len(both), 'point')}"
+            + (f"; ZeRO failed at {_n(len(failed), 'more point')}" if len(failed) else "")
+            + ("" if tuned else "; ZeRO not tuned"))
+    detail = f"per point: {per}" + (f"; {failed_text}" if failed_text else "") + (
+        "" if tuned else "; ZeRO's rows carry no tuning")
     verdict = SUPPORTED if value >= 0.9 * paper else PARTLY if value > 1.0 else NOT_SUPPORTED
     if verdict == SUPPORTED and not tuned:
         verdict = PARTLY
-    return Finding(ours, verdict, _speedup_rows(ev, best, r))
+    return Finding(ours, verdict, _speedup_rows(ev, best, r), detail)
 
 
 def c1(ev: Evidence) -> Finding:
@@ -234,27 +267,28 @@ def c2(ev: Evidence) -> Finding:
     if not len(allv):
         return Finding("no TeraIO-Mixed row with an Ideal at its point", NOT_MEASURED)
     if not len(measured):
-        return Finding("only against a modeled Ideal" + _modeled_note(allv, "teraio_mixed"), NOT_MEASURED,
-                       _with_ideal_rows(ev, best, allv))
+        return Finding("only against a modeled Ideal" + _modeled_short(allv), NOT_MEASURED,
+                       _with_ideal_rows(ev, best, allv), "only against a modeled Ideal" + _modeled_note(allv, "teraio_mixed"))
     m = measured["pct_of_ideal"].mean()
-    ours = (f"TeraIO-Mixed mean {_pct(m)} over {len(measured)} points with a measured Ideal ("
-            + ", ".join(f"{mo} {c} {_pct(p)}" + (" (composed Ideal)" if im == "composed" else "")
-                        for mo, c, p, im in zip(measured["model"], measured["config"], measured["pct_of_ideal"],
-                                                measured["ideal_measure"])) + ")"
-            + _modeled_note(allv, "teraio_mixed"))
+    ours = f"TeraIO-Mixed mean {_pct(m)} over {_n(len(measured), 'point')} with a measured Ideal" + _modeled_short(allv)
+    detail = ("per point: " + ", ".join(f"{mo} {c} {_pct(p)}" + (" (composed Ideal)" if im == "composed" else "")
+                                        for mo, c, p, im in zip(measured["model"], measured["config"],
+                                                                measured["pct_of_ideal"], measured["ideal_measure"]))
+              + _modeled_note(allv, "teraio_mixed"))
     verdict = SUPPORTED if m >= 0.9 * 80.7 else PARTLY if m >= 0.5 * 80.7 else NOT_SUPPORTED
-    return Finding(ours, verdict, _with_ideal_rows(ev, best, allv))
+    return Finding(ours, verdict, _with_ideal_rows(ev, best, allv), detail)
 
 
 def c4(ev: Evidence) -> Finding:
     best = ev.figure("fig7")
-    parts, used, holds = [], [], []
+    parts, short, used, holds = [], [], [], []
     for prefix, paper in (("llama3_8b", 65.9), ("granite_8b", 65.5)):
         measured, allv = _pct_of_ideal(ev, best, "zero_offload", (prefix,))
         if len(measured):
             m = measured["pct_of_ideal"].mean()
             holds.append(abs(m - paper) <= 10.0)
             parts.append(f"ZeRO-Offload at {prefix}*: mean {_pct(m)} over {len(measured)} point(s)")
+            short.append(f"{_pct(m)} at {prefix}* ({_n(len(measured), 'point')})")
             used.append(measured)
     inf = _ok(best, "zero_infinity")
     off = _ok(best, "zero_offload")
@@ -265,17 +299,21 @@ def c4(ev: Evidence) -> Finding:
         parts.append("ZeRO-Infinity ÷ ZeRO-Offload " + ", ".join(
             f"{m} {c} {fmt(v, 3)}" for m, c, v in zip(pair["model"], pair["config_inf"], ratios)))
         used += [inf.merge(pair[agg.COMPARE_KEYS], on=agg.COMPARE_KEYS)]
+        inf_short = f"ZeRO-Infinity ÷ ZeRO-Offload {_span(ratios, digits=3)} at {_n(len(pair), 'point')}"
     if not holds:
         return Finding("no ZeRO-Offload row of Llama3-8B or Granite-8B with a measured Ideal", NOT_MEASURED)
     failed = best[best["system"].isin(("zero_offload", "zero_infinity")) & (best["n"] == 0)]
-    ours = "; ".join(parts) + (
+    tuned = _tuned(ev, pd.concat(used))
+    detail = "; ".join(parts) + (
         "; failed: " + ", ".join(f"{agg.system_label(s)} {m} {c} ({f})" for s, m, c, f in
                                  zip(failed["system"], failed["model"], failed["config"], failed["failures"]))
-        if len(failed) else "") + (
-        "" if _tuned(ev, pd.concat(used)) else "; not tuned (rule: within 10 points of the paper's %, "
-        "ZeRO-Infinity at 0.8–1.0 of ZeRO-Offload)")
+        if len(failed) else "") + ("" if tuned else "; not tuned")
+    ours = "; ".join(([f"ZeRO-Offload {', '.join(short)} of Ideal"] if short else [])
+                     + ([inf_short] if len(pair) else [])
+                     + ([f"ZeRO failed at {_n(len(failed), 'point')}"] if len(failed) else [])
+                     + ([] if tuned else ["not tuned"]))
     verdict = SUPPORTED if all(holds) else PARTLY if any(holds) else NOT_SUPPORTED
-    return Finding(ours, verdict, _with_ideal_rows(ev, best, pd.concat(used + [failed], ignore_index=True)))
+    return Finding(ours, verdict, _with_ideal_rows(ev, best, pd.concat(used + [failed], ignore_index=True)), detail)
 
 
 def _not_measured_model(ev: Evidence, prefix: str, what: str) -> Finding | None:
@@ -306,14 +344,20 @@ def c5(ev: Evidence) -> Finding:
 
 def c6(ev: Evidence) -> Finding:
     best = ev.figure("fig7")
-    parts, used, near_measured, near_modeled = [], [], [], []
+    parts, short, used, near_measured, near_modeled = [], [], [], [], []
     for system in ("teraio_mixed", "teraio_ssd"):
         measured, allv = _pct_of_ideal(ev, best, system, ("llama3_8b",))
         if not len(allv):
             parts.append(f"{agg.system_label(system)}: no row with an Ideal")
+            short.append(parts[-1])
             near_measured.append(False)
             continue
         used.append(allv)
+        mod = allv[allv["ideal_measure"] == "modeled"]
+        short.append(agg.system_label(system) + " " + ", ".join(
+            ([f"{_span(measured['pct_of_ideal'], ' %', 1)} of a measured Ideal at {_n(len(measured), 'point')}"]
+             if len(measured) else [])
+            + ([f"{_span(mod['pct_of_ideal'], ' %', 1)} of a modeled one"] if len(mod) else [])))
         if len(measured):
             parts.append(f"{agg.system_label(system)} "
                          + ", ".join(f"{c} {_pct(p)}" for c, p in zip(measured["config"], measured["pct_of_ideal"]))
@@ -326,10 +370,11 @@ def c6(ev: Evidence) -> Finding:
         near_modeled.append(bool(len(mod)) and bool((mod["pct_of_ideal"] >= NEAR_IDEAL).any()))
     if not used:
         return Finding("no Llama3-8B row with an Ideal", NOT_MEASURED)
-    ours = "; ".join(parts) + f"; near Ideal: ≥ {fmt(NEAR_IDEAL, 0)} %; the +9 % of a bigger micro-batch: not measured"
+    detail = "; ".join(parts) + f"; near Ideal: ≥ {fmt(NEAR_IDEAL, 0)} %; the +9 % of a bigger micro-batch: not measured"
+    ours = "; ".join(short) + ". The +9 % of a bigger micro-batch: not measured."
     verdict = (SUPPORTED if all(near_measured) else
                PARTLY if any(near_measured) or any(near_modeled) else NOT_SUPPORTED)
-    return Finding(ours, verdict, _with_ideal_rows(ev, best, pd.concat(used, ignore_index=True)))
+    return Finding(ours, verdict, _with_ideal_rows(ev, best, pd.concat(used, ignore_index=True)), detail)
 
 
 def c7(ev: Evidence) -> Finding:
@@ -337,12 +382,14 @@ def c7(ev: Evidence) -> Finding:
     g = best[best["model"].str.startswith("granite_8b")]
     if not len(g):
         return Finding("no granite_8b row in the sweeps given", NOT_MEASURED)
-    parts, holds = [], []
+    parts, short, holds = [], [], []
     measured, allv = _pct_of_ideal(ev, best, "teraio_mixed", ("granite_8b",))
     if len(measured):
         parts.append("TeraIO-Mixed " + ", ".join(f"{c} {_pct(p)}" for c, p in zip(measured["config"],
                                                                                 measured["pct_of_ideal"]))
                      + " of a measured Ideal")
+        short.append(f"TeraIO-Mixed {_span(measured['pct_of_ideal'], ' %', 1)} of a measured Ideal "
+                     f"at {_n(len(measured), 'point')}")
         holds.append(bool((measured["pct_of_ideal"] >= NEAR_IDEAL).all()))
     ssd, zero = _ok(g, "teraio_ssd"), g[g["system"].isin(("zero_offload", "zero_infinity")) & (g["n"] > 0)]
     pair = ssd.merge(zero, on=agg.COMPARE_KEYS, suffixes=("", "_z"))
@@ -350,15 +397,19 @@ def c7(ev: Evidence) -> Finding:
         ratios = pair["tokens_per_s_mean"] / pair["tokens_per_s_mean_z"]
         parts.append("TeraIO-SSD ÷ ZeRO " + ", ".join(f"{c} {fmt(v, 2)} ({agg.system_label(z)})" for c, v, z in
                                                      zip(pair["config"], ratios, pair["system_z"])))
+        short.append(f"TeraIO-SSD ÷ ZeRO {_span(ratios, digits=2)} at {_n(len(pair), 'point')}")
         holds.append(bool(((ratios >= 0.9) & (ratios <= 1.1)).all()))
     else:
         parts.append("TeraIO-SSD ≈ ZeRO: no point where both ran ok")
+        short.append(parts[-1])
     n_ssd = int(ev.runs.loc[ev.runs["model"].str.startswith("granite_8b"), "n_ssd"].max())
     parts.append(f"4 SSDs per GPU: not measured (at most {n_ssd} drive here)")
+    short.append(parts[-1])
+    ours, detail = "; ".join(short), "; ".join(parts)
     if not holds:
-        return Finding("; ".join(parts), NOT_MEASURED, _with_ideal_rows(ev, best, g))
+        return Finding(ours, NOT_MEASURED, _with_ideal_rows(ev, best, g), detail)
     verdict = SUPPORTED if all(holds) else PARTLY if any(holds) else NOT_SUPPORTED
-    return Finding("; ".join(parts), verdict, _with_ideal_rows(ev, best, g))
+    return Finding(ours, verdict, _with_ideal_rows(ev, best, g), detail)
 
 
 def c8(ev: Evidence) -> Finding:
@@ -381,11 +432,11 @@ def c8(ev: Evidence) -> Finding:
     if not mixed_closest and not ssd_ge_zero:
         return Finding("no point with TeraIO-Mixed beside another system that ran ok", NOT_MEASURED)
     ours = (f"TeraIO-Mixed closest to Ideal at {sum(mixed_closest)} of {len(mixed_closest)} points; "
-            f"TeraIO-SSD ≥ every ZeRO that ran at {sum(ssd_ge_zero)} of {len(ssd_ge_zero)}"
-            + (f" ({'; '.join(failing)})" if failing else ""))
+            f"TeraIO-SSD ≥ every ZeRO that ran at {sum(ssd_ge_zero)} of {len(ssd_ge_zero)}")
     checks = mixed_closest + ssd_ge_zero
     verdict = SUPPORTED if all(checks) else PARTLY if sum(checks) >= len(checks) / 2 else NOT_SUPPORTED
-    return Finding(ours, verdict, ev.rows(best[best["system"] != "ideal"]))
+    return Finding(ours, verdict, ev.rows(best[best["system"] != "ideal"]),
+                   ours + (f" ({'; '.join(failing)})" if failing else ""))
 
 
 def c9(ev: Evidence) -> Finding:
@@ -414,13 +465,15 @@ def c10(ev: Evidence) -> Finding:
     its = agg.summarize_iterations(_iterations(ev, "fig7"))
     sel = its.merge(mix[agg.COMPARE_KEYS + ["system"]], on=agg.COMPARE_KEYS + ["system"])
     zi = its.merge(inf[agg.COMPARE_KEYS + ["system"]], on=agg.COMPARE_KEYS + ["system"])
-    ours = ("TeraIO-Mixed stall / overlapped / iteration s: " + ", ".join(
+    detail = ("TeraIO-Mixed stall / overlapped / iteration s: " + ", ".join(
         f"{m} {c} {fmt(s)} / {fmt(o)} / {fmt(t)}" for m, c, s, o, t in
         zip(sel["model"], sel["config"], sel["stall_seconds_mean"], sel["overlapped_seconds_mean"], sel["seconds_mean"]))
         + "; ZeRO-Infinity iteration s: " + ", ".join(f"{m} {c} {fmt(t)}" for m, c, t in
                                                       zip(zi["model"], zi["config"], zi["seconds_mean"]))
         + "; DeepSpeed reports no stall or migration time, so the stall comparison is not measured")
-    return Finding(ours, NOT_MEASURED, ev.rows(pd.concat([mix, inf], ignore_index=True)))
+    ours = (f"DeepSpeed reports no stall or migration time, so the comparison is not measured. TeraIO-Mixed "
+            f"stalled {_span(sel['stall_seconds_mean'], ' s')} per iteration at {_n(len(sel), 'point')}.")
+    return Finding(ours, NOT_MEASURED, ev.rows(pd.concat([mix, inf], ignore_index=True)), detail)
 
 
 def _iterations(ev: Evidence, prefix: str) -> pd.DataFrame:
@@ -444,23 +497,27 @@ def c11(ev: Evidence) -> Finding:
         return Finding("no TeraIO run with a transfer and op log", NOT_MEASURED)
     sh = pd.concat(shares, ignore_index=True)
     sh = sh[sh["system"] == "teraio_mixed"]
-    parts, holds = [], []
+    parts, short, holds = [], [], []
     for prefix, paper in (("granite_8b", 64.0), ("llama3_70b", 82.3)):
         g = sh[sh["model"].str.startswith(prefix)]
         if len(g):
             parts.append(f"{prefix}*: " + ", ".join(f"{c} {_pct(100 * v)}" for c, v in zip(g["config"], g["share_above_16gbps"])))
+            short.append(f"{prefix}* {_span(100 * g['share_above_16gbps'], ' %', 1)} at {_n(len(g), 'point')}")
             holds.append(bool((100 * g["share_above_16gbps"] > paper).all()))
         else:
             parts.append(f"{prefix}*: not measured")
+            short.append(parts[-1])
     other = sh[~sh["model"].str.startswith(("granite_8b", "llama3_70b"))]
     if len(other):
         parts.append("other models: " + ", ".join(f"{m} {c} {_pct(100 * v)}" for m, c, v in
                                                   zip(other["model"], other["config"], other["share_above_16gbps"])))
     used = tuple(f"{s}/{j}/result.json" for s, j in zip(sh["sweep"], sh["job_dir"]))
+    ours = "; ".join(short)
     if not holds:
-        return Finding("; ".join(parts), NOT_MEASURED, used)
-    return Finding("; ".join(parts) + " (each point's best trial by tokens/s, one iteration)",
-                   SUPPORTED if all(holds) and len(holds) == 2 else PARTLY if any(holds) else NOT_SUPPORTED, used)
+        return Finding(ours, NOT_MEASURED, used, "; ".join(parts))
+    return Finding("TeraIO-Mixed, each point's best trial: " + ours,
+                   SUPPORTED if all(holds) and len(holds) == 2 else PARTLY if any(holds) else NOT_SUPPORTED, used,
+                   "; ".join(parts) + " (each point's best trial by tokens/s, one iteration)")
 
 
 def c12(ev: Evidence) -> Finding:
@@ -470,10 +527,11 @@ def c12(ev: Evidence) -> Finding:
     sav = cost.cost_saving(sweep)
     table3 = sav.drop_duplicates("teraio")
     same = [round(float(r), 2) == round(float(p), 2) for r, p in zip(table3["paper_table3"], table3["paper_stated"])]
-    ours = "; ".join(f"{agg.system_label(t)} {_x(r)} from Table 3's prices (paper states {_x(p)})"
+    ours = "; ".join(f"{agg.system_label(t)} {_x(r)} (paper states {_x(p)})"
                      for t, r, p in zip(table3["teraio"], table3["paper_table3"], table3["paper_stated"]))
-    return Finding(ours + " (arithmetic, analysis.cost; rule: equal to the 2 digits the paper prints)",
-                   SUPPORTED if all(same) else PARTLY if any(same) else NOT_SUPPORTED)
+    return Finding(ours + ", from Table 3's prices",
+                   SUPPORTED if all(same) else PARTLY if any(same) else NOT_SUPPORTED,
+                   ("the paper's Table 3 prices in analysis/cost.py",), ours + " (arithmetic, analysis.cost)")
 
 
 def c13(ev: Evidence) -> Finding:
@@ -486,8 +544,9 @@ def c13(ev: Evidence) -> Finding:
             f"{agg.system_label(t)} ÷ {agg.system_label(z)} at {m} mean {_x(v)} ({n} point(s))"
             for m, t, z, v, n in zip(summ["model"], summ["teraio"], summ["zero"], summ["mean"], summ["n_points"]))
     if miss:
-        return Finding(miss.ours + other, NOT_MEASURED)
-    return Finding("Llama3-70B rows present: see cost_efficiency" + other, NOT_MEASURED)
+        return Finding(miss.ours, NOT_MEASURED, detail=miss.ours + other)
+    return Finding("Llama3-70B rows present: see cost_efficiency", NOT_MEASURED,
+                   detail="Llama3-70B rows present: see cost_efficiency" + other)
 
 
 def c14(ev: Evidence) -> Finding:
@@ -512,14 +571,17 @@ def c14(ev: Evidence) -> Finding:
         pct.append(p)
         parts.append(f"{int(r['n_ssd'])} SSD, {fmt(r['host_mem_cap_bytes'] / 1e9, 1)} GB host: "
                      + (_pct(p) if math.isfinite(p) else "no measured Ideal"))
-    ours = (f"TeraIO-Mixed at {v['model'].iloc[0]} {v['config'].iloc[0]}, % of the fig7 sweeps' measured Ideal "
-            f"(same GPU): " + ", ".join(parts)) if len(v) else "no TeraIO-Mixed row"
+    detail = (f"TeraIO-Mixed at {v['model'].iloc[0]} {v['config'].iloc[0]}, % of the fig7 sweeps' measured Ideal "
+              f"(same GPU): " + ", ".join(parts)) if len(v) else "no TeraIO-Mixed row"
+    ours = (f"TeraIO-Mixed at {v['model'].iloc[0]} {v['config'].iloc[0]} with "
+            f"{_span(v['n_ssd'], ' SSD', 0)} and {_span(v['host_mem_cap_bytes'] / 1e9, ' GB', 0)} of host memory: "
+            f"{_span(pct, ' %', 1)} of the measured Ideal") if len(v) else "no TeraIO-Mixed row"
     groups = pd.concat(used, ignore_index=True)
     two = [p for p, n in zip(pct, v["n_ssd"]) if n >= 2 and math.isfinite(p)]
     if not two:
-        return Finding(ours + "; the claim's 2 SSDs: not measured (every row has fewer drives)", NOT_MEASURED,
-                       ev.rows(groups))
-    return Finding(ours, SUPPORTED if max(two) >= NEAR_IDEAL else NOT_SUPPORTED, ev.rows(groups))
+        missing = "; the claim's 2 SSDs: not measured (every row has fewer drives)"
+        return Finding(ours + missing, NOT_MEASURED, ev.rows(groups), detail + missing)
+    return Finding(ours, SUPPORTED if max(two) >= NEAR_IDEAL else NOT_SUPPORTED, ev.rows(groups), detail)
 
 
 def c15(ev: Evidence) -> Finding:
@@ -534,9 +596,11 @@ def c16(ev: Evidence) -> Finding:
     cut = inf[~inf["model"].isin(("llama3_8b", "llama3_70b"))]
     txt = ", ".join(f"{m} {c} {fmt(b / 1e9, 1)} GB" for m, c, b in zip(cut["model"], cut["config"], cut["peak_host_rss_bytes"]))
     if not len(full):
-        return Finding("no ZeRO-Infinity row of the full Llama3-8B or Llama3-70B"
-                       + (f"; ZeRO-Infinity's worker peak host memory at the cuts: {txt}" if txt else ""),
-                       NOT_MEASURED, ev.rows(cut))
+        none = "no ZeRO-Infinity row of the full Llama3-8B or Llama3-70B"
+        return Finding(none + (f"; at the cuts its worker peaks at {_span(cut['peak_host_rss_bytes'] / 1e9, ' GB', 1)} "
+                               "of host memory" if txt else ""),
+                       NOT_MEASURED, ev.rows(cut),
+                       none + (f"; ZeRO-Infinity's worker peak host memory at the cuts: {txt}" if txt else ""))
     ours = ", ".join(f"{m} {fmt(b / 1e9, 1)} GB" for m, b in zip(full["model"], full["peak_host_rss_bytes"]))
     return Finding(ours, PARTLY, ev.rows(full))
 
@@ -551,7 +615,7 @@ def c18(ev: Evidence) -> Finding:
         return Finding(f"{ev.plan_compile}: no entry of {', '.join(paper)}", NOT_MEASURED, (str(ev.plan_compile),))
     ours = ", ".join(f"{k} {fmt(v)} s" for k, v in got.items()) + " (median, CPU)"
     holds = [v <= paper[k] for k, v in got.items()]
-    return Finding(ours + "; rule: no longer than the paper's", SUPPORTED if all(holds) and len(got) == 3
+    return Finding(ours, SUPPORTED if all(holds) and len(got) == 3
                    else PARTLY if any(holds) else NOT_SUPPORTED, (str(ev.plan_compile),))
 
 
@@ -563,11 +627,13 @@ def c19(ev: Evidence) -> Finding:
     ch = _characterize(ev)
     if ch is None:
         return Finding("no characterization given (--characterize)", NOT_MEASURED)
-    ours = ", ".join(f"{t}: max {fmt(a, 2)} %, mean {fmt(b, 2)} %" for t, a, b in
-                     zip(ch["trace"], ch["active max %"], ch["active mean %"]))
+    detail = ", ".join(f"{t}: max {fmt(a, 2)} %, mean {fmt(b, 2)} %" for t, a, b in
+                       zip(ch["trace"], ch["active max %"], ch["active mean %"]))
+    ours = (f"active max {_span(ch['active max %'], ' %', 2)}, mean {_span(ch['active mean %'], ' %', 2)} "
+            f"over {_n(len(ch), 'trace')}")
     below = bool((ch["active max %"] < 14.0).all())
     return Finding(ours + "; GPT2-40B and T5-11B not built",
-                   PARTLY if below else NOT_SUPPORTED, (str(ev.characterize),))
+                   PARTLY if below else NOT_SUPPORTED, (str(ev.characterize),), detail + "; GPT2-40B and T5-11B not built")
 
 
 def c20(ev: Evidence) -> Finding:
@@ -575,10 +641,12 @@ def c20(ev: Evidence) -> Finding:
     if ch is None:
         return Finding("no characterization given (--characterize)", NOT_MEASURED)
     a, b = "of them inactive > 10^4 µs %", "of them inactive > migration at 6.5 GB/s %"
-    ours = ", ".join(f"{t}: {fmt(x, 1)} % / {fmt(y, 1)} %" for t, x, y in zip(ch["trace"], ch[a], ch[b]))
+    detail = ", ".join(f"{t}: {fmt(x, 1)} % / {fmt(y, 1)} %" for t, x, y in zip(ch["trace"], ch[a], ch[b]))
+    ours = (f"{_span(ch[a], ' %', 1)} inactive > 10^4 µs, {_span(ch[b], ' %', 1)} longer than their migration, "
+            f"over {_n(len(ch), 'trace')}")
     holds = bool((ch[a] > 40.0).all())
-    return Finding(ours + " (> 10^4 µs / > migration at 6.5 GB/s)", SUPPORTED if holds else NOT_SUPPORTED,
-                   (str(ev.characterize),))
+    return Finding(ours, SUPPORTED if holds else NOT_SUPPORTED,
+                   (str(ev.characterize),), detail + " (> 10^4 µs / > migration at 6.5 GB/s)")
 
 
 def c21(ev: Evidence) -> Finding:
@@ -586,11 +654,14 @@ def c21(ev: Evidence) -> Finding:
         return Finding("no roofline given (--roofline)", NOT_MEASURED)
     rf = pd.read_csv(ev.roofline)
     rf = rf[(rf["policy"] == "fifo") & rf["bandwidth_gbps"].isin((32.0, 48.0))]
-    ours = ", ".join(f"{m} at {int(b)} GB/s {fmt(v, 2)}" for m, b, v in
-                     zip(rf["model"], rf["bandwidth_gbps"], rf["normalized_throughput"]))
-    near = rf[rf["bandwidth_gbps"] == 48.0]["normalized_throughput"] >= NEAR_IDEAL / 100
-    return Finding(ours + " (modeled normalized throughput, FIFO)",
-                   SUPPORTED if near.all() else PARTLY if near.any() else NOT_SUPPORTED, (str(ev.roofline),))
+    detail = ", ".join(f"{m} at {int(b)} GB/s {fmt(v, 2)}" for m, b, v in
+                       zip(rf["model"], rf["bandwidth_gbps"], rf["normalized_throughput"]))
+    at = {b: rf.loc[rf["bandwidth_gbps"] == b, "normalized_throughput"] for b in (32.0, 48.0)}
+    ours = (f"{_span(at[32.0], digits=2)} at 32 GB/s, {_span(at[48.0], digits=2)} at 48 GB/s over "
+            f"{_n(rf['model'].nunique(), 'trace')} (modeled normalized throughput, FIFO)")
+    near = at[48.0] >= NEAR_IDEAL / 100
+    return Finding(ours, SUPPORTED if near.all() else PARTLY if near.any() else NOT_SUPPORTED, (str(ev.roofline),),
+                   detail + " (modeled normalized throughput, FIFO)")
 
 
 def _never(why: str) -> Callable[[Evidence], Finding]:
@@ -661,11 +732,45 @@ def findings(ev: Evidence) -> list[tuple[Claim, Finding]]:
     return [(c, c.compute(ev)) for c in CLAIMS]
 
 
-def claims_table(found: list[tuple[Claim, Finding]]) -> pd.DataFrame:
+def _trials(used: str) -> int:
+    """How many ``result.json`` files one entry of :attr:`Finding.used` stands for
+    (``…-t{0,1,2}/result.json``: 3)."""
+    m = re.search(r"-t\{([\d,]+)\}/", used)
+    return len(m.group(1).split(",")) if m else 1
+
+
+def sources(used: tuple[str, ...], sweeps: list[str]) -> str:
+    """Where a finding's figure comes from, in a few words: per sweep the number of rows
+    (``result.json`` files) it used, then each other file; ``none``."""
+    rows: dict[str, int] = {}
+    files = []
+    for u in used:
+        head = u.split("/", 1)[0]
+        if head in sweeps and u.endswith("result.json"):
+            rows[head] = rows.get(head, 0) + _trials(u)
+        else:
+            files.append(u)
+    parts = [f"{name}: {_n(n, 'row')}" for name, n in rows.items()] + files
+    return ", ".join(parts) if parts else "none"
+
+
+def claims_table(found: list[tuple[Claim, Finding]], sweeps: list[str]) -> pd.DataFrame:
+    """One row per claim: the claim, the paper's figure, ours in one or two sentences, the
+    verdict, and where ours comes from (:func:`sources`)."""
     return pd.DataFrame({
         "#": [c.id for c, _ in found], "claim (paper)": [f"{c.text} ({c.where})" for c, _ in found],
         "paper": [c.paper for c, _ in found], "ours": [f.ours for _, f in found],
-        "verdict": [f.verdict for _, f in found], "rule": [c.rule for c, _ in found]}).astype(object)
+        "verdict": [f.verdict for _, f in found],
+        "from": [sources(f.used, sweeps) for _, f in found]}).astype(object)
+
+
+def claims_detail_table(found: list[tuple[Claim, Finding]]) -> pd.DataFrame:
+    """One row per claim: the rule its verdict follows, our figure point by point, and every
+    row or file it used (trials folded)."""
+    return pd.DataFrame({
+        "#": [c.id for c, _ in found], "rule": [c.rule for c, _ in found],
+        "ours, point by point": [f.detail or f.ours for _, f in found],
+        "rows used": [", ".join(f.used) if f.used else "none" for _, f in found]}).astype(object)
 
 
 def ideal_bias_frame(ev: Evidence) -> pd.DataFrame:
@@ -712,23 +817,26 @@ def _write(df: pd.DataFrame, stem: Path, caption: str, notes: list[str]) -> list
 
 
 def write_claims(ev: Evidence, out: Path) -> dict[str, Path]:
-    """Write ``claims``, ``ideal_bias`` and ``fairness`` (``.md`` and ``.tex``) under ``out``;
-    return ``{name: markdown path}``."""
+    """Write ``claims``, ``claims_detail``, ``ideal_bias``, ``fairness`` and ``runtime``
+    (``.md`` and ``.tex``) under ``out``; return ``{name: markdown path}`` of the :data:`BLOCKS`."""
     who = "; ".join(describe(s) for s in ev.sweeps)
+    rows_of = "the rows of " + (", ".join(s.name for s in ev.sweeps) or "no sweep")  # the other captions
     found = findings(ev)
-    rows_used = [f"{c.id}: " + (", ".join(f"`{u}`" for u in f.used) if f.used else "none")
-                 for c, f in found]
     counts = pd.Series([f.verdict for _, f in found]).value_counts()
     tally = ", ".join(f"{counts.get(v, 0)} {v}" for v in (SUPPORTED, PARTLY, NOT_SUPPORTED, NOT_MEASURED))
-    _write(claims_table(found), out / "claims", f"The paper's claims, computed from rows — {who}",
-           [f"Verdicts: {tally}. The rule beside each claim is analysis.claims.CLAIMS'; near Ideal "
-            f"is ≥ {NEAR_IDEAL:.0f} % (the paper gives no bar). % of Ideal averages measured (or composed: "
-            "timed in phases) Ideals only; a modeled Ideal is named where used (its bias: ideal_bias). "
-            "Fig. 7 claims read the sweeps named fig7*, Fig. 9 claims those named fig9*.",
-            "Rows used (result.json files, trials folded; paths relative to the sweeps' parent):", *rows_used])
+    _write(claims_table(found, [s.name for s in ev.sweeps]), out / "claims",
+           f"The paper's claims, computed from rows — {who}",
+           [f"Verdicts: {tally}. Each verdict follows the rule beside its claim in analysis.claims.CLAIMS; "
+            "claims_detail.md beside this file gives the rule, the figure point by point and every row used.",
+            f"Near Ideal is ≥ {NEAR_IDEAL:.0f} % (the paper gives no bar). % of Ideal averages measured "
+            "(or composed: timed in phases) Ideals only; a modeled Ideal is named where used (its bias: "
+            "ideal_bias). Fig. 7 claims read the sweeps named fig7*, Fig. 9 claims those named fig9*."])
+    _write(claims_detail_table(found), out / "claims_detail",
+           f"The paper's claims: rules, figures point by point, rows used — {rows_of}",
+           ["Rows used: result.json files, trials folded (-t{0,1,2}), paths relative to the sweeps' parent."])
     bias = ideal_bias_frame(ev)
     _write(ideal_bias_table(bias), out / "ideal_bias",
-           f"The modeled Ideal against the measured one — {who}",
+           f"The modeled Ideal against the measured one — {rows_of}",
            ["Modeled: the TeraIO row's trace of the whole step, its op times summed (how a modeled "
             "Ideal row is made, teraio.systems.ideal); measured: Ideal's mean iteration at the same "
             "point. Above 1 the model is slow, so a % of a modeled Ideal reads high by that factor."
@@ -737,9 +845,16 @@ def write_claims(ev: Evidence, out: Path) -> dict[str, Path]:
     fair = fairness_frame(ev.runs) if len(ev.runs) else pd.DataFrame()
     n_tuned = int(fair["tuned"].sum()) if len(fair) else 0
     _write(fairness_table(fair) if len(fair) else pd.DataFrame({"none": []}), out / "fairness",
-           f"What each system ran with, and how it was chosen — {who}",
+           f"What each system ran with, and how it was chosen — {rows_of}",
            [f"{n_tuned} of {len(fair)} (point, system) groups tuned by measurement (the rows' tuning); "
             "the paper tunes each baseline per configuration (§4.1)."])
+    times = runtime_frame(ev.runs) if len(ev.runs) else pd.DataFrame()
+    _write(runtime_table(times) if len(times) else pd.DataFrame({"none": []}), out / "runtime",
+           f"How long the runs took — {rows_of}",
+           ["Worker time: each row's wall_seconds, the worker process from start to end (set-up, "
+            "profiling and planning included); failed runs count. A sweep's time is the sum over its "
+            f"points; in all {fmt(times['total_s'].sum() / HOUR, 2) if len(times) else '0'} worker hours, "
+            "one run after another. Each run is capped at its experiment's timeout_s."])
     return {name: out / f"{name}.md" for name in BLOCKS}
 
 

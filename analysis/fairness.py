@@ -4,7 +4,9 @@ and the one kept) or set by the experiment and not tuned (paper §4.1 tunes each
 configuration).
 
 One row per (point, system) group of the per-run frame (:mod:`analysis.load`), from the
-columns ``ran_micro_batch_size``, ``system_options_json`` and ``tuning_json``.
+columns ``ran_micro_batch_size``, ``system_options_json`` and ``tuning_json``; for TeraIO's
+systems also the engine settings the rows ran with (``system_options_json``, ``host_packing``,
+``ssd_io_mode``), so that rows made by engines with other defaults are told apart.
 """
 from __future__ import annotations
 
@@ -21,6 +23,35 @@ SETTING_KEYS = {
     "zero_infinity": ("stage", "prefetch_bucket_size", "param_buffer_count", "param_buffer_size",
                       "optimizer_buffer_count"),
 }
+
+
+ENGINE_KEYS = {
+    # the migration engine's options whose defaults changed over the committed rows; a key
+    # missing from a row's options predates the option (the engine then behaved as noted)
+    "device_waits": "false", "release_grads": "false", "host_arena": "slots",
+}
+ENGINE_SYSTEMS = ("teraio_ssd", "teraio_mixed")
+
+
+def _option_text(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _engine_text(g: pd.DataFrame, options: dict) -> str:
+    """The engine settings of a TeraIO group: each of :data:`ENGINE_KEYS` (``absent``, with
+    what the engine did then, where the rows predate it), the host packing the plans kept and
+    the SSD tier's I/O path; ``n/a`` for other systems."""
+    if g["system"].iloc[0] not in ENGINE_SYSTEMS:
+        return "n/a"
+    parts = [f"{key} {_option_text(options[key])}" if key in options and options[key] is not None
+             else f"{key} absent (before the option: {then})" for key, then in ENGINE_KEYS.items()]
+    packing = sorted(set(g["host_packing"].dropna()))
+    if packing:
+        parts.append(f"host tier kept as {' / '.join(packing)}")
+    modes = sorted(set(g["ssd_io_mode"].dropna()))
+    if modes:
+        parts.append(f"SSD I/O {' / '.join(modes)}")
+    return ", ".join(parts)
 
 
 def _micro_batch_source(options: dict) -> str:
@@ -51,6 +82,7 @@ def _candidate_text(c: dict) -> str:
 def fairness_frame(runs: pd.DataFrame) -> pd.DataFrame:
     """Per (``aggregate.COMPARE_KEYS``, system) group, in the paper's order: ``model``,
     ``config``, ``system``, ``ran_with`` (the micro-batch and the system's other set options),
+    ``engine`` (TeraIO's engine settings, :func:`_engine_text`; ``n/a`` for other systems),
     ``tuned`` (bool: every row of the group carries a ``tuning``), ``how`` (how the setting
     was chosen), ``candidates`` (each tuning candidate with its tokens/s or failure, "; "
     joined; empty when not tuned), ``tuning_file`` (empty when not tuned)."""
@@ -73,9 +105,10 @@ def fairness_frame(runs: pd.DataFrame) -> pd.DataFrame:
                    + ("" if not tunings else f" ({len(tunings)} of {len(g)} rows tuned)"))
             candidates, tuning_file = "", ""
         rows.append({**dict(zip(agg.COMPARE_KEYS + ["system"], keys)), "config": g["config"].iloc[0],
-                     "ran_with": _setting_text(system, mb, options), "tuned": tuned, "how": how,
+                     "ran_with": _setting_text(system, mb, options), "engine": _engine_text(g, options),
+                     "tuned": tuned, "how": how,
                      "candidates": candidates, "tuning_file": tuning_file})
-    cols = agg.COMPARE_KEYS + ["system", "config", "ran_with", "tuned", "how", "candidates", "tuning_file"]
+    cols = agg.COMPARE_KEYS + ["system", "config", "ran_with", "engine", "tuned", "how", "candidates", "tuning_file"]
     return agg.sort_groups(pd.DataFrame(rows, columns=cols)) if rows else pd.DataFrame(columns=cols)
 
 
@@ -84,6 +117,6 @@ def fairness_table(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "Model": frame["model"], "Hardware": frame["hardware"], "Config": frame["config"],
         "System": frame["system"].map(agg.system_label),
-        "ran with": frame["ran_with"], "how it was chosen": frame["how"],
+        "ran with": frame["ran_with"], "engine (TeraIO)": frame["engine"], "how it was chosen": frame["how"],
         "candidates tried (tokens/s or failure)": frame["candidates"].replace("", "none"),
         "tuning file": frame["tuning_file"].replace("", "none")}).astype(object)

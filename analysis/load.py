@@ -34,7 +34,9 @@ into two tidy pandas frames.
   config's ``system.options.micro_batch_size``, else the point's), ``system_options_json``
   (the run config's ``system.options`` as JSON, "{}" if none) and ``tuning_json`` (the row's
   ``tuning``: the tuning file, the chosen setting and every candidate tried, as JSON; null
-  for a row run with an untuned setting).
+  for a row run with an untuned setting), ``host_packing`` (how the plan laid out the host
+  tier: ``region``, one region of the cap, or ``slots``, from the row's ``plan.host_arena``;
+  null where the row has no plan or predates that key).
 
 ``not_run``: from ``not_run.yaml`` beside the rows, if there is one: system name -> why
 it has no row at some points of the sweep (a fact of the machine the rows were made on, such
@@ -80,7 +82,8 @@ INT_KEYS = ("batch_size", "micro_batch_size", "seq_len", "trial", "host_mem_cap_
             "pipeline_stages", "n_gpus", "ran_micro_batch_size")
 TEXT_KEYS = ("sweep", "job_dir", "model", "system", "hardware", "config", "status", "error",
              "measure", "ssd_io_mode", "gpu_name", "started_at", "finished_at", "prices_json",
-             "transfers_path", "oplog_path", "trace_path", "system_options_json", "tuning_json")
+             "transfers_path", "oplog_path", "trace_path", "system_options_json", "tuning_json",
+             "host_packing")
 TIER_RATE_KEYS = ("ssd_write_gbps", "ssd_read_gbps", "host_d2h_gbps", "host_h2d_gbps")
 ID_COLUMNS = ("sweep", "job_dir", *POINT_KEYS, "config", "host_mem_cap_bytes", "n_ssd", "pipeline_stages",
               "status", "error", "failed", "measure", "ran_micro_batch_size")
@@ -245,8 +248,15 @@ def _rows(result: dict, root: Path, job_rel: Path) -> tuple[dict, list[dict]]:
         "trace_path": _artifact(root, job_rel, artifacts, "trace"),
         "system_options_json": json.dumps(_system_options(result), sort_keys=True),
         "tuning_json": json.dumps(result["tuning"], sort_keys=True) if result.get("tuning") else None,
+        "host_packing": _host_packing(result),
     }
     return run, iter_rows
+
+
+def _host_packing(result: dict) -> str | None:
+    """``region`` or ``slots`` from the row's ``plan.host_arena``; None without one."""
+    arena = (result.get("plan") or {}).get("host_arena")
+    return None if arena is None else ("region" if arena else "slots")
 
 
 def _system_options(result: dict) -> dict:
@@ -314,7 +324,7 @@ RUN_COLUMNS = list(ID_COLUMNS) + [
     "cap_not_enforced", "unoffloaded_peak_bytes", "memory_pressure", "peak_fraction", *TIER_RATE_KEYS, "plan_compile_seconds",
     "profile_seconds", "ssd_io_mode", "gpu_name", "n_gpus", "wall_seconds", "started_at",
     "finished_at", "prices_json", "transfers_path", "oplog_path", "trace_path", "system_options_json",
-    "tuning_json"]
+    "tuning_json", "host_packing"]
 ITERATION_COLUMNS = list(ID_COLUMNS) + [
     "step", "seconds", "tokens", "tokens_per_s", "loss", "stall_count", "stall_seconds",
     "migration_seconds", "overlapped_seconds", "compute_seconds", "bytes_offloaded_ssd",

@@ -1,6 +1,6 @@
 """Condense the raw output of ``benchmarks/teraio_core.py`` calls into
 ``benchmarks/results/teraio_core_h200.json``, and replay every measured
-TeraIO run through the performance model (``teraio.core.simulator``) for
+TeraIO run through the performance model (``teraio.perf.simulator``) for
 ``benchmarks/results/simulator_validation_h200.json``.
 
     python benchmarks/core_summary.py benchmarks/results/raw_gpu_calls/h200x2_a \\
@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from teraio.core.engine import union_seconds  # noqa: E402
 from teraio.core.plan import MigrationPlan  # noqa: E402
-from teraio.core.planner import TierBandwidth  # noqa: E402
-from teraio.core.simulator import simulate  # noqa: E402
+from teraio.core.bandwidth import TierBandwidth  # noqa: E402
+from teraio.perf.simulator import simulate  # noqa: E402
 from teraio.core.trace import Trace  # noqa: E402
 
 GiB = 1 << 30

@@ -1,6 +1,6 @@
 """Condense the rows of ``benchmarks/engine_fig7_h200.sh`` into the ``fig7_h200`` section of
 ``benchmarks/results/engine_h200.json`` and replay each TeraIO-Mixed run through the
-performance model (``teraio.core.simulator``) at the tier rates measured by
+performance model (``teraio.perf.simulator``) at the tier rates measured by
 ``benchmarks/engine_bandwidth.py`` (the same JSON's ``host_*_gbps`` and ``ssd_*_gbps``).
 
     python benchmarks/engine_fig7_summary.py benchmarks/results/engine_h200/fig7_trials \\
@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from teraio.files import write_atomic  # noqa: E402
 from teraio.core.plan import MigrationPlan  # noqa: E402
-from teraio.core.planner import TierBandwidth  # noqa: E402
-from teraio.core.simulator import simulate  # noqa: E402
+from teraio.core.bandwidth import TierBandwidth  # noqa: E402
+from teraio.perf.simulator import simulate  # noqa: E402
 from teraio.core.trace import Trace  # noqa: E402
 
 SYSTEMS = ("ideal", "teraio_mixed", "zero_offload")

@@ -33,7 +33,7 @@ from teraio.workload.models import build_model
 from teraio.core.planner import plan_migrations
 from teraio.core.profiler import profile_step
 from teraio.workload.step import make_batch, make_optimizer, train_step
-from teraio.systems.teraio import tier_bandwidth
+from teraio.systems.teraio_machine import tier_bandwidth
 
 SYSTEMS = {"teraio_ssd": {}, "teraio_mixed": {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}}
 

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import teraio.core.planner as planner_module  # noqa: E402
 from teraio.core.plan import MigrationPlan  # noqa: E402
-from teraio.core.planner import TierBandwidth  # noqa: E402
+from teraio.core.bandwidth import TierBandwidth  # noqa: E402
 from teraio.core.slots import HOST_ALIGN, HostArena  # noqa: E402
 from teraio.core.trace import Trace  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Plan compile time (paper camera-ready Table 1:
 31.2 s for Llama3-8B, 396.6 s for Llama3-70B): wall time of
-:func:`teraio.core.planner.plan_migrations` on a saved trace, on this machine's CPU.
+:func:`teraio.perf.choose.plan_fastest` (the planner, ``"auto"`` settings chosen by simulating) on a saved trace, on this machine's CPU.
 
     python benchmarks/plan_compile.py TRACE --label NAME --paper-m M_PERCENT \
         [--host-cap-gb 170] [--ssd-gbps 16] [--host-gbps 50] [--host-arena {false,true,auto}] \
@@ -14,7 +14,7 @@ for Llama3-8B, 770 GB for Llama3-70B: what ZeRO-Infinity uses), packed as ``--ho
 says (default ``auto``, TeraIO's: the planner plans the host tier in slots and as one region
 and keeps the faster, so it plans twice); ``allow_stalls`` and the other options as
 ``conf/system/teraio_ssd.yaml``. ``--synthesize L:L2`` first turns an
-L-layer trace into an L2-layer one (:func:`teraio.core.synth.synthesize_layers`).
+L-layer trace into an L2-layer one (:func:`teraio.perf.synth.synthesize_layers`).
 
 The result is one entry, keyed by ``--label``, of the JSON file ``--out`` (other entries
 are kept; the file is replaced atomically).
@@ -37,9 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 
 from teraio.files import write_atomic  # noqa: E402
-from teraio.core.planner import TierBandwidth, plan_migrations  # noqa: E402
-from teraio.core.synth import synthesize_layers  # noqa: E402
+from teraio.core.bandwidth import TierBandwidth  # noqa: E402
 from teraio.core.trace import Trace  # noqa: E402
+from teraio.perf.choose import plan_fastest  # noqa: E402
+from teraio.perf.synth import synthesize_layers  # noqa: E402
 from replan import HOST_ARENA  # noqa: E402
 
 # Camera-ready Table 1, for comparison only; the paper's machine and what its
@@ -71,8 +72,8 @@ def time_plan(trace: Trace, paper_m: float, ssd_gbps: float = 16.0, host_gbps: f
             if times is None:
                 continue
             t0 = time.perf_counter()
-            out = plan_migrations(trace, capacity, tiers, host_cap_bytes=host_cap_bytes, allow_stalls=True,
-                                  min_tensor_bytes=min_tensor_bytes, host_arena=host_arena, recompute=recompute)
+            out = plan_fastest(trace, capacity, tiers, host_cap_bytes=host_cap_bytes, allow_stalls=True,
+                               min_tensor_bytes=min_tensor_bytes, host_arena=host_arena, recompute=recompute)
             times.append(time.perf_counter() - t0)
             plan, sched = (out, sched) if recompute is False else (plan, out)
     extra = {}
@@ -115,7 +116,7 @@ def machine() -> dict:
 def write_entry(out: Path, label: str, entry: dict) -> None:
     """Put ``entry`` under ``label`` in the JSON file ``out``, keeping the others."""
     doc = json.loads(out.read_text()) if out.exists() else {}
-    doc.setdefault("what", "teraio.core.planner.plan_migrations wall time on a saved trace")
+    doc.setdefault("what", "teraio.perf.choose.plan_fastest wall time on a saved trace")
     doc.setdefault("entries", {})[label] = entry
     write_atomic(out, (json.dumps(doc, indent=1) + "\n").encode())
 

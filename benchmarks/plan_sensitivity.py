@@ -12,7 +12,7 @@ The file ``--out`` (replaced atomically) holds, per run (``jobs``, in the order 
 committed plan's capacity, the sum of its op times (``ideal_s``), the median and 90th
 percentile of each op's relative difference from the first run's, its new plan's bytes per
 tier, and ``simulated_s``: that plan's iteration under each run's op times (FIFO,
-``teraio.core.simulator.simulate``). Run i's ``simulated_s[i]`` is its own plan on its own
+``teraio.perf.simulator.simulate``). Run i's ``simulated_s[i]`` is its own plan on its own
 trace; how far the runs' plans differ under one run's op times is what the planner makes of
 op-time noise. With ``--jitter``, ``jitter`` holds :func:`jitter` of the first run.
 """
@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from replan import load_plan, load_trace, parse_plan_options, plan_as_committed  # noqa: E402
 
-from teraio.core.planner import TierBandwidth  # noqa: E402
-from teraio.core.simulator import simulate  # noqa: E402
+from teraio.core.bandwidth import TierBandwidth  # noqa: E402
+from teraio.perf.simulator import simulate  # noqa: E402
 from teraio.core.trace import Trace  # noqa: E402
 from teraio.files import write_atomic  # noqa: E402
 

@@ -48,7 +48,7 @@ from teraio.config import ModelConfig, WorkloadConfig, dataclass_from_dict  # no
 from teraio.workload.models import build_model  # noqa: E402
 from teraio.core.profiler import profile_step  # noqa: E402
 from teraio.workload.step import make_batch, make_optimizer, train_step  # noqa: E402
-from teraio.core.synth import synthesize_layers  # noqa: E402
+from teraio.perf.synth import synthesize_layers  # noqa: E402
 from teraio.core.trace import Trace  # noqa: E402
 
 

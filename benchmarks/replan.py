@@ -1,7 +1,7 @@
 """Re-plan committed TeraIO runs with the current planner, on CPU: for each job directory
 (its ``trace.json[.gz]`` and ``plan.json[.gz]``), plan the trace again at the plan's own
 capacity, bandwidths, host cap (or at each of ``--host-cap-bytes``: 0 plans TeraIO-SSD) and
-options (or with ``--host-arena``: false, true or auto, ``plan_migrations``' ``host_arena``;
+options (or with ``--host-arena``: false, true or auto, ``plan_fastest``'s ``host_arena``;
 with ``--ssd-cap-bytes``, the SSD tier's files within that room, ``ssd_cap_bytes``), and
 replay both plans through the simulator. The trace is planned as saved, the profiled
 step; ``--released-grads`` plans it as a run with ``release_grads`` does
@@ -14,7 +14,7 @@ Per job it reports, for the committed plan and the new one: bytes moved per tier
 iteration, the bytes of each tier's slots (a plan without shared slots, made before
 ``teraio.core.slots``, needs one slot per tensor name), the most bytes each tier holds at
 once (``MigrationPlan.tier_bytes_held``), the exposed migrations, and the simulated
-iteration and stall seconds (``teraio.core.simulator.simulate``, FIFO); and, per host cap,
+iteration and stall seconds (``teraio.perf.simulator.simulate``, FIFO); and, per host cap,
 the floor on the drive's share (:func:`beyond_host`).
 The file ``--out`` is replaced atomically.
 """
@@ -31,12 +31,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from teraio.core.bandwidth import TierBandwidth  # noqa: E402
 from teraio.core.plan import MigrationPlan  # noqa: E402
-from teraio.core.planner import TierBandwidth, plan_migrations  # noqa: E402
-from teraio.core.simulator import simulate  # noqa: E402
 from teraio.core.slots import HOST_ALIGN, align_up, ssd_file_bytes  # noqa: E402
 from teraio.core.trace import Trace  # noqa: E402
 from teraio.files import write_atomic  # noqa: E402
+from teraio.perf.choose import plan_fastest  # noqa: E402
+from teraio.perf.simulator import simulate  # noqa: E402
 
 
 def _load(job: Path, stem: str) -> dict:
@@ -119,13 +120,13 @@ def plan_as_committed(trace: Trace, committed: MigrationPlan, host_cap_bytes: in
     """``trace`` planned by the current planner as ``committed`` was: at its capacity, rates,
     host cap (``host_cap_bytes`` if given) and options (host packing: ``host_arena`` if given;
     the SSD files within ``ssd_cap_bytes`` if given, else as committed; ``recompute``, as
-    ``plan_migrations`` takes it).
+    ``plan_fastest`` takes it).
 
     Raises:
-        ValueError: a bad ``host_arena`` (``plan_migrations``).
+        ValueError: a bad ``host_arena`` (``plan_fastest``).
     """
     meta = committed.meta
-    return plan_migrations(trace, committed.capacity_bytes, TierBandwidth(**meta["tiers_gbps"]),
+    return plan_fastest(trace, committed.capacity_bytes, TierBandwidth(**meta["tiers_gbps"]),
                            host_cap_bytes=meta["host_cap_bytes"] if host_cap_bytes is None else host_cap_bytes,
                            benefit=meta["benefit"], min_tensor_bytes=meta["min_tensor_bytes"],
                            use_ssd=meta["use_ssd"], allow_stalls=meta["allow_stalls"],
@@ -145,7 +146,7 @@ def replan(job: Path, host_cap_bytes: int | None = None, host_arena: bool | str 
 
     Raises:
         ValueError: ``job`` lacks its trace or plan, ``host_cap_bytes`` < 0, or a bad
-            ``host_arena`` (``plan_migrations``).
+            ``host_arena`` (``plan_fastest``).
     """
     if host_cap_bytes is not None and host_cap_bytes < 0:
         raise ValueError(f"host_cap_bytes={host_cap_bytes}; must be >= 0 (0: TeraIO-SSD)")
@@ -178,13 +179,13 @@ def main(argv: list[str] | None = None) -> None:
     write_rows(args.out, "benchmarks/replan.py", argv, rows, ("committed", "replanned"))
 
 
-# --host-arena's values, as plan_migrations' host_arena takes them
+# --host-arena's values, as plan_fastest's host_arena takes them
 HOST_ARENA = {"false": False, "true": True, "auto": "auto"}
 
 
 def parse_plan_options(ap: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.Namespace, bool | str | None]:
     """Add ``--host-arena``, ``--released-grads`` and ``--out`` to ``ap``, parse ``argv``:
-    the arguments and the host packing as ``plan_migrations`` takes it (None: each committed
+    the arguments and the host packing as ``plan_fastest`` takes it (None: each committed
     plan's)."""
     ap.add_argument("--host-arena", choices=tuple(HOST_ARENA),
                     help="the new plans' host packing (default: each committed plan's)")

@@ -2,9 +2,9 @@
 directory (its ``trace.json[.gz]`` and ``plan.json[.gz]``), plan the trace at the committed
 plan's capacity, host cap, drive and host rates and options, the host packing chosen as the
 systems choose it today (``host_arena="auto"``), twice: as today (tiers only) and with
-``recompute="auto"`` (``teraio.core.planner.plan_migrations``: each candidate
+``recompute="auto"`` (``teraio.perf.choose.plan_fastest``: each candidate
 moved to SSD, to host memory, or dropped and recomputed), and replay both through the
-simulator (``teraio.core.simulator.simulate``, FIFO, one drive for both directions).
+simulator (``teraio.perf.simulator.simulate``, FIFO, one drive for both directions).
 
     python benchmarks/schedule.py JOB_DIR [JOB_DIR ...] --out FILE.json
 
@@ -25,8 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.replan import load_plan, load_trace, plan_as_committed  # noqa: E402
-from teraio.core.planner import TierBandwidth  # noqa: E402
-from teraio.core.simulator import simulate  # noqa: E402
+from teraio.core.bandwidth import TierBandwidth  # noqa: E402
+from teraio.perf.simulator import simulate  # noqa: E402
 from teraio.files import write_atomic  # noqa: E402
 
 

@@ -162,8 +162,8 @@ def test_fig7_h200_points_match_the_papers_memory_makeup_and_its_file_quotes_the
     assert f.set_index(["model", "point"]).loc[("llama3_8b_4l", "bs_small"), "zero_sequence_share"] < 0.5
     # the points that match M only are more than 10 points from the paper's make-up
     assert (scaled_frame("fig7_h200_m_only")["distance"] > 10).all()
-    # the Llama3-8B cut's parameters, as ae_README.md (§7) states them: 1.05 B of 1.92 B are
-    # the embedding and output layers
+    # the Llama3-8B cut's parameters: 1.05 B of 1.92 B are the embedding and output layers
+    # (why a cut's make-up differs from the full model's)
     from analysis.breakdown import load_model
     from teraio.workload.models import build_meta_model
     net = build_meta_model(load_model("llama3_8b_4l"), 1024)
@@ -179,7 +179,7 @@ def test_the_ssd_floor_estimate_is_the_peak_beyond_the_usable_capacity_and_meets
     import json
 
     from analysis.breakdown import scaled_frame
-    from teraio.systems.teraio import CUDA_HEADROOM_FRACTION
+    from teraio.systems.teraio_options import CUDA_HEADROOM_FRACTION
 
     f = scaled_frame("fig7_h200").set_index(["model", "point"])
     capacity = f["peak_bytes"] / (f["paper_m"] / 100)
@@ -198,11 +198,11 @@ def test_the_ssd_floor_estimate_is_the_peak_beyond_the_usable_capacity_and_meets
 
 @pytest.mark.parametrize("traces,share,peak_gap", [
     # the M-only points' trials (1,024-token sequences) and the first fig7_h200 runs
-    # (3,072 and 1,536), as ae_README.md (§2) quotes them: estimated and measured share, and
-    # how far (%) the estimated peak lies below the measured one
+    # (3,072 and 1,536, runs/reference/archive/fig7_h200_first_estimate/COMMAND.md): estimated
+    # and measured share, and how far (%) the estimated peak lies below the measured one
     ("benchmarks/results/engine_h200/fig7_trials/*-teraio_mixed-*seq1024*/trace.json.gz", (80.0, 78.6), 1.7),
-    ("runs/reference/h200/fig7_h200_first_estimate/*-teraio_mixed-*seq3072*/trace.json.gz", (51.0, 49.5), 2.9),
-    ("runs/reference/h200/fig7_h200_first_estimate/*-teraio_mixed-*seq1536*/trace.json.gz", (55.4, 53.7), 3.2),
+    ("runs/reference/archive/fig7_h200_first_estimate/*-teraio_mixed-*seq3072*/trace.json.gz", (51.0, 49.5), 2.9),
+    ("runs/reference/archive/fig7_h200_first_estimate/*-teraio_mixed-*seq1536*/trace.json.gz", (55.4, 53.7), 3.2),
 ])
 def test_the_one_gpu_estimate_tracks_the_committed_h200_traces(traces, share, peak_gap):
     """The estimate behind the fig7_h200 points against what the profiler measured on the H200
@@ -238,17 +238,17 @@ def test_the_one_gpu_estimate_tracks_the_committed_h200_traces(traces, share, pe
 
 
 def test_the_granite_cuts_measured_share_from_its_kept_traces():
-    """The persistent share at the un-offloaded peak of the Granite-8B 8-layer cut, as
-    ae_README.md (section 2) quotes it, from TeraIO-Mixed's traces: every trial's at bs_small
+    """The persistent share at the un-offloaded peak of the Granite-8B 8-layer cut (each
+    analysis's tables/memory_makeup_per_point.md), from TeraIO-Mixed's traces: every trial's at bs_small
     and at seq_short, and those of seq_short's slots rows (fig7_h200_host_slots/, its first
     attempt's in attempt.1/ among them), which profile the same steps."""
-    root = Path(__file__).resolve().parents[1] / "runs" / "reference" / "h200"
+    root = Path(__file__).resolve().parents[1] / "runs" / "reference"  # h200/ and archive/
     shares = {}
-    for trace in sorted(root.glob("fig7_h200*/granite_8b_8l-teraio_mixed-*/**/trace.json.gz")):
-        point = trace.relative_to(root).parts[1].split("-")[-2]
+    for trace in sorted(root.glob("*/fig7_h200*/granite_8b_8l-teraio_mixed-*/**/trace.json.gz")):
+        point = trace.relative_to(root).parts[2].split("-")[-2]
         shares.setdefault(point, set()).add(
             round(100 * persistent_share(trace_breakdown(Trace.load(trace))["at_peak"]), 1))
-    assert len(list(root.glob("fig7_h200_host_slots/*/**/trace.json.gz"))) == 3
+    assert len(list(root.glob("archive/fig7_h200_host_slots/*/**/trace.json.gz"))) == 3
     assert shares == {"seq5120": {23.1}, "seq2560": {31.9}}
 
 
@@ -460,8 +460,9 @@ def test_the_capacity_estimate_tracks_ideals_measured_peaks_on_the_h200():
 
     from analysis.breakdown import load_model
 
-    root = Path(__file__).resolve().parents[1] / "runs" / "reference" / "h200"
-    rows = [json.loads(f.read_text()) for d in ("fig7_h200", "fig7_h200_first_estimate", "fig7_h200_granite_4l")
+    root = Path(__file__).resolve().parents[1] / "runs" / "reference"
+    rows = [json.loads(f.read_text()) for d in ("h200/fig7_h200", "archive/fig7_h200_first_estimate",
+                                                "archive/fig7_h200_granite_4l")
             for f in sorted((root / d).glob("*-ideal-*/result.json"))]
     rows = [r for r in rows if r["status"] == "ok" and r["measure"] == "measured"]
     assert len(rows) == 25

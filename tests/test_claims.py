@@ -1,7 +1,9 @@
 """``analysis.claims``: every claim's verdict follows its rule on hand-made rows; the committed
 ``runs/reference/h200/claims/`` files regenerate exactly from the committed rows, and
-ae_README.md's generated blocks are those files. Also what the tables say each row ran
-(its micro-batch, no steps for a modeled row) and the fairness table."""
+ae_README.md's generated blocks are those files; the claims table's cells are short (one or
+two sentences), the detail file keeps each point. Also what the tables say each row ran
+(its micro-batch, no steps for a modeled row, TeraIO's engine settings) and the fairness
+table."""
 from __future__ import annotations
 
 import json
@@ -76,6 +78,25 @@ def test_c1_divides_teraio_mixed_by_the_best_zero_and_caps_an_untuned_baseline(t
     assert "fig7_x/mixed/result.json" not in f.used and any("mixed" in u for u in f.used)
 
 
+def test_a_finding_is_short_and_its_detail_names_each_point(tmp_path):
+    ev = fig7(tmp_path, 800.0, 700.0)
+    f = finding(ev, "C1")
+    assert f.ours == "mean 1.14× over 1 point"
+    assert f.detail == "per point: tiny bs8_seq64 1.14× (ZeRO-Offload)"
+    table = cl.claims_table(cl.findings(ev), ["fig7_x"]).set_index("#")
+    assert table.loc["C1", "ours"] == f.ours and table.loc["C1", "from"] == "fig7_x: 4 rows"
+    detail = cl.claims_detail_table(cl.findings(ev)).set_index("#")
+    assert detail.loc["C1", "ours, point by point"] == f.detail
+    assert detail.loc["C1", "rows used"] == ", ".join(f.used)
+    assert detail.loc["C22", "ours, point by point"] == "BERT-Large is not built"  # no detail: ours
+
+
+def test_sources_count_each_sweeps_rows_and_name_other_files():
+    used = ("fig7_x/a-t{0,1,2}/result.json", "fig7_x/b/result.json", "fig9_x/c-t{1}/result.json", "x/y.csv")
+    assert cl.sources(used, ["fig7_x", "fig9_x"]) == "fig7_x: 4 rows, fig9_x: 1 row, x/y.csv"
+    assert cl.sources((), ["fig7_x"]) == "none"
+
+
 def test_a_claim_with_no_rows_is_not_measured_and_says_why(tmp_path):
     ev = fig7(tmp_path, 800.0, None)
     assert finding(ev, "C1").verdict == cl.NOT_MEASURED
@@ -128,10 +149,45 @@ def test_fairness_lists_candidates_of_a_tuned_setting_and_says_when_untuned(tmp_
                                   "micro_batch_size 4: oom (CUDA out of memory)")
     assert zero["how"] == "tuned by measurement: kept micro_batch_size 2"
     assert frame.loc["teraio_mixed", "how"] == "not tuned: the point's micro-batch"
+    assert zero["engine"] == "n/a"
     untuned = fairness_frame(fig7(tmp_path / "u", 800.0, 700.0, tuned=False).runs).set_index("system")
     assert untuned.loc["zero_offload", "how"] == \
         "not tuned: micro-batch set in the run config (system.options.micro_batch_size)"
     assert len(fairness_table(untuned.reset_index())) == 3
+
+
+def test_fairness_names_the_engine_settings_each_teraio_group_ran_with(tmp_path):
+    """A TeraIO row made before an engine option existed says so; the host packing the plan
+    kept and the SSD tier's I/O path come from the rows."""
+    for t, options in enumerate(({"device_waits": True, "release_grads": False, "host_arena": "auto"},
+                                 {"device_waits": True, "release_grads": False, "host_arena": "auto"})):
+        job = write_run(tmp_path / "new", f"m{t}", system="teraio_mixed", trial=t, tps=1.0, **WL)
+        edit(job, config={**json.loads((job / "result.json").read_text())["config"],
+                          "system": {"name": "teraio_mixed", "options": options}},
+             plan={"host_arena": True}, ssd_io_mode="direct")
+    old = write_run(tmp_path / "old", "m", system="teraio_mixed", trial=0, tps=1.0, **WL)
+    edit(old, config={**json.loads((old / "result.json").read_text())["config"],
+                      "system": {"name": "teraio_mixed", "options": {"device_waits": False}}})
+    new = fairness_frame(load_sweep(tmp_path / "new").runs)["engine"].tolist()
+    assert new == ["device_waits true, release_grads false, host_arena auto, host tier kept as region, SSD I/O direct"]
+    assert fairness_frame(load_sweep(tmp_path / "old").runs)["engine"].tolist() == [
+        "device_waits false, release_grads absent (before the option: false), "
+        "host_arena absent (before the option: slots)"]
+
+
+def test_runtime_sums_each_groups_worker_time_failed_runs_included(tmp_path):
+    from analysis.runtime import runtime_frame, runtime_table
+    for t, (status, wall) in enumerate((("ok", 30.0), ("ok", 90.0), ("oom", 12.0))):
+        edit(write_run(tmp_path, f"m{t}", system="teraio_mixed", trial=t, tps=1.0, status=status, **WL),
+             wall_seconds=wall)
+    edit(write_run(tmp_path, "i", system="ideal", trial=0, tps=1.0, **WL), wall_seconds=None)
+    frame = runtime_frame(load_sweep(tmp_path).runs).set_index("system")
+    assert frame.loc["teraio_mixed", ["runs", "ok", "min_s", "max_s", "total_s"]].tolist() == [3, 2, 12.0, 90.0, 132.0]
+    assert frame.loc["ideal", "runs"] == 1 and frame.loc["ideal", "total_s"] == 0.0
+    table = runtime_table(frame.reset_index()).set_index("System")
+    assert table.loc["TeraIO-Mixed", "worker s per run"] == "12.0–90.0"
+    assert table.loc["TeraIO-Mixed", "runs (ok)"] == "3 (2)"
+    assert table.loc["Ideal", "worker s per run"] == "n/a"
 
 
 def test_insert_replaces_each_block_and_refuses_a_document_without_one(tmp_path):
@@ -164,12 +220,27 @@ def regenerated(tmp_path_factory) -> Path:
 
 def test_the_committed_claims_regenerate_exactly_from_the_committed_rows(regenerated):
     committed = sorted(p for p in (REF / "claims").iterdir() if p.suffix in (".md", ".tex") and p.stem != "COMMAND")
-    assert {p.name for p in committed} == {f"{n}.{x}" for n in cl.BLOCKS for x in ("md", "tex")}
+    assert {p.name for p in committed} == {f"{n}.{x}" for n in cl.WRITTEN for x in ("md", "tex")}
     for path in committed:
         assert (regenerated / path.name).read_text() == path.read_text(), path.name
     text = (regenerated / "claims.md").read_text()
     assert [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| C")] == \
         [f"C{i}" for i in range(1, 23)]
+
+
+def test_the_committed_claims_table_has_short_cells(regenerated):
+    """Each cell of our figure is one or two sentences (a sentence ends at '.', '!' or '?'
+    followed by a space and a capital, or at the cell's end) of at most 60 words (runs of
+    non-space characters); the point-by-point figures are in claims_detail.md."""
+    import re
+    rows = [line for line in (regenerated / "claims.md").read_text().splitlines() if line.startswith("| C")]
+    assert len(rows) == 22
+    for line in rows:
+        cells = [c.strip() for c in line.strip("|").split(" | ")]
+        ours = cells[3]
+        sentences = [t for t in re.split(r"(?<=[.!?])\s+(?=[A-Z])", ours) if t]
+        assert 1 <= len(sentences) <= 2, (cells[0], ours)
+        assert all(len(t.split()) <= 60 for t in sentences), (cells[0], ours)
 
 
 def test_ae_readme_blocks_are_the_generated_files(regenerated):

@@ -6,7 +6,9 @@ the checkout can do.
   Hydra's compose API (an unknown key fails there, as on the command line), and every point
   it would run becomes a valid run config (``teraio.sweep.run_config``);
 - every repository path the READMEs name exists, and every ``python -m`` module imports;
-- ae_README.md has one row per claim C1-C22 of the paper (ae_README.md §1 lists them);
+- ae_README.md has one row per claim C1-C22 of the paper (its §3 and §4 list them);
+- ae_README.md reads in two hours: at most 4,000 words of prose, no sentence over 60 words
+  (prose, words and sentences as ``prose_blocks`` defines them);
 - the Dockerfile (no Docker engine here to build it) installs what pyproject.toml pins, at
   the same pins, for one CUDA major throughout, and copies only files that exist.
 """
@@ -279,6 +281,85 @@ def test_ae_readme_has_one_row_per_claim():
     for part in (head + tail, generated):
         rows = re.findall(r"^\|\s*\**C(\d+)\**\s*\|", part, flags=re.M)
         assert sorted(map(int, rows)) == list(range(1, 23)), rows
+
+
+# ---------------------------------------------------------------- ae_README's length
+
+MAX_WORDS, MAX_SENTENCE_WORDS = 4000, 60
+ABBREVIATIONS = ("e.g.", "i.e.", "vs.", "cf.", "etc.", "Fig.", "Figs.", "Eq.", "No.", "al.")
+
+
+def prose_blocks(markdown: str) -> list[str]:
+    """The prose of a Markdown document, one string per block (a paragraph, a list item, a
+    heading, a blockquote's paragraph), its lines joined.
+
+    Left out: fenced code blocks (commands, not prose), HTML comments (the generated blocks'
+    markers), and table rows (lines starting with ``|``: cells of generated tables or
+    command tables, not sentences). A blockquote's ``>`` and a list item's marker are
+    stripped; a blank line, a heading or a new list item ends a block."""
+    text = re.sub(r"^```[^\n]*\n.*?^```[^\n]*$", "", markdown, flags=re.S | re.M)
+    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
+    blocks, current = [], []
+    for line in text.splitlines():
+        line = re.sub(r"^\s*(?:>\s?)+", "", line).strip()
+        starts = re.match(r"(?:#+\s|[-*+]\s|\d+\.\s)", line)
+        if not line or line.startswith("|") or starts:
+            if current:
+                blocks.append(" ".join(current))
+            current = []
+            if starts:
+                current = [line[starts.end():].strip()]
+            continue
+        current.append(line)
+    if current:
+        blocks.append(" ".join(current))
+    return [b for b in blocks if b]
+
+
+def words(text: str) -> list[str]:
+    """Runs of non-space characters holding a letter or a digit (so a dash or an arrow
+    standing alone is no word; a code span of three tokens is three)."""
+    return [w for w in text.split() if re.search(r"\w", w)]
+
+
+def sentences(block: str) -> list[str]:
+    """A block's sentences: it is split after ``.``, ``!`` or ``?`` (closing quotes, brackets
+    and Markdown emphasis allowed) followed by a space and a capital letter, a backtick, an
+    asterisk or an opening bracket, except after one of ``ABBREVIATIONS``; the block's end
+    ends its last sentence. Colons and semicolons do not end a sentence."""
+    parts = re.split(r"(?<=[.!?])([\"')\]*_]*)\s+(?=[A-Z`*(\[§])", block)
+    out, current = [], ""
+    for i in range(0, len(parts), 2):
+        current += parts[i] + (parts[i + 1] if i + 1 < len(parts) else "")
+        if i + 1 < len(parts) and current.split()[-1].endswith(ABBREVIATIONS):
+            current += " "
+            continue
+        out.append(current.strip())
+        current = ""
+    if current.strip():
+        out.append(current.strip())
+    return out
+
+
+def test_prose_leaves_out_code_tables_and_markers_and_splits_sentences():
+    md = ("# Title\n\nOne sentence here. Another one, e.g. `this` one.\n\n"
+          "| a | table row with many words |\n|---|---|\n\n```bash\npython -m x y z\n```\n"
+          "<!-- marker -->\n> **Box.** 1. not a list\n> 2. **5 min.** Run `x`.\n- item one\n  goes on\n")
+    blocks = prose_blocks(md)
+    assert blocks == ["Title", "One sentence here. Another one, e.g. `this` one.", "**Box.** 1. not a list",
+                      "**5 min.** Run `x`.", "item one goes on"]
+    assert sentences(blocks[1]) == ["One sentence here.", "Another one, e.g. `this` one."]
+    assert sentences(blocks[3]) == ["**5 min.**", "Run `x`."]
+    assert words("a — b `c d` → 1,2") == ["a", "b", "`c", "d`", "1,2"]
+
+
+def test_ae_readme_reads_in_two_hours():
+    """At most MAX_WORDS words of prose and no sentence over MAX_SENTENCE_WORDS words."""
+    blocks = prose_blocks((REPO / "ae_README.md").read_text())
+    n = sum(len(words(b)) for b in blocks)
+    assert n <= MAX_WORDS, f"ae_README.md has {n} words of prose, more than {MAX_WORDS}"
+    long = [(len(words(t)), t[:120]) for b in blocks for t in sentences(b) if len(words(t)) > MAX_SENTENCE_WORDS]
+    assert not long, f"sentences over {MAX_SENTENCE_WORDS} words: {long}"
 
 
 # ---------------------------------------------------------------- the Dockerfile

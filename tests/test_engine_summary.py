@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from teraio.core.planner import TierBandwidth
+from teraio.core.bandwidth import TierBandwidth
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = ROOT / "benchmarks/results/engine_h200/fig7_trials"

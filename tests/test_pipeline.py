@@ -20,7 +20,8 @@ from teraio.config import ModelConfig, WorkloadConfig
 from teraio.core.engine import MigrationEngine
 from teraio.workload.models import build_model
 from teraio.workload.pipeline import StageStep, split_model, stage_layers
-from teraio.core.planner import TierBandwidth, plan_migrations
+from teraio.core.bandwidth import TierBandwidth
+from teraio.core.planner import plan_migrations
 from teraio.core.profiler import persistent_tensors, profile_step
 from teraio.workload.step import make_batch, make_optimizer, train_step
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from teraio.core.synth import layered_trace
+from teraio.perf.synth import layered_trace
 from teraio.core.trace import Trace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))

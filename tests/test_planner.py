@@ -2,13 +2,15 @@
 import numpy as np
 import pytest
 
+from teraio.core.bandwidth import TierBandwidth
 from teraio.core.plan import Migration, MigrationPlan
-from teraio.core.planner import (TierBandwidth, _Planner, inactive_periods, plan_migrations, predicted_live_bytes,
-                            reserved_bandwidth)
-from teraio.core.simulator import simulate
+from teraio.core.planner import (_Planner, inactive_periods, plan_migrations, predicted_live_bytes,
+                                 reserved_bandwidth)
 from teraio.core.slots import HOST_ALIGN, align_up, ssd_file_bytes
-from teraio.core.synth import layered_trace
 from teraio.core.trace import TensorRecord, Trace
+from teraio.perf.choose import plan_fastest
+from teraio.perf.simulator import simulate
+from teraio.perf.synth import layered_trace
 
 GB = 10**9
 BASE = 10 * GB  # a persistent tensor used by every op: sets the floor of live bytes
@@ -462,7 +464,7 @@ def test_auto_keeps_the_region_only_where_it_simulates_clearly_faster(seed, host
              for p in ("slots", "arena")}
     seconds = {p: simulate(tr, plan, tiers, shared_ssd=True).iteration_seconds for p, plan in plans.items()}
     assert round(100 * (1 - seconds["arena"] / seconds["slots"]), 2) == gain
-    auto = plan_migrations(tr, capacity, tiers, host_cap_bytes=host_cap, host_arena="auto")
+    auto = plan_fastest(tr, capacity, tiers, host_cap_bytes=host_cap, host_arena="auto")
     assert auto.migrations == plans[kept].migrations
     assert auto.meta["host_arena"] is (kept == "arena")
     assert auto.meta["host_arena_auto"] == seconds
@@ -471,14 +473,21 @@ def test_auto_keeps_the_region_only_where_it_simulates_clearly_faster(seed, host
 def test_auto_keeps_slots_on_a_tie_and_without_a_host_tier():
     tr = random_trace(0, n_ops=50, n_tensors=30)
     tiers = TierBandwidth(0.5, 0.5, 8.0, 8.0)
-    tie = plan_migrations(tr, BASE, tiers, host_cap_bytes=2 * GB, host_arena="auto")
+    tie = plan_fastest(tr, BASE, tiers, host_cap_bytes=2 * GB, host_arena="auto")
     assert tie.meta["host_arena_auto"]["slots"] == tie.meta["host_arena_auto"]["arena"]
     assert tie.meta["host_arena"] is False and tie.host_offsets() is None
-    ssd = plan_migrations(tr, BASE, tiers, host_cap_bytes=0, host_arena="auto")
+    ssd = plan_fastest(tr, BASE, tiers, host_cap_bytes=0, host_arena="auto")
     assert list(ssd.meta["host_arena_auto"]) == ["slots"] and ssd.meta["host_arena"] is False
 
 
 @pytest.mark.parametrize("bad", ["yes", 1, None])
 def test_host_arena_other_than_true_false_or_auto_is_refused(bad):
     with pytest.raises(ValueError, match=rf"host_arena={bad!r}; valid: true, false or 'auto'"):
-        plan_migrations(random_trace(0), BASE, TierBandwidth(1.0, 1.0, 1.0, 1.0), host_cap_bytes=GB, host_arena=bad)
+        plan_fastest(random_trace(0), BASE, TierBandwidth(1.0, 1.0, 1.0, 1.0), host_cap_bytes=GB, host_arena=bad)
+
+
+@pytest.mark.parametrize("option", ["host_arena", "recompute"])
+def test_the_planner_leaves_auto_to_the_performance_model(option):
+    # "auto" is chosen by simulating (teraio.perf.choose); the planner makes one plan per setting
+    with pytest.raises(ValueError, match=rf"{option}='auto'; valid: true or false .*teraio.perf.choose.plan_fastest"):
+        plan_migrations(random_trace(0), BASE, TierBandwidth.uniform(1.0), host_cap_bytes=GB, **{option: "auto"})

@@ -3,11 +3,13 @@ the simulator's charge, and the plan's round trip."""
 import numpy as np
 import pytest
 
+from teraio.core.bandwidth import TierBandwidth
 from teraio.core.plan import MigrationPlan
-from teraio.core.planner import TierBandwidth, plan_migrations, predicted_live_bytes
+from teraio.core.planner import predicted_live_bytes
 from teraio.core.recompute import Chains, is_inplace, is_pure
-from teraio.core.simulator import simulate
 from teraio.core.trace import TensorRecord, Trace
+from teraio.perf.choose import plan_fastest
+from teraio.perf.simulator import simulate
 
 GB = 10**9
 
@@ -55,8 +57,8 @@ def test_op_classes():
 
 def plan(tr, recompute, capacity=int(5.2 * GB)):
     # a drive far too slow to hide a 2 GB move behind a few seconds of compute
-    return plan_migrations(tr, capacity, TierBandwidth.uniform(0.01), host_cap_bytes=0, allow_stalls=True,
-                           recompute=recompute)
+    return plan_fastest(tr, capacity, TierBandwidth.uniform(0.01), host_cap_bytes=0, allow_stalls=True,
+                        recompute=recompute)
 
 
 def test_planner_recomputes_where_moving_cannot_hide():

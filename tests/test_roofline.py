@@ -8,8 +8,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from teraio.harness.fig3 import run as run_fig3
-from teraio.core.roofline import BANDWIDTHS_GBPS, OUTPUT_FILES, main, plot_roofline, roofline
-from teraio.core.synth import layered_trace
+from teraio.perf.roofline import BANDWIDTHS_GBPS, OUTPUT_FILES, main, plot_roofline, roofline
+from teraio.perf.synth import layered_trace
 from teraio.core.trace import Trace
 
 CONF = Path(__file__).resolve().parents[1] / "conf"

@@ -2,11 +2,12 @@
 import numpy as np
 import pytest
 
+from teraio.core.bandwidth import TierBandwidth
 from teraio.core.plan import Migration, MigrationPlan
-from teraio.core.planner import TierBandwidth, plan_migrations
-from teraio.core.simulator import simulate
-from teraio.core.synth import layered_trace
+from teraio.core.planner import plan_migrations
 from teraio.core.trace import TensorRecord, Trace
+from teraio.perf.simulator import simulate
+from teraio.perf.synth import layered_trace
 
 GB = 10**9
 

@@ -9,7 +9,7 @@ from teraio.config import ModelConfig, WorkloadConfig
 from teraio.workload.models import build_model
 from teraio.core.profiler import profile_step
 from teraio.workload.step import make_batch, make_optimizer, train_step
-from teraio.core.synth import Sweep, find_sweeps, layered_trace, synthesize_layers
+from teraio.perf.synth import Sweep, find_sweeps, layered_trace, synthesize_layers
 from teraio.core.trace import Trace
 
 

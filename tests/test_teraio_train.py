@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import teraio.core.engine
 import teraio.core.storage
-import teraio.systems.teraio
+import teraio.systems.teraio_trainer
 import teraio.workload.pipeline
 from conftest import ModelBuilt, cap_then_build
 
@@ -24,7 +24,7 @@ from teraio.core.profiler import iter_tensors
 from teraio.result import measured_before, result_row
 from teraio.workload.step import make_batch, make_optimizer, train_step
 from teraio.core.engine import PlanDriftError
-from teraio.core.planner import REGION_MARGIN
+from teraio.perf.choose import REGION_MARGIN
 from teraio.systems.teraio import run
 
 CPU = torch.device("cpu")
@@ -133,7 +133,7 @@ def test_capped_from_the_first_allocation(tmp_path, ref, monkeypatch, system, hw
         watcher.watch(model.buffers())
         return model
 
-    open_tiers = teraio.systems.teraio.open_tiers
+    open_tiers = teraio.systems.teraio_trainer.open_tiers
     seen_before_plan, watching = [], []
 
     def stop_watching_and_open_tiers(*args, **kwargs):
@@ -150,7 +150,7 @@ def test_capped_from_the_first_allocation(tmp_path, ref, monkeypatch, system, hw
     monkeypatch.setattr(teraio.core.storage.HostTier, "take_over",
                         lambda tier, name, buf: taken_over.append(name) or take_over(tier, name, buf))
     monkeypatch.setattr(teraio.workload.pipeline, "build_model", build_and_watch)
-    monkeypatch.setattr(teraio.systems.teraio, "open_tiers", stop_watching_and_open_tiers)
+    monkeypatch.setattr(teraio.systems.teraio_trainer, "open_tiers", stop_watching_and_open_tiers)
     (tmp_path / "ssd").mkdir()
     probe = run_teraio(config(system, tmp_path / "ssd", None, **hw), tmp_path / "probe")
     capacity = int(probe["unoffloaded_peak_bytes"] * 0.4)
@@ -372,7 +372,7 @@ def test_the_ssd_tier_is_planned_within_the_drives_free_room(tmp_path, ref, monk
 
 
 def test_the_emulated_capacity_binds_before_the_model_is_built(tmp_path, monkeypatch):
-    calls = cap_then_build(monkeypatch, teraio.systems.teraio, teraio.workload.pipeline)
+    calls = cap_then_build(monkeypatch, teraio.systems.teraio_trainer, teraio.workload.pipeline)
     cfg = config("teraio_mixed", tmp_path, 1 << 30)
     with pytest.raises(ModelBuilt):
         run(cfg, tmp_path, CPU)

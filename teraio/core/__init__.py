@@ -1,6 +1,7 @@
 """TeraIO itself (paper §3): the lifetime profiler (``profiler``, producing a ``trace``), the
-migration planner (``planner``, Algorithm 1, producing a ``plan``) and the migration engine
-(``engine``) with its tiers (``storage``: SSDs and page-locked host memory; ``pager``: on-demand
-eviction for the steps before a plan exists; ``probe``: measured tier bandwidths), plus the
-performance model (``simulator``, ``roofline``; paper §2.2, Fig. 3) and full-depth traces
-synthesized from reduced ones (``synth``). Nothing here knows about configs, systems or sweeps."""
+migration planner (``planner``, Algorithm 1, producing a ``plan``, at the tier rates of
+``bandwidth``) and the migration engine (``engine``) with its tiers (``storage``: SSDs and
+page-locked host memory; ``pager``: on-demand eviction for the steps before a plan exists;
+``probe``: measured tier bandwidths). The performance model that predicts a plan's iteration
+is ``teraio.perf``, above this package. Nothing here knows about configs, systems, sweeps or
+the performance model."""

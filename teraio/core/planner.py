@@ -69,9 +69,9 @@ memory. TeraIO-SSD is ``host_cap_bytes=0``; TeraIO-Mixed a positive cap. ``use_s
 for host memory only. With ``host_arena=True`` the host tier is one region of the cap
 instead, a byte offset per tensor (``teraio.core.slots.HostArena``): it holds more at once
 where slots sized by their first tensor leave gaps, and less where a tensor's later period
-finds its offset taken. ``host_arena="auto"`` plans both and keeps the region where the
-simulator (``teraio.core.simulator.simulate``) puts its iteration more than
-:data:`REGION_MARGIN` shorter, slots otherwise.
+finds its offset taken. Choosing between the two by their simulated iterations
+(``host_arena="auto"``) is the performance model's job, above this module:
+``teraio.perf.choose.plan_fastest``.
 
 Recompute (``recompute=``)
 --------------------------
@@ -94,7 +94,9 @@ tier the rule above picks. Recomputing a tensor keeps its chain's resident input
 GPU through op b: their periods that hold op b leave the candidates (a candidate whose chain
 would so pin a tensor larger than itself has no recompute option), and a candidate whose
 input is moved or recomputed there loses the option. Such an update can raise a score
-(op b's memory rises), so the lazy greedy's bounds are then only close to exact.
+(op b's memory rises), so the lazy greedy's bounds are then only close to exact. Planning
+with and without the option and keeping the faster (``recompute="auto"``) is
+``teraio.perf.choose.plan_fastest``'s.
 
 When memory cannot fit
 ----------------------
@@ -125,62 +127,13 @@ import time
 
 import numpy as np
 
+from teraio.core.bandwidth import CHANNELS, TIER_CHANNELS, TierBandwidth
 from teraio.core.plan import Migration, MigrationPlan, Recompute
 from teraio.core.recompute import Chains
 from teraio.core.slots import HOST_ALIGN, HostArena, SlotBins, ssd_file_bytes
 from teraio.core.trace import Trace
 
 BENEFITS: tuple[str, ...] = ("pressure", "formula")
-# host_arena="auto" keeps the region only where it simulates more than this fraction faster
-# than slots: at fig9_h200's 4-16 GB points the region's simulated gain moved between 0.06
-# and 1.17 % from one trial's profile to the next (benchmarks/results/shared_slots/
-# host_arena_auto.md), so a smaller margin would let a point's trials run different packings.
-REGION_MARGIN = 0.02
-
-
-def is_host_arena(value) -> bool:
-    """Whether ``value`` is one that ``plan_migrations``' ``host_arena`` takes: true, false or
-    ``"auto"`` (1 and 0 are not)."""
-    return isinstance(value, bool) or value == "auto"
-
-
-CHANNELS: tuple[str, ...] = ("ssd_write", "ssd_read", "host_d2h", "host_h2d")
-# (offload channel, prefetch channel) of each tier.
-TIER_CHANNELS: dict[str, tuple[str, str]] = {"ssd": ("ssd_write", "ssd_read"),
-                                             "host": ("host_d2h", "host_h2d")}
-_GB = 1e9
-
-
-@dataclasses.dataclass(frozen=True)
-class TierBandwidth:
-    """Migration bandwidth per GPU, GB/s (1e9 bytes/s), per tier and direction.
-
-    ``ssd_write_gbps`` / ``ssd_read_gbps`` are the aggregate over the GPU's drives
-    (GPU->SSD offload, SSD->GPU prefetch); ``host_d2h_gbps`` / ``host_h2d_gbps`` the
-    GPU<->pinned host memory copies.
-
-    Raises:
-        ValueError: a bandwidth that is not a positive finite number.
-    """
-
-    ssd_write_gbps: float
-    ssd_read_gbps: float
-    host_d2h_gbps: float
-    host_h2d_gbps: float
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if not (isinstance(v, (int, float)) and np.isfinite(v) and v > 0):
-                raise ValueError(f"TierBandwidth.{f.name}={v!r}; must be a positive number of GB/s")
-
-    @classmethod
-    def uniform(cls, gbps: float) -> "TierBandwidth":
-        """Every tier and direction at ``gbps`` GB/s (the roofline's single bandwidth)."""
-        return cls(gbps, gbps, gbps, gbps)
-
-    def bytes_per_second(self, channel: str) -> float:
-        return getattr(self, f"{channel}_gbps") * _GB
 
 
 @dataclasses.dataclass
@@ -750,8 +703,8 @@ class _Planner:
 def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
                     benefit: str = "pressure", min_tensor_bytes: int = 1 << 20,
                     use_ssd: bool = True, allow_stalls: bool = False, shared_ssd: bool = True,
-                    host_arena: bool | str = False, ssd_cap_bytes: int | None = None,
-                    recompute: bool | str = False) -> MigrationPlan:
+                    host_arena: bool = False, ssd_cap_bytes: int | None = None,
+                    recompute: bool = False) -> MigrationPlan:
     """Algorithm 1 (paper §3.2): a migration plan that brings ``trace``'s peak live bytes
     under ``capacity_bytes`` while hiding transfers behind compute.
 
@@ -775,22 +728,15 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
             (default; see the module docstring); False: two independent channels.
         host_arena: place host migrations in one region of ``host_cap_bytes``, a byte
             offset per tensor (``Migration.offset``; ``teraio.core.slots.HostArena``),
-            instead of in slots; ``"auto"``: plan both ways (one way at ``host_cap_bytes=0``)
-            and return the region's plan if its simulated iteration is more than
-            :data:`REGION_MARGIN` shorter than the slots', else the slots'. Its
-            ``meta["host_arena"]`` is the packing kept, ``meta["host_arena_auto"]`` the
-            simulated iteration seconds of each (``{"slots": s, "arena": s}``), and
-            ``meta["compile_seconds"]`` covers both plans and their simulations.
+            instead of in slots (``"auto"``: ``teraio.perf.choose.plan_fastest``).
         ssd_cap_bytes: most bytes the SSD tier's files may take (its slots in whole
             stripes, ``teraio.core.slots.ssd_file_bytes``): the room on its drives. A
             candidate whose SSD slot would pass it goes to host memory or stays; None: no
             cap. ``meta["ssd_file_bytes"]`` is what the plan's SSD slots take.
         recompute: also consider, per candidate, dropping the tensor and recomputing it
             before its next use (``teraio.core.recompute``; ``plan.recomputes``), ranked
-            against the tiers (module docstring, "Recompute"); ``"auto"``: plan with and
-            without it and keep the plan with recompute where it simulates more than
-            :data:`REGION_MARGIN` shorter; ``meta["recompute_auto"]`` holds both simulated
-            iterations (``{"off": s, "on": s}``).
+            against the tiers (module docstring, "Recompute"; ``"auto"``:
+            ``teraio.perf.choose.plan_fastest``).
 
     Returns:
         the plan, migrations in the order chosen. If the peak cannot be brought under
@@ -799,23 +745,14 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
 
     Raises:
         ValueError: non-positive capacity, negative host or SSD cap, unknown benefit, a
-            ``host_arena`` or ``recompute`` other than true, false or ``"auto"``, or no tier
-            to migrate to (``use_ssd=False`` with ``host_cap_bytes=0``).
+            ``host_arena`` or ``recompute`` other than true or false (``"auto"`` is
+            ``teraio.perf.choose.plan_fastest``'s), or no tier to migrate to
+            (``use_ssd=False`` with ``host_cap_bytes=0``).
     """
-    if not is_host_arena(host_arena):
-        raise ValueError(f"host_arena={host_arena!r}; valid: true, false or 'auto'")
-    if not is_host_arena(recompute):
-        raise ValueError(f"recompute={recompute!r}; valid: true, false or 'auto'")
-    if recompute == "auto":
-        return _fastest_schedule(trace, capacity_bytes, tiers, host_cap_bytes, benefit=benefit,
-                                 min_tensor_bytes=min_tensor_bytes, use_ssd=use_ssd,
-                                 allow_stalls=allow_stalls, shared_ssd=shared_ssd,
-                                 ssd_cap_bytes=ssd_cap_bytes, host_arena=host_arena)
-    if host_arena == "auto":
-        return _fastest_packing(trace, capacity_bytes, tiers, host_cap_bytes, benefit=benefit,
-                                min_tensor_bytes=min_tensor_bytes, use_ssd=use_ssd,
-                                allow_stalls=allow_stalls, shared_ssd=shared_ssd,
-                                ssd_cap_bytes=ssd_cap_bytes, recompute=recompute)
+    for name, value in (("host_arena", host_arena), ("recompute", recompute)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name}={value!r}; valid: true or false ('auto' is chosen by simulation: "
+                             "teraio.perf.choose.plan_fastest)")
     if not isinstance(capacity_bytes, (int, np.integer)) or capacity_bytes <= 0:
         raise ValueError(f"capacity_bytes={capacity_bytes!r}; must be a positive int (bytes)")
     if host_cap_bytes < 0:
@@ -876,45 +813,6 @@ def _plan_with(planner: _Planner, trace: Trace, capacity_bytes: int, baseline: i
     return MigrationPlan(n_ops=trace.n_ops, capacity_bytes=capacity_bytes, baseline_peak_bytes=baseline,
                          predicted_peak_bytes=predicted, migrations=migrations, meta=meta,
                          recomputes=planner.recomputes)
-
-
-def _fastest_schedule(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
-                      **options) -> MigrationPlan:
-    """``plan_migrations(recompute="auto")``: plans without and with the recompute option,
-    the latter kept where it simulates more than :data:`REGION_MARGIN` faster. A plan with
-    the option that recomputes nothing is the plan without it (the option only adds
-    choices), so it is kept without planning again; ``meta["recompute_auto"]`` then has
-    ``"on"`` only."""
-    from teraio.core.simulator import simulate  # the simulator builds on this module
-
-    t0 = time.perf_counter()
-    plans = {"on": plan_migrations(trace, capacity_bytes, tiers, host_cap_bytes, **options, recompute=True)}
-    if plans["on"].recomputes:  # else it is the plan without the option
-        plans["off"] = plan_migrations(trace, capacity_bytes, tiers, host_cap_bytes, **options, recompute=False)
-    seconds = {k: simulate(trace, plan, tiers, shared_ssd=options["shared_ssd"]).iteration_seconds
-               for k, plan in plans.items()}
-    on = "off" not in plans or seconds["on"] < seconds["off"] * (1 - REGION_MARGIN)
-    kept = plans["on" if on else "off"]
-    kept.meta.update(recompute_auto=seconds, compile_seconds=time.perf_counter() - t0)
-    return kept
-
-
-def _fastest_packing(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
-                     **options) -> MigrationPlan:
-    """``plan_migrations(host_arena="auto")``: the host tier in slots and as one region,
-    the region's plan kept where it simulates more than :data:`REGION_MARGIN` faster."""
-    from teraio.core.simulator import simulate  # the simulator builds on this module
-
-    t0 = time.perf_counter()
-    plans = {packing: plan_migrations(trace, capacity_bytes, tiers, host_cap_bytes, **options,
-                                      host_arena=packing == "arena")
-             for packing in (("slots", "arena") if host_cap_bytes > 0 else ("slots",))}
-    seconds = {packing: simulate(trace, plan, tiers, shared_ssd=options["shared_ssd"]).iteration_seconds
-               for packing, plan in plans.items()}
-    region = "arena" in seconds and seconds["arena"] < seconds["slots"] * (1 - REGION_MARGIN)
-    kept = plans["arena" if region else "slots"]
-    kept.meta.update(host_arena_auto=seconds, compile_seconds=time.perf_counter() - t0)
-    return kept
 
 
 def predicted_live_bytes(trace: Trace, plan: MigrationPlan) -> np.ndarray:

@@ -3,9 +3,9 @@
     python -m teraio.harness.fig3 +experiment=fig3
 
 No worker and no GPU: each model's saved trace is planned and replayed by the
-performance model at every bandwidth (:mod:`teraio.core.roofline`). The GPU capacity per model
+performance model at every bandwidth (:mod:`teraio.perf.roofline`). The GPU capacity per model
 is the paper's memory pressure M (its Fig. 7 tables): capacity = the trace's
-un-offloaded peak / M. Outputs (``teraio.core.roofline.OUTPUT_FILES``) go to the run
+un-offloaded peak / M. Outputs (``teraio.perf.roofline.OUTPUT_FILES``) go to the run
 directory, ``<sweep.runs_dir>/<sweep.name>/``.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 from rich.console import Console
 
-from teraio.core.roofline import roofline, save_roofline
+from teraio.perf.roofline import roofline, save_roofline
 from teraio.core.trace import Trace
 
 console = Console(highlight=False, emoji=False)
@@ -58,7 +58,7 @@ def run(cfg: DictConfig, out_dir: Path):
 
     Raises:
         ValueError: no ``roofline`` section (run with ``+experiment=fig3``), or as
-            :func:`load_models` and :func:`teraio.core.roofline.roofline`.
+            :func:`load_models` and :func:`teraio.perf.roofline.roofline`.
     """
     if "roofline" not in cfg:
         raise ValueError("no `roofline` section in the config; run with +experiment=fig3")

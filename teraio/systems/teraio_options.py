@@ -1,0 +1,104 @@
+"""``system.options`` of the TeraIO systems (``teraio_ssd``, ``teraio_mixed``): one dataclass,
+a docstring under each field (``conf/system/teraio_ssd.yaml`` sets every one at its default).
+
+All are optional. A bad key or value is a ValueError naming it and what is valid, raised
+before anything runs (the sweep's checks call :func:`check_options` through the registry,
+``teraio.systems``; the runner reads them again from the resolved config).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from teraio.config import dataclass_from_dict
+from teraio.core.planner import BENEFITS
+from teraio.perf.choose import is_host_arena
+
+CUDA_HEADROOM_FRACTION = 0.08
+"""Default ``headroom_fraction`` on CUDA: the share of the capacity kept out of the plan and
+the pager (on CPU: none)."""
+
+
+@dataclasses.dataclass
+class TeraIOOptions:
+    """What a TeraIO run may be told besides the workload and the machine."""
+
+    benefit: str = "pressure"
+    """Algorithm 1's ranking of offload candidates (``teraio.core.planner``): ``"pressure"``,
+    the area of memory pressure above capacity that offloading removes (the paper's prose,
+    Fig. 6b), or ``"formula"``, the benefit as printed in Algorithm 1."""
+
+    min_tensor_bytes: int = 1 << 20
+    """Smallest tensor considered for offloading by the plan, and for eviction by the pager
+    of the steps before the plan (``teraio.core.pager``), bytes (default 1 MiB)."""
+
+    headroom_fraction: float | None = None
+    """Fraction of the capacity kept out of the plan and the pager for allocator rounding,
+    fragmentation and workspaces, in [0, 1); None: :data:`CUDA_HEADROOM_FRACTION` on CUDA,
+    0.0 on CPU (:meth:`headroom`)."""
+
+    io_threads: int = 4
+    """I/O threads of the SSD tier (``teraio.core.storage.SSDTier``), >= 1; they also measure
+    the null bandwidths (``teraio.core.probe``)."""
+
+    allow_stalls: bool = True
+    """When bandwidth cannot hide enough migrations, still bring the peak under capacity with
+    migrations the engine stalls for (paper §3.2: the runtime stalls kernels until memory is
+    freed); false: such a plan falls short and the run stops before its first planned step."""
+
+    device_waits: bool = True
+    """Host-tier transfers on a CUDA device ordered on the compute stream (CUDA events)
+    instead of blocking the training thread (``teraio.core.engine``)."""
+
+    release_grads: bool = True
+    """Free each gradient right after its last use in the optimizer step and plan for it
+    (``Trace.with_released_grads``, ``teraio.core.engine``); false: ``param.grad`` holds every
+    gradient through the step."""
+
+    replan_on_drift: bool = True
+    """When a step's shape differs from the profiled one's (``workload.seq_len_schedule``),
+    hand the engine's tensors back to a pager, profile that step and plan again (counted in
+    the row's ``replans``); false: the step fails with ``PlanDriftError``."""
+
+    host_arena: bool | str = "auto"
+    """How the host tier holds its tensors (only TeraIO-Mixed has one): true, one region with
+    a byte offset per tensor (``teraio.core.slots.HostArena``); false, slots shared by tensors
+    whose periods never overlap; ``"auto"``, both planned and the region kept where it
+    simulates more than 2 % faster (``teraio.perf.choose.REGION_MARGIN``)."""
+
+    def __post_init__(self) -> None:
+        bad = []
+        if self.benefit not in BENEFITS:
+            bad.append(f"benefit={self.benefit!r}; valid: {BENEFITS}")
+        if not (isinstance(self.min_tensor_bytes, int) and self.min_tensor_bytes >= 0):
+            bad.append(f"min_tensor_bytes={self.min_tensor_bytes!r}; valid: an int >= 0 (bytes)")
+        if self.headroom_fraction is not None and not 0 <= self.headroom_fraction < 1:
+            bad.append(f"headroom_fraction={self.headroom_fraction!r}; valid: null or 0 <= x < 1")
+        if not (isinstance(self.io_threads, int) and self.io_threads >= 1):
+            bad.append(f"io_threads={self.io_threads!r}; valid: an int >= 1")
+        for flag in ("allow_stalls", "device_waits", "release_grads", "replan_on_drift"):
+            if not isinstance(getattr(self, flag), bool):
+                bad.append(f"{flag}={getattr(self, flag)!r}; valid: true or false")
+        if not is_host_arena(self.host_arena):
+            bad.append(f"host_arena={self.host_arena!r}; valid: true, false or auto")
+        if bad:
+            raise ValueError("system.options." + "; system.options.".join(bad))
+
+    def headroom(self, device: torch.device) -> float:
+        """``headroom_fraction``, or its default on ``device`` where null."""
+        if self.headroom_fraction is not None:
+            return self.headroom_fraction
+        return CUDA_HEADROOM_FRACTION if device.type == "cuda" else 0.0
+
+    def planner_options(self) -> dict:
+        """The options passed through to ``teraio.perf.choose.plan_fastest`` as keyword
+        arguments (the run adds what the machine sets: capacity, bandwidths, tier room)."""
+        return {"benefit": self.benefit, "min_tensor_bytes": self.min_tensor_bytes,
+                "allow_stalls": self.allow_stalls, "host_arena": self.host_arena}
+
+
+def check_options(system: str, options: dict) -> None:
+    """``system.options`` of a TeraIO system (``teraio.systems``). Raises ValueError naming
+    an unknown key or a bad value."""
+    dataclass_from_dict(TeraIOOptions, options, f"system.options ({system})")

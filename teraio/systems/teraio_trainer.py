@@ -1,0 +1,398 @@
+"""One TeraIO training run (``teraio_ssd`` and ``teraio_mixed``): profile → plan → migrate
+around the shared training step (paper §3, Fig. 4), as a class in the shape of torchtitan's
+``Trainer``: the run's state as attributes, a method per phase of the cycle.
+
+The GPU capacity binds from the run's first allocation: the emulated one
+(``hardware.gpu_capacity_bytes``, a cap on the process's allocator) or, with none given on
+a CUDA device, the device's own free memory at start. No step runs un-offloaded.
+
+Iteration schedule (the step index selects the data, so every system sees the same
+tokens at the same step):
+
+* step 0 (:meth:`TeraIOTrainer.paged_step` of :meth:`~TeraIOTrainer.first_step`): a step
+  under the pager (``teraio.core.pager``), which creates the optimizer state and keeps
+  everything within the capacity by evicting least recently used tensors to host memory on
+  demand;
+* step 1 (:meth:`~TeraIOTrainer.profile`): the profiled step (``teraio.core.profiler``),
+  under the same pager (paper §3.1: a model that does not fit is profiled by offloading what
+  the running kernel does not need);
+* then the plan is compiled (:meth:`~TeraIOTrainer.plan`), the engine takes over the pager's
+  tensors (:meth:`~TeraIOTrainer.start_engine`), and steps ``2 .. warmup_steps-1`` warm the
+  engine up; steps ``warmup_steps ..`` are measured (:meth:`~TeraIOTrainer.measured_step`);
+  a step whose workload shape differs from the one before it is profiled and planned
+  again (:meth:`~TeraIOTrainer.replan`).
+
+On a CPU device with no capacity given nothing is capped (no pager, nothing to plan for).
+The options are ``teraio.systems.teraio_options.TeraIOOptions``.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import math
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from teraio import systems
+from teraio.config import RunConfig, dataclass_from_dict
+from teraio.core.engine import RECOVERY_KEYS, MigrationEngine
+from teraio.core.pager import Pager, PagedStep, PagerStats
+from teraio.core.plan import MigrationPlan
+from teraio.perf.choose import plan_fastest
+from teraio.core.profiler import persistent_tensors, profile_step
+from teraio.core.storage import SSD_FREE_RESERVE, drive_room_bytes
+from teraio.core.trace import Trace
+from teraio.result import Measurements, iteration_totals, progress_line
+from teraio.systems.loop import Step, Steps, StepStats, measure_steps
+from teraio.systems.measure import (apply_memory_cap, lift_memory_cap, param_digest, peak_memory, reset_peak_memory,
+                                    synchronize, timed)
+from teraio.systems.teraio_logs import EngineLogs
+from teraio.systems.teraio_machine import (check_model_fits, compute_stream, device_capacity, open_tiers,
+                                           tier_bandwidth)
+from teraio.systems.teraio_options import TeraIOOptions
+from teraio.workload.pipeline import build_training, gather_stages
+from teraio.workload.step import make_batch
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    """A profiled step's plan, before any engine runs it (:meth:`TeraIOTrainer.plan`).
+
+    Attributes:
+        trace: the trace as planned (its gradients released after their last use where
+            ``release_grads``).
+        plan: the migration plan.
+        capacity_bytes: the capacity planned for: the run's limit (capacity less headroom),
+            or uncapped the un-offloaded peak less headroom.
+        unoffloaded_peak_bytes: the profiled step's peak without offloading (memory
+            pressure's numerator, for every option).
+        ssd_cap_bytes: the room the SSD tier's files were planned in (the drives' free
+            bytes shared by the pipeline's stages).
+        compile_seconds: wall time of planning, the SSD room's look-up included.
+    """
+
+    trace: Trace
+    plan: MigrationPlan
+    capacity_bytes: int
+    unoffloaded_peak_bytes: int
+    ssd_cap_bytes: int
+    compile_seconds: float
+
+    def summary(self) -> dict:
+        """The row's ``plan`` extra (and each re-plan's)."""
+        plan = self.plan
+        return {"capacity_bytes": self.capacity_bytes, "predicted_peak_bytes": plan.predicted_peak_bytes,
+                "shortfall_bytes": plan.shortfall_bytes, "migrations": len(plan.migrations),
+                "bytes_per_tier": plan.bytes_per_tier(), "host_arena": plan.meta["host_arena"],
+                "ssd_cap_bytes": self.ssd_cap_bytes, "ssd_file_bytes": plan.meta["ssd_file_bytes"],
+                **({"host_arena_auto": plan.meta["host_arena_auto"]} if "host_arena_auto" in plan.meta else {})}
+
+
+class TeraIOTrainer:
+    """Train ``cfg`` under TeraIO, recording into ``measured`` (``teraio.systems.teraio.run``
+    says what the row holds and what a failure raises).
+
+    Constructing it checks the options and the model against the capacity, measures null
+    bandwidths and binds the capacity, all before anything is allocated on the device;
+    :meth:`train` builds the model and runs the cycle, then :meth:`close` hands everything
+    back.
+
+    Attributes:
+        opts: the options (``TeraIOOptions``).
+        headroom: the fraction of the capacity kept out of the plan and the pager.
+        capacity: the device capacity in bytes (None: uncapped, a CPU given none).
+        limit: the capacity less headroom, bytes: what the pager and the plan may use.
+        bandwidths: the planner's tier bandwidths (GB/s).
+        training: the model, optimizer and step (``teraio.workload.pipeline.Training``).
+        side: directory of the side files (the job dir, or its ``stage<s>/``).
+        pager: the pager of the steps before a plan (None: uncapped, or an engine runs).
+        engine: the migration engine of the current plan (None before the first).
+        runs: every engine of the run with its planned trace, for the logs.
+        losses: every step's loss, by step: the paged ones and the loop's.
+        peaks: (allocated, reserved) peak bytes of the build, then of each step.
+    """
+
+    def __init__(self, cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measurements):
+        self.cfg, self.job_dir, self.device, self.measured = cfg, job_dir, device, measured
+        self.opts = dataclass_from_dict(TeraIOOptions, cfg.system.options, "system.options (TeraIO)")
+        self.spec = systems.get(cfg.system.name)
+        self.workload = w = cfg.workload
+        if w.warmup_steps < 2:
+            raise ValueError(f"workload.warmup_steps={w.warmup_steps}: TeraIO needs >= 2 "
+                             "(one step to create the optimizer state, one profiled step)")
+        self.headroom = self.opts.headroom(device)
+        self.capacity, emulated = device_capacity(cfg, device)
+        self.limit = int(self.capacity * (1 - self.headroom)) if self.capacity is not None else None
+        if w.pipeline_stages == 1:  # a stage holds a share of the model: its own step tells
+            check_model_fits(cfg, self.limit)
+        self.bandwidths = tier_bandwidth(cfg, device, self.opts.io_threads, measured)  # a probe, before the cap
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        apply_memory_cap(cfg.hardware.gpu_capacity_bytes, device)  # from the first allocation on
+        measured.capacity_bytes = self.capacity
+        measured.capacity_emulated = emulated if self.capacity is not None else None
+        self.training = self.logs = self.pager = self.engine = None
+        self.runs: list[tuple[MigrationEngine, Trace]] = []
+        self.losses: dict[int, float] = {}
+        self.peaks: list[tuple[int | None, int | None]] = []
+        self.prefix, self.side, self.loud = "", job_dir, True
+
+    # ------------------------------------------------------------------ the run
+
+    def train(self) -> None:
+        """Build the model and run the cycle: the paged step, the profiled one, the plan,
+        the loop's steps (re-planned where the shape changes). A failed run leaves no
+        partial logs; either way :meth:`close` runs before anything is read back.
+
+        Raises: as ``teraio.systems.teraio.run``.
+        """
+        try:
+            self.build()
+            self.paged_step(0, self.first_step)
+            trace, self.measured.profile_seconds = self.profile(1)
+            self.plan_and_start(trace, "")
+            with compute_stream(self.device):
+                measure_steps(self.measured_step, self.workload, self.device, first_step=2, progress=self.loud,
+                              out=Steps(iterations=self.measured.iterations, losses=self.losses))
+            synchronize(self.device)
+            if self.device.type == "cuda":
+                self.measured.step_peak_allocated_bytes = [a for a, _ in self.peaks[1:]]
+                self.measured.peak_allocated_bytes = max(a for a, _ in self.peaks)
+                self.measured.peak_reserved_bytes = max(r for _, r in self.peaks)
+        except BaseException:
+            if self.logs is not None:  # a failed run leaves no partial logs
+                self.logs.discard()
+            raise
+        finally:
+            self.close()
+        self.finish()
+
+    def build(self) -> None:
+        """The model and optimizer on the device (within the capacity already bound), the
+        side files' directory and logs, and the pager of the steps before the plan."""
+        reset_peak_memory(self.device)
+        self.training = training = build_training(self.cfg.model, self.workload, self.device, self.cfg.seed)
+        self.peaks.append(peak_memory(self.device))
+        # A pipeline stage's side files go to stage<s>/ of the job dir; stage 0 prints.
+        self.prefix = "" if training.n_stages == 1 else f"stage{training.stage}/"
+        self.side = self.job_dir / self.prefix
+        self.side.mkdir(parents=True, exist_ok=True)
+        self.logs = EngineLogs(self.side, first_step=self.workload.warmup_steps)
+        self.loud = training.stage == 0
+        self.pager = self.new_pager()
+
+    def close(self) -> None:
+        """Lift the capacity and close the engine, restoring the parameters only (their
+        digest is all that is read after training; reading back the optimizer state too
+        would add minutes from an SSD tier)."""
+        lift_memory_cap(self.device)
+        if self.engine is not None:
+            self.engine.close(restore=lambda name: name.startswith("param:"))
+
+    def finish(self) -> None:
+        """After :meth:`close`: the losses, the logs' last records, the parameters' digest
+        and, pipelined, every stage's facts (a collective)."""
+        measured = self.measured
+        measured.losses = [self.losses[step] for step in sorted(self.losses)]
+        digest = param_digest(self.training.model)
+        self.logs.write(self.runs)
+        self.logs.close()
+        measured.artifacts.update(oplog=f"{self.prefix}oplog.csv", transfers=f"{self.prefix}transfers.csv")
+        totals = iteration_totals(measured.iterations)
+        stages = gather_stages(self.training, {
+            "stall_count": totals.get("stall_count"), "stall_seconds": totals.get("stall_seconds"),
+            "unoffloaded_peak_bytes": measured.unoffloaded_peak_bytes, "memory_pressure": measured.memory_pressure,
+            "peak_allocated_bytes": measured.peak_allocated_bytes, "plan": measured.extras.get("plan"),
+            "final_params_sha256": digest, "artifacts": dict(measured.artifacts)})
+        if stages is not None:
+            measured.extras["stages"] = stages
+            digest = hashlib.sha256("".join(s["final_params_sha256"] for s in stages).encode()).hexdigest()
+        measured.extras["final_params_sha256"] = digest
+
+    # ------------------------------------------------------------------ steps before a plan
+
+    def step_work(self, step: int) -> Callable[[], float]:
+        """Make ``step``'s batch; the returned call trains it (the shared step) and returns its
+        loss."""
+        inputs, labels = make_batch(step, self.workload, self.cfg.model.vocab_size, self.cfg.seed, self.device)
+        return lambda: self.training.step(inputs, labels)
+
+    def new_pager(self, track: bool = True) -> Pager | None:
+        """A pager within the limit, tracking the model's and optimizer's tensors where
+        ``track``; None uncapped."""
+        if self.limit is None:
+            return None
+        tracked = list(persistent_tensors(self.training.model, self.training.optimizer).values()) if track else []
+        return Pager(self.limit, self.device, tracked, min_evict_bytes=self.opts.min_tensor_bytes)
+
+    def paged_step(self, step: int, body: Callable[[], tuple[float, Trace | None]],
+                   note: str = "") -> tuple[float, Trace | None]:
+        """Run ``body`` (step ``step`` under the pager, returning its loss and, profiled, its
+        trace) outside the measurement loop: timed, its peak and pager statistics kept in the
+        row's ``paged_steps``, its line printed. Returns its seconds and the trace."""
+        pager = self.pager
+        if pager is not None:
+            pager.stats = PagerStats(max_accounted_bytes=pager.resident_bytes, max_host_bytes=pager.buffers.held_bytes)
+        reset_peak_memory(self.device)
+        with timed(self.device) as t:
+            loss, trace = body()
+        self.losses[step] = loss
+        allocated, reserved = peak_memory(self.device)
+        if trace is not None and allocated is not None:  # the profiler resets the peak per op
+            allocated = max(allocated, trace.meta["peak_allocated_bytes"] or 0)
+        self.peaks.append((allocated, reserved))
+        self.measured.paged_steps.append({"step": step, "seconds": t["seconds"], "loss": loss,
+                                          "peak_allocated_bytes": allocated,
+                                          **(dataclasses.asdict(pager.stats) if pager is not None else {})})
+        if self.loud:
+            print(progress_line(step, t["seconds"], self.workload.tokens_at(step), loss, not note,
+                                (" (paged)" if pager is not None else "") + note), flush=True)
+        return t["seconds"], trace
+
+    def first_step(self) -> tuple[float, None]:
+        """Step 0 under the pager: it creates the optimizer state. Its loss (no trace)."""
+        with PagedStep(self.pager) if self.pager is not None else contextlib.nullcontext():
+            return self.step_work(0)(), None
+
+    def profile(self, step: int, note: str = "") -> tuple[Trace, float]:
+        """Profile step ``step`` under the pager (:meth:`paged_step`); its trace, whose meta
+        holds the run's point and the step's shape, and its seconds."""
+        meta = {**self.cfg.point(), **self.workload.shape_at(step)}
+        seconds, trace = self.paged_step(step, lambda: profile_step(
+            self.step_work(step), self.training.model, self.training.optimizer, self.device, meta=meta,
+            pager=self.pager), note)
+        return trace, seconds
+
+    # ------------------------------------------------------------------ the plan
+
+    def plan(self, trace: Trace) -> Planned:
+        """Plan ``trace`` (Algorithm 1, paper §3.2; ``teraio.perf.choose.plan_fastest``),
+        touching nothing of the run: every planner option is given here, the user's
+        (``TeraIOOptions.planner_options``) and the machine's (the capacity less headroom,
+        the tier bandwidths, the host tier's cap where the system has one, the SSD tier's
+        room on its drives shared by the pipeline's stages)."""
+        unoffloaded_peak = trace.peak_bytes()  # M's numerator: the plain step's, for every option
+        if self.opts.release_grads:
+            trace = trace.with_released_grads()
+        capacity = self.limit if self.limit is not None else int(unoffloaded_peak * (1 - self.headroom))
+        host_cap = self.cfg.hardware.host_mem_cap_bytes if self.spec.host_tier else 0
+        t0 = time.perf_counter()
+        ssd_cap = drive_room_bytes(list(self.cfg.hardware.ssd_dirs)) // self.workload.pipeline_stages
+        plan = plan_fastest(trace, capacity, self.bandwidths, host_cap_bytes=host_cap, ssd_cap_bytes=ssd_cap,
+                            **self.opts.planner_options())
+        return Planned(trace, plan, capacity, unoffloaded_peak, ssd_cap, time.perf_counter() - t0)
+
+    def plan_and_start(self, trace: Trace, suffix: str) -> Planned:
+        """Plan ``trace`` and start an engine on the plan (:meth:`start_engine`). The trace
+        and the plan are saved as ``trace<suffix>.json`` and ``plan<suffix>.json``; the
+        first plan (``suffix`` empty) is recorded in the row.
+
+        Raises:
+            ValueError: the plan cannot bring the peak under the capacity (after the files
+                and the row's record, before any engine).
+        """
+        trace.save(self.side / f"trace{suffix}.json")
+        planned = self.plan(trace)
+        planned.plan.save(self.side / f"plan{suffix}.json")
+        if not suffix:
+            m = self.measured
+            m.unoffloaded_peak_bytes = planned.unoffloaded_peak_bytes
+            m.plan_compile_seconds = planned.compile_seconds
+            m.memory_pressure = planned.unoffloaded_peak_bytes / self.capacity if self.capacity else None
+            m.extras["plan"] = planned.summary()
+            m.artifacts.update(trace=f"{self.prefix}trace.json", plan=f"{self.prefix}plan.json")
+        self.refuse_shortfall(planned)
+        self.start_engine(planned)
+        return planned
+
+    def refuse_shortfall(self, planned: Planned) -> None:
+        """Raise ValueError where ``planned`` peaks above its capacity, naming the smallest
+        capacity it reaches and the SSD room it planned in."""
+        plan, headroom = planned.plan, self.headroom
+        if plan.shortfall_bytes <= 0:
+            return
+        raise ValueError(
+            f"the capacity cannot be met: the plan for {planned.capacity_bytes} B (capacity {self.capacity} B less "
+            f"headroom {headroom}) peaks at {plan.predicted_peak_bytes} B, {plan.shortfall_bytes} B over; "
+            f"the smallest capacity it reaches is hardware.gpu_capacity_bytes="
+            f"{math.ceil(plan.predicted_peak_bytes / (1 - headroom))}"
+            + ("" if self.opts.allow_stalls else " (or allow stalls: system.options.allow_stalls=true)")
+            + f"; its SSD files take {plan.meta['ssd_file_bytes']} B of the {planned.ssd_cap_bytes} B free on "
+            f"hardware.ssd_dirs={list(self.cfg.hardware.ssd_dirs)} (less {SSD_FREE_RESERVE} B kept free)")
+
+    def start_engine(self, planned: Planned) -> None:
+        """Open the plan's tiers and start an engine on it, taking over what the pager holds
+        (its free page-locked buffers become host-tier slots); the pager is closed."""
+        tiers = open_tiers(planned.plan, self.cfg, self.device, self.opts.io_threads)
+        self.measured.ssd_io_mode = tiers["ssd"].mode if "ssd" in tiers else None
+        engine = MigrationEngine(planned.trace, planned.plan,
+                                 persistent_tensors(self.training.model, self.training.optimizer), tiers,
+                                 self.device, device_waits=self.opts.device_waits,
+                                 release_grads=self.opts.release_grads)
+        pager = self.pager
+        if pager is not None:
+            # The pager's free page-locked buffers become host-tier slots; the rest of its
+            # buffers are released as they empty, so host memory never holds both.
+            adopted = tiers["host"].adopt(pager.buffers) if "host" in tiers else 0
+            pager.buffers.stop_keeping()
+        engine.prime(pager)
+        if pager is not None:
+            if "host" in tiers and self.loud:
+                print(f"host tier: {adopted} B of {tiers['host'].nbytes} B adopted from the pager's "
+                      f"free buffers, {tiers['host'].allocated_bytes - adopted} B more taken over or "
+                      "allocated", flush=True)
+            pager.close()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.engine = engine
+        self.runs.append((engine, planned.trace))
+
+    # ------------------------------------------------------------------ steps under a plan
+
+    def measured_step(self, step: int) -> Step | None:
+        """The loop's step ``step`` (``teraio.systems.loop.StepFn``): the engine's step,
+        timed from its batch on; where ``replan_on_drift`` and the shape differs from the
+        step before, :meth:`replan` instead (None: not measured)."""
+        w = self.workload
+        shape = w.shape_at(step)
+        if self.opts.replan_on_drift and shape != w.shape_at(step - 1):
+            self.replan(step)
+            return None
+        reset_peak_memory(self.device)
+        return Step(lambda: self.engine.run_step(self.step_work(step), step, shape=shape), self.engine_stats)
+
+    def replan(self, step: int) -> None:
+        """Plan drift (the shape the plan was made for changed): hand the engine's tensors
+        back to a new pager, profile ``step`` and plan anew (``trace.step<step>.json``,
+        ``plan.step<step>.json``; the row's ``replans`` gets an entry)."""
+        shape = self.workload.shape_at(step)
+        self.pager = self.new_pager(track=False)
+        if self.pager is None:  # uncapped: the plan moves nothing
+            self.engine.close()
+        else:
+            self.engine.hand_back(self.pager)
+            self.pager.track(persistent_tensors(self.training.model, self.training.optimizer).values())
+        trace, seconds = self.profile(step, f" (profiled again: seq_len {shape['seq_len']}, not measured)")
+        planned = self.plan_and_start(trace, f".step{step}")
+        self.measured.replans.append({
+            "step": step, "shape": shape, "profile_seconds": seconds, "plan_compile_seconds": planned.compile_seconds,
+            "plan": planned.summary(), "artifacts": {"trace": f"{self.prefix}trace.step{step}.json",
+                                                     "plan": f"{self.prefix}plan.step{step}.json"}})
+
+    def engine_stats(self) -> StepStats:
+        """The engine's step just run, for the loop (its peak kept, its logs written, its
+        audit recorded where it is an engine's first step)."""
+        self.peaks.append(peak_memory(self.device))
+        self.logs.write(self.runs)
+        s = self.engine.stats
+        if s.audit is not None:  # an engine's first step, measured or warm-up
+            self.measured.extras.setdefault("audits", []).append({"step": s.step, **s.audit})
+        return StepStats(stall_count=s.stall_count, stall_seconds=s.stall_seconds,
+                         migration_seconds=s.migration_seconds, bytes_offloaded=s.bytes_offloaded,
+                         bytes_prefetched=s.bytes_prefetched, note=f" stalls {s.stall_count}",
+                         extra={"max_accounted_bytes": s.max_accounted_bytes,
+                                **{k: getattr(s, k) for k in RECOVERY_KEYS}})
