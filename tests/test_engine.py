@@ -949,3 +949,49 @@ def test_a_dropped_tensor_used_before_its_planned_remake_is_made_again_at_once(t
     eng.remake_before[late.recompute_before].clear()  # as if the planned remake were lost
     train_bit_exact(eng, model, opt, losses, n_steps=4)
     assert all(h.urgent_count == 1 and h.recomputed_bytes == late.nbytes for h in eng.history)
+
+
+class LateRead:
+    """A read that starts 0.2 s late (a slow drive): a transfer handle for the engine."""
+
+    stream_ordered = False
+
+    def __init__(self, start):
+        import concurrent.futures
+        import time
+
+        self._pool = concurrent.futures.ThreadPoolExecutor(1)
+        self._job = self._pool.submit(lambda: (time.sleep(0.2), start())[1])
+
+    def wait(self):
+        self._job.result().wait()
+
+    def done(self):
+        return self._job.done() and self._job.result().done()
+
+
+def test_a_chain_input_still_being_read_back_is_waited_for_before_the_re_run(tmp_path):
+    model, opt, losses, trace = profiled()
+    # A recompute whose chain reads an intermediate I that is inactive around the remake; I
+    # is offloaded over that gap and its read launched at the remake's op: still in flight
+    # when the chain runs again, which must wait for it.
+    for r in every_recompute_plan(trace).recomputes:
+        found = None
+        for i in r.inputs:
+            rec = trace.tensors[i]
+            before = [u for u in rec.uses if u < r.recompute_before]
+            after = [u for u in rec.uses if u > r.recompute_before]
+            if (not rec.persistent and rec.kind != "input" and before and after
+                    and before[-1] + 1 < r.recompute_before):
+                found = Migration(i, rec.name, rec.nbytes, "ssd", before[-1], before[-1] + 1,
+                                  r.recompute_before, after[0])
+                break
+        if found:
+            break
+    plan = MigrationPlan(trace.n_ops, 0, trace.peak_bytes(), 0, [found], recomputes=[r])
+    tiers = open_tiers(plan, tmp_path)
+    read = tiers["ssd"].read
+    tiers["ssd"].read = lambda name, storage: LateRead(lambda: read(name, storage))
+    eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), tiers, CPU)
+    train_bit_exact(eng, model, opt, losses, n_steps=4)
+    assert all(h.recomputed_bytes == r.nbytes and h.stall_count >= 1 for h in eng.history)

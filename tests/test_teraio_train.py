@@ -240,6 +240,21 @@ def test_each_engines_audit_is_kept_in_the_row_though_its_step_is_a_warm_up(tmp_
     assert all("audit" not in it for it in result["iterations"])
 
 
+# Drives (and for Mixed, host links) too slow to hide a move: what a chain of cheap ops makes
+# again from resident inputs is recomputed instead.
+@pytest.mark.parametrize("system,hw", [
+    ("teraio_ssd", {"ssd_write_gbps": 1e-3, "ssd_read_gbps": 1e-3}),
+    ("teraio_mixed", {"ssd_write_gbps": 1e-3, "ssd_read_gbps": 1e-3, "host_d2h_gbps": 2e-3, "host_h2d_gbps": 2e-3}),
+], ids=["ssd", "mixed"])
+def test_recompute_auto_recomputes_where_moving_cannot_hide_and_stays_bit_identical(tmp_path, ref, system, hw):
+    result = check_bit_identical(tmp_path, ref, system, hw, fraction=0.4, options={"recompute": "auto"})
+    plan = result["plan"]
+    assert plan["recomputes"] > 0 and plan["recomputed_bytes"] > 0
+    assert plan["recompute_auto"]["on"] < plan["recompute_auto"]["off"]
+    for it in result["iterations"]:  # the engine made every dropped tensor again, each step
+        assert it["recomputed_bytes"] == plan["recomputed_bytes"]
+
+
 def test_bandwidth_starved_plan_stalls_but_fits(tmp_path, ref):
     # 1 MB/s cannot hide anything: the plan's exposed migrations stall, memory still fits.
     result = check_bit_identical(tmp_path, ref, "teraio_ssd",

@@ -818,15 +818,20 @@ class MigrationEngine(TorchDispatchMode):
 
     def _remake(self, tid: int, t: _Tensor, k: int, keep: frozenset) -> None:
         """Make tensor ``tid``, dropped by recompute ``t.rerun``, again before op ``k``: its
-        chain's resident inputs first (fetched if something moved them), then the re-run,
+        chain's resident inputs first (fetched if something moved them; a planned read still
+        in flight waited for, a stall), then the re-run,
         then its bytes into its own storage, re-allocated (``teraio.core.rerun``). Each
         allocation retries after an out-of-memory error as an op does (:meth:`_until_fits`)."""
         i, t0 = t.rerun, time.perf_counter()
-        for x in self.reruns.inputs(i):
-            away = self._away.get(storage_key(x))
+        inputs = {storage_key(x) for x in self.reruns.inputs(i)}
+        for key in inputs:  # freed, or being read back: the re-run needs their bytes now
+            away = self._away.get(key)
             if away is not None:
                 self._make_resident(away, self.tensors[away], urgent=True, k=k, keep=keep)
-        keep = keep | {storage_key(x) for x in self.reruns.inputs(i)}
+        for tid_in, x in self.tensors.items():
+            if x.status == PREFETCHING and storage_id(x.storage) in inputs:
+                self._make_resident(tid_in, x, urgent=False, k=k, keep=keep)
+        keep = keep | inputs
         fresh = self.reruns.replay(i, lambda call: self._until_fits(call, k, lambda: keep))
         if fresh.untyped_storage().nbytes() != t.nbytes:
             raise RuntimeError(f"re-run of {t.name!r} made {fresh.untyped_storage().nbytes()} B; "

@@ -67,8 +67,22 @@ class TeraIOOptions:
     whose periods never overlap; ``"auto"``, both planned and the region kept where it
     simulates more than 2 % faster (``teraio.perf.choose.REGION_MARGIN``)."""
 
+    recompute: str | bool = "auto"
+    """Whether the plan may drop a tensor and make it again from resident inputs instead of
+    moving it (the planner's third option beside the tiers, ``teraio.core.recompute``; run by
+    the engine, ``teraio.core.rerun``): ``"off"`` (YAML's bare ``off``, false, too), or
+    ``"auto"``: planned without and with the option and the plan with it kept where it
+    simulates more than 2 % faster (``teraio.perf.choose``). The default is ``"auto"``, chosen
+    by simulation of the committed H200 traces: it shortens the Granite-8B cut's iterations
+    and keeps the plan without recompute at the Llama3-8B cut's points
+    (``benchmarks/results/schedule_h200_traces.json``; measured on the GPU when one is lent)."""
+
     def __post_init__(self) -> None:
         bad = []
+        if self.recompute is False:
+            self.recompute = "off"
+        if self.recompute not in ("off", "auto"):
+            bad.append(f"recompute={self.recompute!r}; valid: off or auto")
         if self.benefit not in BENEFITS:
             bad.append(f"benefit={self.benefit!r}; valid: {BENEFITS}")
         if not (isinstance(self.min_tensor_bytes, int) and self.min_tensor_bytes >= 0):
@@ -95,7 +109,8 @@ class TeraIOOptions:
         """The options passed through to ``teraio.perf.choose.plan_fastest`` as keyword
         arguments (the run adds what the machine sets: capacity, bandwidths, tier room)."""
         return {"benefit": self.benefit, "min_tensor_bytes": self.min_tensor_bytes,
-                "allow_stalls": self.allow_stalls, "host_arena": self.host_arena}
+                "allow_stalls": self.allow_stalls, "host_arena": self.host_arena,
+                "recompute": "auto" if self.recompute == "auto" else False}
 
 
 def check_options(system: str, options: dict) -> None:

@@ -89,7 +89,9 @@ class Planned:
                 "shortfall_bytes": plan.shortfall_bytes, "migrations": len(plan.migrations),
                 "bytes_per_tier": plan.bytes_per_tier(), "host_arena": plan.meta["host_arena"],
                 "ssd_cap_bytes": self.ssd_cap_bytes, "ssd_file_bytes": plan.meta["ssd_file_bytes"],
-                **({"host_arena_auto": plan.meta["host_arena_auto"]} if "host_arena_auto" in plan.meta else {})}
+                **({"host_arena_auto": plan.meta["host_arena_auto"]} if "host_arena_auto" in plan.meta else {}),
+                "recomputes": len(plan.recomputes), "recomputed_bytes": plan.recomputed_bytes(),
+                **({"recompute_auto": plan.meta["recompute_auto"]} if "recompute_auto" in plan.meta else {})}
 
 
 class TeraIOTrainer:
@@ -395,4 +397,5 @@ class TeraIOTrainer:
                          migration_seconds=s.migration_seconds, bytes_offloaded=s.bytes_offloaded,
                          bytes_prefetched=s.bytes_prefetched, note=f" stalls {s.stall_count}",
                          extra={"max_accounted_bytes": s.max_accounted_bytes,
+                                "recomputed_bytes": s.recomputed_bytes, "recompute_seconds": s.recompute_seconds,
                                 **{k: getattr(s, k) for k in RECOVERY_KEYS}})
