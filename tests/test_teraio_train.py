@@ -244,12 +244,12 @@ def test_each_engines_audit_is_kept_in_the_row_though_its_step_is_a_warm_up(tmp_
 # again from resident inputs is recomputed instead.
 @pytest.mark.parametrize("system,hw", [
     ("teraio_ssd", {"ssd_write_gbps": 1e-3, "ssd_read_gbps": 1e-3}),
-    ("teraio_mixed", {"ssd_write_gbps": 1e-3, "ssd_read_gbps": 1e-3, "host_d2h_gbps": 2e-3, "host_h2d_gbps": 2e-3}),
+    ("teraio_mixed", {"ssd_write_gbps": 1e-4, "ssd_read_gbps": 1e-4, "host_d2h_gbps": 1e-4, "host_h2d_gbps": 1e-4}),
 ], ids=["ssd", "mixed"])
 def test_recompute_auto_recomputes_where_moving_cannot_hide_and_stays_bit_identical(tmp_path, ref, system, hw):
     result = check_bit_identical(tmp_path, ref, system, hw, fraction=0.4, options={"recompute": "auto"})
     plan = result["plan"]
-    assert plan["recomputes"] > 0 and plan["recomputed_bytes"] > 0
+    assert plan["recomputes"] > 0 and plan["recomputed_bytes"] > 0, plan.get("recompute_auto")
     assert plan["recompute_auto"]["on"] < plan["recompute_auto"]["off"]
     for it in result["iterations"]:  # the engine made every dropped tensor again, each step
         assert it["recomputed_bytes"] == plan["recomputed_bytes"]
