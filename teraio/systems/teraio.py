@@ -74,7 +74,8 @@ from teraio.core.profiler import persistent_tensors, profile_step
 from teraio.result import Measurements, iteration_totals, kept_on_failure, progress_line
 from teraio.workload.pipeline import build_training, gather_stages
 from teraio.workload.step import make_batch
-from teraio.core.storage import SSD_FREE_RESERVE, HostTier, SSDTier, drive_room_bytes
+from teraio.core.tiers.host import HostTier
+from teraio.core.tiers.ssd import SSD_FREE_RESERVE, SSDTier, drive_room_bytes
 
 
 CUDA_HEADROOM_FRACTION = 0.08
@@ -236,7 +237,7 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
             that cannot bring the peak under the capacity (before any planned step runs;
             the message names the smallest capacity the plan reaches and the SSD room it
             planned in: the SSD tier's files are planned within the free bytes of
-            ``hardware.ssd_dirs``, shared by the stages, ``teraio.core.storage.drive_room_bytes``), or an SSD
+            ``hardware.ssd_dirs``, shared by the stages, ``teraio.core.tiers.ssd.drive_room_bytes``), or an SSD
             directory that is missing/unwritable/too small.
         teraio.core.pager.CapacityError: an op's own inputs and outputs exceed the capacity.
         torch.OutOfMemoryError: the capacity was exceeded.
