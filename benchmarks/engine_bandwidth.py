@@ -27,7 +27,9 @@ import time
 import torch
 
 from teraio.core import probe
-from teraio.core.storage import HostTier, SSDTier, page_unlock, pinned_empty
+from teraio.core.tiers.host import HostTier
+from teraio.core.tiers.pinned import page_unlock, pinned_empty
+from teraio.core.tiers.ssd import SSDTier
 
 MIB = 1 << 20
 ALIGN = 4096

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from teraio.core.storage import page_lock, page_unlock
+from teraio.core.tiers.pinned import page_lock, page_unlock
 
 
 def rate(nbytes: int, fn) -> float:

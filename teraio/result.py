@@ -47,7 +47,7 @@ Schema (keys always present; unknown values are ``null``):
 ``unoffloaded_peak_bytes``  peak live bytes with no offloading (from the trace), null if unknown
 ``memory_pressure``   M = unoffloaded peak ÷ capacity (paper Fig. 7), null if unknown
 ``plan_compile_seconds``, ``profile_seconds``   TeraIO one-time costs, null otherwise
-``ssd_io_mode``       ``"gds" | "compat" | "direct" | "buffered" | null`` (SSD tier I/O path, ``teraio.core.storage.SSDTier.mode``)
+``ssd_io_mode``       ``"gds" | "compat" | "direct" | "buffered" | null`` (SSD tier I/O path, ``teraio.core.tiers.ssd.SSDTier.mode``)
 ``gpu_name``, ``versions``, ``host``, ``started_at``, ``finished_at``, ``wall_seconds``
 ``artifacts``         relative paths of side files in the job dir (trace, plan, oplog, transfers,
                       deepspeed config), by name

@@ -32,7 +32,8 @@ def open_tiers(plan, tmp_path, host_tier=None) -> dict:
     """The CPU tiers ``plan`` needs, under ``tmp_path`` (which must exist): an SSD tier over
     two directories and a host tier (``host_tier``: its class, default ``HostTier``), each
     with the slots the plan gives the tensors it places there."""
-    from teraio.core.storage import HostTier, SSDTier
+    from teraio.core.tiers.host import HostTier
+    from teraio.core.tiers.ssd import SSDTier
     slots = {"ssd": {}, "host": {}}
     for m in plan.migrations:
         slots[m.tier][m.name] = m.nbytes

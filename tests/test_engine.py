@@ -23,7 +23,8 @@ from teraio.core.plan import Migration, MigrationPlan, cyclic_between
 from teraio.core.profiler import persistent_tensors, profile_step
 from teraio.core.slots import SlotBins
 from teraio.workload.step import make_batch, make_optimizer, train_step
-from teraio.core.storage import HostTier, TierIOError, Transfer
+from teraio.core.tiers.base import TierIOError, Transfer
+from teraio.core.tiers.host import HostTier
 from conftest import open_tiers
 
 CPU = torch.device("cpu")
@@ -367,8 +368,8 @@ class _StreamOrderedHostTier(HostTier):
     """The host tier as on a CUDA device, where its transfers carry a CUDA event and can be
     stream-ordered; on the CPU each copy has run by the time it returns."""
 
-    def _copy(self, kind, name, storage):
-        done = super()._copy(kind, name, storage)
+    def _start(self, kind, name, storage, nbytes):
+        done = super()._start(kind, name, storage, nbytes)
         return Transfer(done.name, done.path, f"host {kind} of {name!r}", done.nbytes, event=_FinishedEvent())
 
 

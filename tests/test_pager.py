@@ -109,7 +109,7 @@ def test_a_model_whose_parameters_exceed_the_capacity_is_refused_before_it_is_bu
 
 def test_host_buffers_are_reused_by_size_and_adopted_by_the_host_tier():
     from teraio.core.pager import HostBuffers
-    from teraio.core.storage import HostTier
+    from teraio.core.tiers.host import HostTier
 
     pool = HostBuffers(pinned=False, limit_bytes=10 * KB)
     a = pool.take(4 * KB)
@@ -128,7 +128,7 @@ def test_host_buffers_are_reused_by_size_and_adopted_by_the_host_tier():
 
 
 def test_a_pagers_copy_is_handed_to_the_host_tier_without_a_second_buffer():
-    from teraio.core.storage import HostTier
+    from teraio.core.tiers.host import HostTier
 
     xs = [torch.arange(1024, dtype=torch.float32) + i for i in range(4)]  # 4 KiB each
     expected = [x.clone() for x in xs]

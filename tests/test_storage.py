@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from teraio.core.slots import ssd_file_bytes
-from teraio.core.storage import HostTier, SSDTier, TierIOError, drive_room_bytes
+from teraio.core.tiers.base import Tier, TierIOError
+from teraio.core.tiers.host import HostTier
+from teraio.core.tiers.ssd import SSDTier, drive_room_bytes
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -20,7 +22,7 @@ gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 
 
 def _direct_io_in(path) -> bool:
-    from teraio.core.storage import _direct_io_works
+    from teraio.core.tiers.ssd import _direct_io_works
     probe = os.path.join(path, "probe")
     open(probe, "w").close()
     try:
@@ -200,6 +202,21 @@ def test_bad_names_and_sizes_are_rejected(make_tier):
     tier.close()  # idempotent
     with pytest.raises(RuntimeError, match="closed"):
         tier.write("a", s)
+
+
+def test_both_tiers_open_every_transfer_with_the_base_checks(make_tier):
+    # teraio.core.tiers.base.Tier makes the checks; each message opens with the tier's label
+    tier = make_tier({"a": 16})
+    assert isinstance(tier, Tier) and tier.label in ("SSD tier", "host tier")
+    s = torch.zeros(16, dtype=torch.uint8, device=DEVICE).untyped_storage()
+    with pytest.raises(ValueError, match=rf"^{tier.label}: tensor 'b' has no slot"):
+        tier.read("b", s)
+    with pytest.raises(ValueError, match=rf"^{tier.label}: tensor 'a' was never written"):
+        tier.read("a", s)
+    tier.write("a", s).wait()
+    tier.close()
+    with pytest.raises(RuntimeError, match=rf"^{tier.label} is closed; cannot read 'a'"):
+        tier.read("a", s)
 
 
 def test_a_shared_slot_holds_the_tensor_written_last(make_tier):

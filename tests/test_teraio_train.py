@@ -12,7 +12,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import teraio.core.engine
-import teraio.core.storage
+import teraio.core.tiers.host
+import teraio.core.tiers.ssd
 import teraio.systems.teraio_trainer
 import teraio.workload.pipeline
 from conftest import ModelBuilt, cap_then_build
@@ -146,8 +147,8 @@ def test_capped_from_the_first_allocation(tmp_path, ref, monkeypatch, system, hw
         return open_tiers(*args, **kwargs)
 
     taken_over = []
-    take_over = teraio.core.storage.HostTier.take_over
-    monkeypatch.setattr(teraio.core.storage.HostTier, "take_over",
+    take_over = teraio.core.tiers.host.HostTier.take_over
+    monkeypatch.setattr(teraio.core.tiers.host.HostTier, "take_over",
                         lambda tier, name, buf: taken_over.append(name) or take_over(tier, name, buf))
     monkeypatch.setattr(teraio.workload.pipeline, "build_model", build_and_watch)
     monkeypatch.setattr(teraio.systems.teraio_trainer, "open_tiers", stop_watching_and_open_tiers)
@@ -378,7 +379,7 @@ def test_the_ssd_tier_is_planned_within_the_drives_free_room(tmp_path, ref, monk
     assert need > 0 and roomy["plan"]["ssd_cap_bytes"] > need
     real = shutil.disk_usage
     monkeypatch.setattr(shutil, "disk_usage",
-                        lambda p: real(p)._replace(free=teraio.core.storage.SSD_FREE_RESERVE + need // 2))
+                        lambda p: real(p)._replace(free=teraio.core.tiers.ssd.SSD_FREE_RESERVE + need // 2))
     tight = run_teraio(config("teraio_mixed", tmp_path / "ssd", capacity), tmp_path / "tight")
     assert tight["plan"]["ssd_cap_bytes"] == need // 2 >= tight["plan"]["ssd_file_bytes"]
     assert tight["plan"]["bytes_per_tier"]["host"] > roomy["plan"]["bytes_per_tier"]["host"]
@@ -439,7 +440,8 @@ def test_null_bandwidths_are_measured_once_per_machine_and_recorded(tmp_path, re
 
 def test_the_bandwidth_probe_refuses_a_tier_that_returns_other_bytes():
     import teraio.core.probe
-    from teraio.core.storage import HostTier, Transfer
+    from teraio.core.tiers.base import Transfer
+    from teraio.core.tiers.host import HostTier
 
     class Forgetful(HostTier):  # acknowledges reads without moving a byte
         def read(self, name, storage):

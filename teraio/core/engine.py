@@ -89,7 +89,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from teraio.core.plan import Migration, MigrationPlan, cyclic_between
 from teraio.core.profiler import fresh_outputs, iter_tensors, storage_id, storage_key
 from teraio.core.rerun import Reruns
-from teraio.core.storage import Transfer, byte_view
+from teraio.core.tiers.base import Transfer, byte_view
 from teraio.core.trace import Trace
 
 RESIDENT, OFFLOADING, OFFLOADED, PREFETCHING = "resident", "offloading", "offloaded", "prefetching"
@@ -167,7 +167,7 @@ class MigrationEngine(TorchDispatchMode):
         plan: the migration plan (op indices into ``trace``).
         persistent: name -> tensor for parameters, buffers and optimizer state
             (``teraio.core.profiler.persistent_tensors``), matched to the trace by name.
-        tiers: ``{"ssd": SSDTier, "host": HostTier}`` (``teraio.core.storage``); only the tiers the
+        tiers: ``{"ssd": SSDTier, "host": HostTier}`` (``teraio.core.tiers``); only the tiers the
             plan uses are needed.
         device: the training device.
         io_threads: threads that wait on in-flight transfers to timestamp them (the tiers

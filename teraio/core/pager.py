@@ -39,7 +39,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_map_only
 
 from teraio.core.profiler import fresh_outputs, iter_tensors, storage_id
-from teraio.core.storage import byte_view, page_unlock, pinned_empty
+from teraio.core.tiers.base import byte_view
+from teraio.core.tiers.pinned import page_unlock, pinned_empty
 
 
 class CapacityError(RuntimeError):
@@ -119,7 +120,7 @@ def physical_memory_bytes() -> int:
 
 class HostBuffers:
     """Host buffers for evicted bytes, reused by exact size: making fresh memory
-    page-locked is what costs (:func:`teraio.core.storage.pinned_empty`, about 4.6 GB/s on an
+    page-locked is what costs (:func:`teraio.core.tiers.pinned.pinned_empty`, about 4.6 GB/s on an
     H200 host against 55 GB/s for the copy), so a buffer, once made, is kept for the next
     eviction of its size. On CUDA each is page-locked on exactly its bytes; a buffer a copy
     still reads from is reused only once the CUDA event recorded after that copy has fired.

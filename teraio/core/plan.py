@@ -159,13 +159,13 @@ class MigrationPlan:
     def shared_slots(self, tier: str) -> dict[str, str]:
         """Tensor name -> the name of the slot's owner, for ``tier``'s tensors that use
         another tensor's slot (the argument ``shares`` of the tiers in
-        ``teraio.core.storage``)."""
+        ``teraio.core.tiers``)."""
         return {m.name: m.slot for m in self.migrations
                 if m.tier == tier and m.slot and m.slot != m.name}
 
     def host_offsets(self) -> dict[str, int] | None:
         """Tensor name -> its byte offset in the host region (the argument ``offsets`` of
-        ``teraio.core.storage.HostTier``); None for a plan that places the host in slots."""
+        ``teraio.core.tiers.host.HostTier``); None for a plan that places the host in slots."""
         host = [m for m in self.migrations if m.tier == "host"]
         if not any(m.offset >= 0 for m in host):
             return None

@@ -62,7 +62,7 @@ saturated around the period (its offload completes later / its prefetch must sta
 earlier), and only if the host copy fits: each tier's slots are shared by tensors whose
 periods never overlap (``teraio.core.slots``; each migration names its slot's owner in
 ``Migration.slot``), and the host slots, pinned buffers allocated once
-(``teraio.core.storage.HostTier``), never hold more than ``host_cap_bytes`` in all.
+(``teraio.core.tiers.host.HostTier``), never hold more than ``host_cap_bytes`` in all.
 The SSD tier's files, its slots in whole stripes, stay under ``ssd_cap_bytes`` when given
 (the drives' free room): a candidate whose new SSD slot would pass it may still go to host
 memory. TeraIO-SSD is ``host_cap_bytes=0``; TeraIO-Mixed a positive cap. ``use_ssd=False`` plans

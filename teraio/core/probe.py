@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from teraio.files import write_atomic
-from teraio.core.storage import HostTier, SSDTier
+from teraio.core.tiers.host import HostTier
+from teraio.core.tiers.ssd import SSDTier
 
 KEYS: tuple[str, ...] = ("ssd_write_gbps", "ssd_read_gbps", "host_d2h_gbps", "host_h2d_gbps")
 

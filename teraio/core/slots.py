@@ -25,7 +25,7 @@ import numpy as np
 _BLOCK = 1 << 21  # HostArena.offsets: candidate × placed-range pairs per block
 HOST_ALIGN = 64  # bytes: the host tier rounds each slot up to a cache line (the CPU allocator's alignment)
 FILE_ALIGN = 4096  # bytes: GDS needs 4 KiB-aligned file offsets (kvikio CuFile.pwrite notes)
-SSD_STRIPE = 8 << 20  # bytes: the SSD tier's stripe (teraio.core.storage.SSDTier's default)
+SSD_STRIPE = 8 << 20  # bytes: the SSD tier's stripe (teraio.core.tiers.ssd.SSDTier's default)
 
 
 def align_up(n, a: int):
@@ -36,7 +36,7 @@ def align_up(n, a: int):
 def ssd_file_bytes(nbytes, stripe: int = SSD_STRIPE):
     """Bytes the SSD tier's files take for a slot of ``nbytes`` (an int or an int array):
     one 4 KiB-aligned stripe when it fits one, else whole stripes
-    (``teraio.core.storage.SSDTier``'s layout, over any number of drives)."""
+    (``teraio.core.tiers.ssd.SSDTier``'s layout, over any number of drives)."""
     n = np.asarray(nbytes, np.int64)
     out = np.where(n > stripe, align_up(n, stripe), align_up(n, FILE_ALIGN))
     return int(out) if out.ndim == 0 else out
@@ -155,7 +155,7 @@ class HostArena:
     reserves only the periods placed in it, and a free gap takes a tensor of any size that
     fits it: where the cap binds this holds more at once (what fixed-size bins lose to their
     first tensor's size). The tier addresses the region by tensor name
-    (``teraio.core.storage.HostTier``'s ``offsets``).
+    (``teraio.core.tiers.host.HostTier``'s ``offsets``).
 
     Args:
         n_ops: ops per iteration.

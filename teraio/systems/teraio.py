@@ -41,7 +41,7 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
             that cannot bring the peak under the capacity (before any planned step runs;
             the message names the smallest capacity the plan reaches and the SSD room it
             planned in: the SSD tier's files are planned within the free bytes of
-            ``hardware.ssd_dirs``, shared by the stages, ``teraio.core.storage.drive_room_bytes``), or an SSD
+            ``hardware.ssd_dirs``, shared by the stages, ``teraio.core.tiers.ssd.drive_room_bytes``), or an SSD
             directory that is missing/unwritable/too small.
         teraio.core.pager.CapacityError: an op's own inputs and outputs exceed the capacity.
         torch.OutOfMemoryError: the capacity was exceeded.

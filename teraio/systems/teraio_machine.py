@@ -10,7 +10,8 @@ import torch
 from teraio.config import RunConfig
 from teraio.core import probe
 from teraio.core.bandwidth import TierBandwidth
-from teraio.core.storage import HostTier, SSDTier
+from teraio.core.tiers.host import HostTier
+from teraio.core.tiers.ssd import SSDTier
 from teraio.result import Measurements
 from teraio.workload.models import model_state_bytes
 

@@ -39,7 +39,7 @@ class TeraIOOptions:
     0.0 on CPU (:meth:`headroom`)."""
 
     io_threads: int = 4
-    """I/O threads of the SSD tier (``teraio.core.storage.SSDTier``), >= 1; they also measure
+    """I/O threads of the SSD tier (``teraio.core.tiers.ssd.SSDTier``), >= 1; they also measure
     the null bandwidths (``teraio.core.probe``)."""
 
     allow_stalls: bool = True

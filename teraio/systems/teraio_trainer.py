@@ -44,7 +44,7 @@ from teraio.core.pager import Pager, PagedStep, PagerStats
 from teraio.core.plan import MigrationPlan
 from teraio.perf.choose import plan_fastest
 from teraio.core.profiler import persistent_tensors, profile_step
-from teraio.core.storage import SSD_FREE_RESERVE, drive_room_bytes
+from teraio.core.tiers.ssd import SSD_FREE_RESERVE, drive_room_bytes
 from teraio.core.trace import Trace
 from teraio.result import Measurements, iteration_totals, progress_line
 from teraio.systems.loop import Step, Steps, StepStats, measure_steps
