@@ -267,6 +267,7 @@ def _ran_micro_batch(result: dict):
     """The micro-batch a row trained with (see the module docstring's ``ran_micro_batch_size``)."""
     chosen = (result.get("tuning") or {}).get("chosen") or {}
     for v in (result.get("zero_micro_batch_size"), chosen.get("micro_batch_size"),
+              (result.get("micro_batch") or {}).get("chosen"),
               _system_options(result).get("micro_batch_size"), (result.get("point") or {}).get("micro_batch_size")):
         if v is not None:
             return v

@@ -25,6 +25,9 @@ from teraio.core.profiler import iter_tensors
 from teraio.result import measured_before, result_row
 from teraio.workload.step import make_batch, make_optimizer, train_step
 from teraio.core.engine import PlanDriftError
+from teraio.core.bandwidth import TierBandwidth
+from teraio.core.plan import MigrationPlan
+from teraio.core.trace import Trace
 from teraio.perf.choose import REGION_MARGIN
 from teraio.systems.teraio import run
 
@@ -254,6 +257,39 @@ def test_recompute_auto_recomputes_where_moving_cannot_hide_and_stays_bit_identi
     assert plan["recompute_auto"]["on"] < plan["recompute_auto"]["off"]
     for it in result["iterations"]:  # the engine made every dropped tensor again, each step
         assert it["recomputed_bytes"] == plan["recomputed_bytes"]
+
+
+def test_micro_batch_auto_trains_the_candidate_with_the_shortest_simulated_iteration(tmp_path):
+    from teraio.perf.simulator import simulate
+
+    (tmp_path / "ssd").mkdir()
+    work = {"batch_size": 4, "micro_batch_size": "auto", "warmup_steps": 4, "measure_steps": 2}
+    cfg = config("teraio_mixed", tmp_path / "ssd", 1 << 20, workload=work,
+                 ssd_write_gbps=0.5, ssd_read_gbps=0.5)
+    result = run_teraio(cfg, tmp_path / "job")
+    assert result["point"]["micro_batch_size"] == "auto"
+    rec = result["micro_batch"]
+    tried = [c["micro_batch_size"] for c in rec["candidates"]]
+    assert tried == [4, 2, 1][:len(tried)] and all(c["status"] == "simulated" for c in rec["candidates"])
+    best = min(rec["candidates"], key=lambda c: (c["simulated_seconds"], -c["micro_batch_size"]))
+    assert rec["chosen"] == best["micro_batch_size"]
+    # the run trained and planned the chosen micro-batch: its trace's shape, its plan replayed
+    # at the run's rates simulates what the row says for it
+    trace = Trace.load(tmp_path / "job" / "trace.json")
+    assert trace.meta["micro_batch_size"] == rec["chosen"]
+    assert len(result["iterations"]) == 2 and all(it["max_accounted_bytes"] <= 1 << 20 for it in result["iterations"])
+    plan = MigrationPlan.load(tmp_path / "job" / "plan.json")
+    tiers = TierBandwidth(0.5, 0.5, 50.0, 50.0)
+    assert simulate(trace.with_released_grads(), plan, tiers, shared_ssd=True).iteration_seconds == pytest.approx(
+        best["simulated_seconds"])
+    # the steps before the choice are warm-ups: candidates profiled at steps 1.., then the loop
+    assert [p["step"] for p in result["paged_steps"]] == list(range(1 + len(tried)))
+
+
+def test_micro_batch_auto_needs_warm_up_steps_for_its_candidates(tmp_path):
+    cfg = config("teraio_ssd", tmp_path, 1 << 20, workload={"batch_size": 4, "micro_batch_size": "auto"})
+    with pytest.raises(ValueError, match=r"warmup_steps=2: TeraIO needs >= 4 .*up to 3 profiled candidate"):
+        run_teraio(cfg, tmp_path / "job")
 
 
 def test_bandwidth_starved_plan_stalls_but_fits(tmp_path, ref):

@@ -40,9 +40,10 @@ import torch
 from teraio import systems
 from teraio.config import RunConfig, dataclass_from_dict
 from teraio.core.engine import RECOVERY_KEYS, MigrationEngine
-from teraio.core.pager import Pager, PagedStep, PagerStats
+from teraio.core.pager import CapacityError, Pager, PagedStep, PagerStats
 from teraio.core.plan import MigrationPlan
 from teraio.perf.choose import plan_fastest
+from teraio.perf.simulator import simulate
 from teraio.core.profiler import persistent_tensors, profile_step
 from teraio.core.tiers.ssd import SSD_FREE_RESERVE, drive_room_bytes
 from teraio.core.trace import Trace
@@ -53,9 +54,10 @@ from teraio.systems.measure import (apply_memory_cap, lift_memory_cap, param_dig
 from teraio.systems.teraio_logs import EngineLogs
 from teraio.systems.teraio_machine import (check_model_fits, compute_stream, device_capacity, open_tiers,
                                            tier_bandwidth)
+from teraio.systems.microbatch import Candidate, MicroBatchSearch
 from teraio.systems.teraio_options import TeraIOOptions
 from teraio.workload.pipeline import build_training, gather_stages
-from teraio.workload.step import make_batch
+from teraio.workload.step import make_batch, train_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,9 +125,16 @@ class TeraIOTrainer:
         self.opts = dataclass_from_dict(TeraIOOptions, cfg.system.options, "system.options (TeraIO)")
         self.spec = systems.get(cfg.system.name)
         self.workload = w = cfg.workload
-        if w.warmup_steps < 2:
-            raise ValueError(f"workload.warmup_steps={w.warmup_steps}: TeraIO needs >= 2 "
-                             "(one step to create the optimizer state, one profiled step)")
+        # workload.micro_batch_size=auto: candidates profiled from step 1 on (choose_micro_batch)
+        self.search = MicroBatchSearch(w.batch_size) if w.micro_batch_size == "auto" else None
+        profiled = self.search.max_profiles if self.search else 1
+        if w.warmup_steps < 1 + profiled:
+            raise ValueError(f"workload.warmup_steps={w.warmup_steps}: TeraIO needs >= {1 + profiled} "
+                             "(one step to create the optimizer state, "
+                             + (f"up to {profiled} profiled candidate micro-batches)" if self.search
+                                else "one profiled step)"))
+        if self.search:  # step 0 trains the smallest candidate: it fits under the pager if any does
+            self.workload = w = dataclasses.replace(w, micro_batch_size=self.search.order[-1])
         self.headroom = self.opts.headroom(device)
         self.capacity, emulated = device_capacity(cfg, device)
         self.limit = int(self.capacity * (1 - self.headroom)) if self.capacity is not None else None
@@ -155,10 +164,14 @@ class TeraIOTrainer:
         try:
             self.build()
             self.paged_step(0, self.first_step)
-            trace, self.measured.profile_seconds = self.profile(1)
-            self.plan_and_start(trace, "")
+            if self.search is None:
+                trace, self.measured.profile_seconds = self.profile(1)
+                planned, first = None, 2
+            else:
+                trace, planned, first = self.choose_micro_batch()
+            self.plan_and_start(trace, "", planned)
             with compute_stream(self.device):
-                measure_steps(self.measured_step, self.workload, self.device, first_step=2, progress=self.loud,
+                measure_steps(self.measured_step, self.workload, self.device, first_step=first, progress=self.loud,
                               out=Steps(iterations=self.measured.iterations, losses=self.losses))
             synchronize(self.device)
             if self.device.type == "cuda":
@@ -269,6 +282,45 @@ class TeraIOTrainer:
             pager=self.pager), note)
         return trace, seconds
 
+    def set_micro_batch(self, m: int) -> None:
+        """Train micro-batches of ``m`` sequences from the next step on (one stage)."""
+        self.workload = dataclasses.replace(self.cfg.workload, micro_batch_size=m)
+        model, optimizer = self.training.model, self.training.optimizer
+        self.training = dataclasses.replace(self.training,
+                                            step=lambda x, y: train_step(model, optimizer, x, y, m))
+
+    def choose_micro_batch(self) -> tuple[Trace, Planned, int]:
+        """``workload.micro_batch_size=auto`` (``teraio.systems.microbatch``): profile the
+        candidates the search names, one step each from step 1 on, plan each at the run's
+        capacity and tiers and simulate it at the tiers' rates; train the winner from then on.
+        A candidate whose step does not fit under the pager is recorded ``oom`` (its step's
+        gradients dropped). The row's ``micro_batch`` holds every candidate and the choice.
+        Returns the winner's trace and plan and the first step after the profiled ones.
+
+        Raises:
+            RuntimeError: no candidate fit.
+        """
+        kept: dict[int, tuple[Trace, Planned, float]] = {}
+        step = 1
+        while (m := self.search.next()) is not None:
+            self.set_micro_batch(m)
+            try:
+                trace, seconds = self.profile(step, f" (micro-batch {m}: a candidate)")
+            except (torch.OutOfMemoryError, CapacityError):
+                self.training.optimizer.zero_grad(set_to_none=True)
+                self.search.add(Candidate(m, "oom", profile_step=step))
+            else:
+                planned = self.plan(trace)
+                sim = simulate(planned.trace, planned.plan, self.bandwidths, shared_ssd=True)
+                self.search.add(Candidate(m, "simulated", sim.ideal_seconds, sim.iteration_seconds, step))
+                kept[m] = (trace, planned, seconds)
+            step += 1
+        best = self.search.best().micro_batch_size
+        self.set_micro_batch(best)
+        self.measured.extras["micro_batch"] = self.search.record()
+        trace, planned, self.measured.profile_seconds = kept[best]
+        return trace, planned, step
+
     # ------------------------------------------------------------------ the plan
 
     def plan(self, trace: Trace) -> Planned:
@@ -288,17 +340,18 @@ class TeraIOTrainer:
                             **self.opts.planner_options())
         return Planned(trace, plan, capacity, unoffloaded_peak, ssd_cap, time.perf_counter() - t0)
 
-    def plan_and_start(self, trace: Trace, suffix: str) -> Planned:
-        """Plan ``trace`` and start an engine on the plan (:meth:`start_engine`). The trace
-        and the plan are saved as ``trace<suffix>.json`` and ``plan<suffix>.json``; the
-        first plan (``suffix`` empty) is recorded in the row.
+    def plan_and_start(self, trace: Trace, suffix: str, planned: Planned | None = None) -> Planned:
+        """Plan ``trace`` (unless ``planned``, its plan already made) and start an engine on
+        the plan (:meth:`start_engine`). The trace and the plan are saved as
+        ``trace<suffix>.json`` and ``plan<suffix>.json``; the first plan (``suffix`` empty) is
+        recorded in the row.
 
         Raises:
             ValueError: the plan cannot bring the peak under the capacity (after the files
                 and the row's record, before any engine).
         """
         trace.save(self.side / f"trace{suffix}.json")
-        planned = self.plan(trace)
+        planned = planned or self.plan(trace)
         planned.plan.save(self.side / f"plan{suffix}.json")
         if not suffix:
             m = self.measured
