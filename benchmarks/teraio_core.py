@@ -107,7 +107,8 @@ def overhead(args) -> dict:
             "overhead_fraction": (e - p) / p}
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line (module docstring); its arguments are :func:`overrides`' ``args``."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--systems", default="ideal,teraio_mixed,teraio_ssd")
@@ -122,7 +123,11 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=400.0)
     ap.add_argument("--overhead-steps", type=int, default=0, help="0: skip the overhead measurement")
     ap.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra overrides of every run, last")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     summary = {"command": command("benchmarks.teraio_core", sys.argv[1:]), "systems": {}}
     for system in args.systems.split(","):
