@@ -198,8 +198,8 @@ def scaled_frame(experiment: str = "fig7_h200", conf_dir: Path = CONF_DIR) -> pd
     activation checkpointing, paper §4.1), so above 1 their rows end ``oom``.
     ``ssd_floor_bytes``: what TeraIO-SSD (no host tier) must hold on its drives at once, the
     peak less the capacity its plan keeps usable on a GPU (``headroom_fraction``'s CUDA
-    default); a drive with less free room cannot hold its plan (``benchmarks/replan.py``
-    measures it from a trace as ``beyond_host``)."""
+    default); a drive with less free room cannot hold its plan
+    (``teraio.perf.replan.beyond_host`` measures it from a trace)."""
     import yaml
 
     from teraio.systems.teraio_options import CUDA_HEADROOM_FRACTION  # the TeraIO system's imports: only here

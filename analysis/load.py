@@ -70,6 +70,7 @@ import yaml
 from teraio import systems
 from teraio.core.engine import RECOVERY_KEYS
 from teraio.harness.tune import TUNING_DIR
+from teraio.perf.jobdir import side_file
 from teraio.result import FORMAT, STATUSES
 
 RESULT_NAME = "result.json"
@@ -150,14 +151,12 @@ def config_label(batch_size, seq_len, pipeline_stages: int = 1) -> str:
 def _artifact(root: Path, job_rel: Path, artifacts: dict, name: str) -> str | None:
     """The side file ``name`` of a row, relative to the sweep dir ``root``: as the row names
     it, or its gzip-compressed copy (``<file>.gz``, as committed reference rows keep large
-    side files) where only that exists; None where the row names none or neither exists
-    (a side file lost with its attempt: the row stays, without it)."""
+    side files) where only that exists (``teraio.perf.jobdir.side_file``); None where the
+    row names none or neither exists (a side file lost with its attempt: the row stays,
+    without it)."""
     rel = (artifacts or {}).get(name)
-    if not rel:
-        return None
-    path = job_rel / rel
-    packed = path.with_name(path.name + ".gz")
-    return next((str(p) for p in (path, packed) if (root / p).exists()), None)
+    found = side_file(root / job_rel, rel) if rel else None
+    return None if found is None else str(found.relative_to(root))
 
 
 NON_FINITE = "non-finite"

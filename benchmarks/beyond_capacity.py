@@ -2,7 +2,7 @@
 rows (the real capacity and, optionally, an emulated one), and Ideal modeled from the
 trace TeraIO-Mixed profiled within the real capacity (``teraio.systems.ideal.run_modeled``).
 
-    python benchmarks/beyond_capacity.py --sweep DIR [--emulated DIR] --out FILE.json
+    python -m benchmarks.beyond_capacity --sweep DIR [--emulated DIR] --out FILE.json
 
 ``--sweep``: the sweep dir of ``system=ideal,teraio_mixed`` at the point with no emulated
 capacity; ``--emulated``: a sweep dir of ``teraio_mixed`` at the same point with
@@ -17,19 +17,19 @@ import dataclasses
 import json
 from pathlib import Path
 
-from teraio.systems.ideal import run_modeled
-from teraio.config import load_run_config
-from teraio.workload.models import build_meta_model, count_parameters
 from teraio.core.pager import physical_memory_bytes
+from teraio.perf import jobdir
 from teraio.result import result_row
+from teraio.systems.ideal import run_modeled
+from teraio.workload.models import build_meta_model, count_parameters
 
 
 def rows(sweep: Path) -> dict[str, tuple[Path, dict]]:
     """system name -> (job dir, result row) for every row in ``sweep``."""
     out = {}
-    for f in sorted(sweep.glob("*/result.json")):
-        r = json.loads(f.read_text())
-        out[r["point"]["system"]] = (f.parent, r)
+    for job in jobdir.job_dirs(sweep):
+        r = jobdir.result(job)
+        out[r["point"]["system"]] = (job, r)
     return out
 
 
@@ -61,7 +61,7 @@ def teraio_summary(row: dict, modeled_tps: float | None) -> dict:
 
 def modeled_ideal(job_dir: Path) -> dict:
     """A modeled Ideal row of ``job_dir``'s point from its ``trace.json``."""
-    cfg = load_run_config(job_dir / "resolved.yaml")
+    cfg = jobdir.run_config(job_dir)
     cfg = dataclasses.replace(cfg, system=dataclasses.replace(cfg.system, name="ideal", options={}))
     return result_row(cfg.point(), cfg.to_dict(), run_modeled(cfg, job_dir / "trace.json"), status="ok")
 
@@ -70,10 +70,10 @@ def zero_offload_host_bytes(zero_rows: Path, n_params: int) -> dict:
     """Host memory ZeRO-Offload would need for ``n_params`` parameters, scaled from the peak
     resident host memory per parameter of the ok rows under ``zero_rows``."""
     per_param = []
-    for f in sorted(zero_rows.glob("*zero_offload*/result.json")):
-        r = json.loads(f.read_text())
+    for job in jobdir.job_dirs(zero_rows, "*zero_offload*"):
+        r = jobdir.result(job)
         if r["status"] == "ok" and r["peak_host_rss_bytes"]:
-            cfg = load_run_config(f.parent / "resolved.yaml")
+            cfg = jobdir.run_config(job)
             per_param.append(r["peak_host_rss_bytes"] / count_parameters(build_meta_model(cfg.model, 16)))
     if not per_param:
         return {}
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             mixed["profile_seconds"] / out["ideal_modeled_iteration_seconds"])
     if args.emulated is not None:
         out["teraio_mixed_emulated"] = teraio_summary(rows(args.emulated)["teraio_mixed"][1], modeled_tps)
-    cfg = load_run_config(mixed_dir / "resolved.yaml")
+    cfg = jobdir.run_config(mixed_dir)
     n_params = count_parameters(build_meta_model(cfg.model, cfg.workload.seq_len))
     need = zero_offload_host_bytes(args.zero_rows, n_params)
     out["zero_offload"] = {"status": "not run", "parameters": n_params, **need,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The full Llama3-8B at 4 x 2,048 tokens (4 micro-batches) on one H200: Ideal and TeraIO-Mixed
 # with the GPU's own capacity, then TeraIO-Mixed at an emulated 70 GiB, then the summary JSON
-# (benchmarks/beyond_capacity.py). Writes into OUT (default ./beyond_capacity_out): the JSON,
+# (python -m benchmarks.beyond_capacity). Writes into OUT (default ./beyond_capacity_out): the JSON,
 # each sweep's log, the rows and TeraIO-Mixed's trace.
 #   WHICH=real|emulated|both (default both)   TIMEOUT_S (per point, default 900)
 # Run from the repository root on the GPU machine (after `source scripts/remote_env.sh` there).
@@ -25,7 +25,7 @@ if [ "$WHICH" != real ]; then
 fi
 args=(--sweep "$RUNS/beyond_capacity" --out "$OUT/beyond_capacity_h200.json")
 [ -d "$RUNS/beyond_capacity_70gib" ] && args+=(--emulated "$RUNS/beyond_capacity_70gib")
-[ -d "$RUNS/beyond_capacity" ] && python benchmarks/beyond_capacity.py "${args[@]}"
+[ -d "$RUNS/beyond_capacity" ] && python -m benchmarks.beyond_capacity "${args[@]}"
 for d in "$RUNS"/beyond_capacity*/*/; do
   name=$(basename "$(dirname "$d")")_$(basename "$d" | cut -d- -f2)
   cp "$d/result.json" "$OUT/${name}_result.json"

@@ -1,9 +1,9 @@
-"""Condense the raw output of ``benchmarks/teraio_core.py`` calls into
+"""Condense the raw output of ``benchmarks.teraio_core`` calls into
 ``benchmarks/results/teraio_core_h200.json``, and replay every measured
-TeraIO run through the performance model (``teraio.perf.simulator``) for
+TeraIO run through the performance model (``teraio.perf.replay.replay_run``) for
 ``benchmarks/results/simulator_validation_h200.json``.
 
-    python benchmarks/core_summary.py benchmarks/results/raw_gpu_calls/h200x2_a \\
+    python -m benchmarks.core_summary benchmarks/results/raw_gpu_calls/h200x2_a \\
         --overhead benchmarks/results/h200x2_llama3_8b_70gib/call6_teraio_core.json \\
         --sweep runs/reference/h200/fig7_h200_slice
 
@@ -17,7 +17,6 @@ result.json), which add configurations to the simulator's validation.
 from __future__ import annotations
 
 import argparse
-import gzip
 import itertools
 import json
 import re
@@ -25,21 +24,22 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from teraio.core.engine import union_seconds  # noqa: E402
-from teraio.core.plan import MigrationPlan  # noqa: E402
-from teraio.core.bandwidth import TierBandwidth  # noqa: E402
-from teraio.perf.simulator import simulate  # noqa: E402
-from teraio.core.trace import Trace  # noqa: E402
+from benchmarks import command
+from teraio.core.engine import union_seconds
+from teraio.core.plan import MigrationPlan
+from teraio.core.trace import Trace
+from teraio.perf import jobdir
+from teraio.perf.replay import replay_run, run_tiers
 
 GiB = 1 << 30
 TERAIO = ("teraio_mixed", "teraio_ssd")
 
 
-def _json(path: Path) -> dict:
-    raw = path.read_bytes()
-    return json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
+def as_command(recorded: str) -> str:
+    """The command line a ``teraio_core.json`` records: the whole command
+    (``python -m benchmarks.teraio_core ...``), or, in files of earlier calls, the script and
+    its arguments (``benchmarks/teraio_core.py ...``), which ran under ``python``."""
+    return recorded if recorded.startswith("python") else "python " + recorded
 
 
 def system_row(name: str, result: dict, ideal: dict, call: str) -> dict:
@@ -94,23 +94,20 @@ def transfer_busy(transfers_csv: Path) -> dict:
 def validate(label: str, trace: Trace, plan: MigrationPlan, result: dict) -> list[dict]:
     """Predicted vs measured iteration seconds of one run: FIFO and EDF transfer order,
     each with the SSD's reads and writes in separate queues (the paper's model) and in one
-    (``shared_ssd``: the lent machine has one drive)."""
-    hw = result["config"]["hardware"]
-    n = len(hw["ssd_dirs"])
-    tiers = TierBandwidth(hw["ssd_write_gbps"] * n, hw["ssd_read_gbps"] * n, hw["host_d2h_gbps"],
-                          hw["host_h2d_gbps"])
-    measured = statistics.fmean(i["seconds"] for i in result["iterations"])
+    (``shared_ssd``: the lent machine has one drive), at the rates of the run's config."""
+    tiers = run_tiers(result["config"])
     rows = []
     for policy, shared in itertools.product(("fifo", "edf"), (False, True)):
-        sim = simulate(trace, plan, tiers, policy=policy, shared_ssd=shared)
+        r = replay_run(trace, plan, tiers, result["iterations"], policy=policy, shared_ssd=shared)
         rows.append({"config": label, "policy": policy, "shared_ssd": shared,
-                     "predicted_iteration_seconds": sim.iteration_seconds,
-                     "measured_iteration_seconds": measured,
-                     "predicted_over_measured": sim.iteration_seconds / measured,
-                     "predicted_stall_seconds": sim.stall_seconds, "predicted_stall_count": sim.stall_count,
-                     "measured_stall_seconds": statistics.fmean(i["stall_seconds"] for i in result["iterations"]),
-                     "measured_stall_count": statistics.fmean(i["stall_count"] for i in result["iterations"]),
-                     "ideal_seconds_model": sim.ideal_seconds})
+                     "predicted_iteration_seconds": r.simulated.iteration_seconds,
+                     "measured_iteration_seconds": r.measured_iteration_seconds,
+                     "predicted_over_measured": r.predicted_over_measured,
+                     "predicted_stall_seconds": r.simulated.stall_seconds,
+                     "predicted_stall_count": r.simulated.stall_count,
+                     "measured_stall_seconds": r.measured_stall_seconds,
+                     "measured_stall_count": r.measured_stall_count,
+                     "ideal_seconds_model": r.simulated.ideal_seconds})
     return rows
 
 
@@ -120,48 +117,45 @@ def main() -> None:
     ap.add_argument("--overhead", type=Path, required=True)
     ap.add_argument("--sweep", type=Path)
     args = ap.parse_args()
-    command = "python benchmarks/core_summary.py " + " ".join(sys.argv[1:])
+    cmd = command("benchmarks.core_summary", sys.argv[1:])
 
     out = {"what": "Llama3-8B (torchtitan 0.2.2, sdpa), fp32, AdamW(foreach=False), batch 1 x seq 2048, "
                    "capacity emulated at 70 GiB on one H200 of an nvidia-h200-x2 machine; each system's "
                    "ratio to Ideal is taken against the Ideal run of the same call",
-           "commands": {"summary": command,
+           "commands": {"summary": cmd,
                         "calls": str(args.raw / "COMMANDS.md")},
            "systems": {}}
-    validation = {"command": command, "configs": []}
+    validation = {"command": cmd, "configs": []}
     for call_file in sorted(args.raw.glob("call*_teraio_core.json")):
         call = call_file.name.split("_")[0]
         summary = json.loads(call_file.read_text())
         ideal = summary["systems"]["ideal"]
-        out["commands"][call] = "python " + summary["command"]
+        out["commands"][call] = as_command(summary["command"])
         for name, s in summary["systems"].items():
-            result_file = args.raw / f"{call}_{name}_result.json.gz"
-            if name in TERAIO and not result_file.exists():
+            prefix = f"{call}_{name}_"
+            has_result = jobdir.side_file(args.raw, prefix + jobdir.RESULT) is not None
+            if name in TERAIO and not has_result:
                 continue  # a run that wrote no result (COMMANDS.md says why)
-            result = _json(result_file) if result_file.exists() else s
+            result = jobdir.result(args.raw, prefix) if has_result else s
             if name == "ideal":
                 out["systems"].setdefault("ideal", {})[call] = system_row(name, result, ideal, call)
                 continue
             out["systems"][name] = system_row(name, result, ideal, call)
             out["systems"][name]["transfers_in_flight"] = transfer_busy(args.raw / f"{call}_{name}_transfers.csv.gz")
-            trace = Trace.from_dict(_json(args.raw / f"{call}_{name}_trace.json.gz"))
-            plan = MigrationPlan.from_dict(_json(args.raw / f"{call}_{name}_plan.json.gz"))
+            trace, plan = jobdir.trace(args.raw, prefix), jobdir.plan(args.raw, prefix)
             validation["configs"] += validate(f"llama3_8b bs1 seq2048, {name}, 70 GiB ({call})", trace, plan,
                                               result)
     overhead = json.loads(args.overhead.read_text())
     ov = overhead["dispatch_overhead"]
-    out["commands"]["dispatch_overhead"] = "python " + overhead["command"]
+    out["commands"]["dispatch_overhead"] = as_command(overhead["command"])
     out["dispatch_overhead"] = {**ov, "percent_of_step": 100 * ov["overhead_fraction"], "source": str(args.overhead)}
 
     if args.sweep:
-        for job in sorted(args.sweep.glob("*")):
-            if not re.search(r"-teraio_(mixed|ssd)-", job.name) or not (job / "result.json").exists():
+        for job in jobdir.job_dirs(args.sweep):
+            result = jobdir.result(job)
+            if not re.search(r"-teraio_(mixed|ssd)-", job.name) or result["status"] != "ok":
                 continue
-            result = json.loads((job / "result.json").read_text())
-            if result["status"] != "ok":
-                continue
-            validation["configs"] += validate(job.name, Trace.load(job / "trace.json"),
-                                              MigrationPlan.load(job / "plan.json"), result)
+            validation["configs"] += validate(job.name, jobdir.trace(job), jobdir.plan(job), result)
     validation["summary"] = {}
     for policy, shared in itertools.product(("fifo", "edf"), (False, True)):
         for tier in ("mixed", "ssd"):

@@ -13,7 +13,7 @@ Writes one JSON object to ``--out``: the ceilings (``raw_*_gbps``), the tiers'
 (``ram_dir_write_gbps``, ``ram_dir_read_gbps``, with kvikio's compat mode beside them where
 kvikio is installed).
 
-    python benchmarks/engine_bandwidth.py --drive /tmp/teraio_ssd/0 \\
+    python -m benchmarks.engine_bandwidth --drive /tmp/teraio_ssd/0 \\
         --ram-dirs /dev/shm/bw/0 /dev/shm/bw/1 /dev/shm/bw/2 /dev/shm/bw/3 --out engine.json
 """
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Condense the rows of ``benchmarks/engine_fig7_h200.sh`` into the ``fig7_h200`` section of
 ``benchmarks/results/engine_h200.json`` and replay each TeraIO-Mixed run through the
-performance model (``teraio.perf.simulator``) at the tier rates measured by
-``benchmarks/engine_bandwidth.py`` (the same JSON's ``host_*_gbps`` and ``ssd_*_gbps``).
+performance model (``teraio.perf.replay.replay_run``) at the tier rates measured by
+``benchmarks.engine_bandwidth`` (the same JSON's ``host_*_gbps`` and ``ssd_*_gbps``).
 
-    python benchmarks/engine_fig7_summary.py benchmarks/results/engine_h200/fig7_trials \\
+    python -m benchmarks.engine_fig7_summary benchmarks/results/engine_h200/fig7_trials \\
         --json benchmarks/results/engine_h200.json
 
 Per point (``fig7.point``, read off each row's configuration): every trial's tokens/s per
@@ -22,25 +22,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gzip
 import json
 import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from teraio.files import write_atomic  # noqa: E402
-from teraio.core.plan import MigrationPlan  # noqa: E402
-from teraio.core.bandwidth import TierBandwidth  # noqa: E402
-from teraio.perf.simulator import simulate  # noqa: E402
-from teraio.core.trace import Trace  # noqa: E402
+from benchmarks import command
+from teraio.core.bandwidth import TierBandwidth
+from teraio.files import write_atomic
+from teraio.perf import jobdir
+from teraio.perf.replay import replay_run
 
 SYSTEMS = ("ideal", "teraio_mixed", "zero_offload")
-
-
-def _gz_json(path: Path) -> dict:
-    return json.loads(gzip.decompress(path.read_bytes()))
 
 
 def point_names(experiment: Path) -> dict[tuple, str]:
@@ -53,16 +46,13 @@ def point_names(experiment: Path) -> dict[tuple, str]:
 
 def replay(job: Path, row: dict, tiers: TierBandwidth) -> dict:
     """Predicted against measured iteration seconds of one TeraIO-Mixed run."""
-    sim = simulate(Trace.from_dict(_gz_json(job / "trace.json.gz")),
-                   MigrationPlan.from_dict(_gz_json(job / "plan.json.gz")), tiers,
-                   policy="fifo", shared_ssd=True)
-    measured = statistics.fmean(i["seconds"] for i in row["iterations"])
-    return {"job": job.name, "measured_iteration_seconds": measured,
-            "predicted_iteration_seconds": sim.iteration_seconds,
-            "predicted_over_measured": sim.iteration_seconds / measured,
-            "measured_stall_seconds": statistics.fmean(i["stall_seconds"] for i in row["iterations"]),
-            "predicted_stall_seconds": sim.stall_seconds,
-            "profiled_kernel_seconds": sim.ideal_seconds}
+    r = replay_run(jobdir.trace(job), jobdir.plan(job), tiers, row["iterations"], policy="fifo", shared_ssd=True)
+    return {"job": job.name, "measured_iteration_seconds": r.measured_iteration_seconds,
+            "predicted_iteration_seconds": r.simulated.iteration_seconds,
+            "predicted_over_measured": r.predicted_over_measured,
+            "measured_stall_seconds": r.measured_stall_seconds,
+            "predicted_stall_seconds": r.simulated.stall_seconds,
+            "profiled_kernel_seconds": r.simulated.ideal_seconds}
 
 
 def summarize(rows_dir: Path, tiers: TierBandwidth, names: dict[tuple, str]) -> dict:
@@ -72,8 +62,8 @@ def summarize(rows_dir: Path, tiers: TierBandwidth, names: dict[tuple, str]) -> 
         ValueError: a row that is not ``ok``, or a point missing one of :data:`SYSTEMS`.
     """
     points: dict[str, dict] = {}
-    for job in sorted(p for p in rows_dir.iterdir() if (p / "result.json").is_file()):
-        row = json.loads((job / "result.json").read_text())
+    for job in jobdir.job_dirs(rows_dir):
+        row = jobdir.result(job)
         if row["status"] != "ok":
             raise ValueError(f"{job}: status {row['status']!r}; this summary compares ok rows only")
         pt = row["point"]
@@ -118,7 +108,7 @@ def summarize(rows_dir: Path, tiers: TierBandwidth, names: dict[tuple, str]) -> 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("rows", type=Path, help="folder of job folders")
-    ap.add_argument("--json", type=Path, required=True, help="engine_bandwidth.py's JSON; gets the fig7_h200 key")
+    ap.add_argument("--json", type=Path, required=True, help="benchmarks.engine_bandwidth's JSON; gets the fig7_h200 key")
     ap.add_argument("--experiment", type=Path, default=Path("conf/experiment/fig7_h200_m_only.yaml"),
                     help="the experiment file naming the points")
     args = ap.parse_args()
@@ -126,7 +116,7 @@ def main() -> None:
     tiers = TierBandwidth(bench["ssd_write_gbps"], bench["ssd_read_gbps"], bench["host_d2h_gbps"],
                           bench["host_h2d_gbps"])
     section = summarize(args.rows, tiers, point_names(args.experiment))
-    bench["fig7_h200"] = {"command": "python benchmarks/engine_fig7_summary.py " + " ".join(sys.argv[1:]),
+    bench["fig7_h200"] = {"command": command("benchmarks.engine_fig7_summary", sys.argv[1:]),
                           "simulator_tiers_gbps": dataclasses.asdict(tiers),
                           "points": section}
     write_atomic(args.json, (json.dumps(bench, indent=1) + "\n").encode())

@@ -1,14 +1,15 @@
 """Does TeraIO's plan fit the GPU test's cap when the trace comes from the CPU?
 
 The GPU bit-identity test (``tests/test_teraio_train.py``, ``GPU_MODEL``, then 50 % of
-the un-offloaded peak, ``GPU_OPTIONS`` headroom) got a plan that did not fit on the H200
-(``benchmarks/results/raw_gpu_calls/h200_b/COMMANDS.md``, call 4). This probe profiles the same
+the un-offloaded peak, ``GPU_OPTIONS`` headroom; both in ``tests/conftest.py``) got a plan
+that did not fit on the H200 (``benchmarks/results/raw_gpu_calls/h200_b/COMMANDS.md``,
+call 4). This probe profiles the same
 model on the CPU. It sets every op to ``--op-us`` microseconds, as short as a GPU's ops,
 so that bandwidth hides almost nothing. Then it plans both test systems at ``--fraction``
 of the un-offloaded peak, as the test does (``allow_stalls``, the test's headroom and
 minimum tensor size).
 
-    python benchmarks/gpu_test_plan_fit.py [--fraction 0.5] [--op-us 5] [--out FILE.json]
+    python -m benchmarks.gpu_test_plan_fit [--fraction 0.5] [--op-us 5] [--out FILE.json]
 
 Prints, and writes to ``--out``, per system: un-offloaded peak, plan capacity, predicted
 peak and shortfall, in bytes.
@@ -17,23 +18,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-
 import torch
-from test_teraio_train import GPU_MODEL, GPU_OPTIONS, config
 
-from teraio.workload.models import build_model
 from teraio.core.planner import plan_migrations
 from teraio.core.profiler import profile_step
-from teraio.workload.step import make_batch, make_optimizer, train_step
 from teraio.systems.teraio_machine import tier_bandwidth
+from teraio.workload.models import build_model
+from teraio.workload.step import make_batch, make_optimizer, train_step
+from tests.conftest import GPU_MODEL, GPU_OPTIONS, config
 
 SYSTEMS = {"teraio_ssd": {}, "teraio_mixed": {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}}
 

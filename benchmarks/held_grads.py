@@ -8,18 +8,15 @@ plan can lower them. This prints, at ops through the optimizer step, the allocat
 excess over the tensor-lifetime count and the bytes of gradients already past their last
 use, both in bytes.
 
-    python benchmarks/held_grads.py TRACE.json [--out FILE.json]
+    python -m benchmarks.held_grads TRACE.json [--out FILE.json]
 """
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from teraio.core.trace import Trace  # noqa: E402
+from teraio.core.trace import Trace
 
 
 def main() -> None:

@@ -3,8 +3,9 @@
 The host tier keeps each tensor in a slot for all its periods, shared only by tensors whose
 periods never meet (``teraio.core.slots``), so its slots can fill the host cap while holding
 far less at once (``MigrationPlan.tier_bytes_held``). This script plans a committed run's trace
-again three ways, with the planner's host placement and room test replaced
-(``teraio.core.planner._Planner``; the rest of the planner as it is):
+again four ways, at the committed plan's settings (``teraio.perf.replay.plan_as_committed``),
+its host tier placed by the rule each names (``plan_migrations``' ``host_arena`` or
+``host_placement``; the rest of the planner as it is):
 
 * ``slots``: the planner as it is;
 * ``arena``: one host region of the cap, each host migration at the lowest offset where its
@@ -21,11 +22,11 @@ again three ways, with the planner's host placement and room test replaced
 
 Each plan is replayed through the simulator at the plan's rates.
 
-    python benchmarks/host_packing.py JOB_DIR [JOB_DIR ...] [--host-cap-bytes N [N ...]] --out FILE.json
+    python -m benchmarks.host_packing JOB_DIR [JOB_DIR ...] [--host-cap-bytes N [N ...]] --out FILE.json
 
 Per job and cap: bytes moved per tier, the most bytes each tier holds at once, exposed
 migrations, simulated iteration and stall seconds per packing (the slots' bytes for
-``slots``), and the floor on the drive (``replan.beyond_host``).
+``slots``), and the floor on the drive (``teraio.perf.replan.beyond_host``).
 The file ``--out`` is replaced atomically.
 """
 from __future__ import annotations
@@ -33,19 +34,16 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import teraio.core.planner as planner_module  # noqa: E402
-from teraio.core.plan import MigrationPlan  # noqa: E402
-from teraio.core.bandwidth import TierBandwidth  # noqa: E402
-from teraio.core.slots import HOST_ALIGN, HostArena  # noqa: E402
-from teraio.core.trace import Trace  # noqa: E402
-
-from replan import beyond_host, load_plan, load_trace, plan_as_committed, summary, write_rows  # noqa: E402
+from benchmarks.replan import write_rows
+from teraio.core.plan import MigrationPlan
+from teraio.core.slots import HOST_ALIGN, HostArena
+from teraio.core.trace import Trace
+from teraio.perf import jobdir
+from teraio.perf.replan import beyond_host, plan_summary
+from teraio.perf.replay import plan_as_committed, plan_tiers
 
 
 class HeldBytes:
@@ -86,52 +84,27 @@ def first_fit_arena(n_ops: int, a: np.ndarray, b: np.ndarray, cap_bytes: int) ->
 
 
 PACKINGS = ("arena", "tensor_arena", "held_bound")
-REPLACED = {"arena": first_fit_arena, "held_bound": HeldBytes}  # the others: the planner's own
-
-
-class HostPackingPlanner(planner_module._Planner):
-    """The planner with its host slots replaced by ``packing`` (a value of :data:`REPLACED`;
-    each host migration names its own tensor as its slot)."""
-
-    packing = HeldBytes
-
-    def __init__(self, trace, capacity, tiers, host_cap, *args, **kwargs):
-        super().__init__(trace, capacity, tiers, host_cap, *args, **kwargs)
-        self.bins["host"] = self.packing(self.n, self.a, self.b, host_cap)
-
-    def host_room(self, idx: np.ndarray) -> np.ndarray:
-        return self.bins["host"].room(idx, self.s[idx])
-
-    def _place(self, c: int, tier: str) -> None:
-        if tier == "host":
-            self.bins["host"].place(c, int(self.s[c]))
-        else:
-            super()._place(c, tier)
-
-    def slot_of(self, c: int, tier: str, trace: Trace) -> str:
-        return trace.tensors[int(self.p_tid[c])].name if tier == "host" else super().slot_of(c, tier, trace)
+PLACEMENTS = {"arena": first_fit_arena, "held_bound": HeldBytes}  # the others: the planner's own
 
 
 def plan_like(trace: Trace, old: MigrationPlan, host_cap: int, packing: str = "slots") -> MigrationPlan:
     """``trace`` planned again with ``old``'s capacity and options at ``host_cap``, its host
     tier packed in slots or a region (the planner's ``host_arena``) or as ``packing`` names
-    (:data:`REPLACED`)."""
-    if packing not in REPLACED:
+    (:data:`PLACEMENTS`, the planner's ``host_placement``)."""
+    if packing not in PLACEMENTS:
         return plan_as_committed(trace, old, host_cap, host_arena=packing == "tensor_arena")
-    planner = type("Planner", (HostPackingPlanner,), {"packing": staticmethod(REPLACED[packing])})
-    with mock.patch.object(planner_module, "_Planner", planner):
-        return plan_as_committed(trace, old, host_cap, host_arena=False)
+    return plan_as_committed(trace, old, host_cap, host_arena=False, host_placement=PLACEMENTS[packing])
 
 
 def compare(job: Path, host_cap: int | None) -> dict:
-    trace, old = load_trace(job), load_plan(job)
+    trace, old = jobdir.trace(job), jobdir.plan(job)
     cap = old.meta["host_cap_bytes"] if host_cap is None else host_cap
-    tiers = TierBandwidth(**old.meta["tiers_gbps"])
+    tiers = plan_tiers(old)
     return {"job": str(job), "capacity_bytes": old.capacity_bytes, "host_cap_bytes": cap,
             "ideal_s": float(trace.op_seconds.sum()), "beyond_host": beyond_host(trace, old.capacity_bytes, cap),
-            "slots": summary(trace, plan_like(trace, old, cap), tiers),
+            "slots": plan_summary(trace, plan_like(trace, old, cap), tiers),
             # no slot bytes: these pack by offset or by the bytes held (most_bytes_held)
-            **{p: {k: v for k, v in summary(trace, plan_like(trace, old, cap, p), tiers).items()
+            **{p: {k: v for k, v in plan_summary(trace, plan_like(trace, old, cap, p), tiers).items()
                    if k != "slot_bytes"} for p in PACKINGS}}
 
 
@@ -146,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     if any(c is not None and c <= 0 for c in args.host_cap_bytes):
         ap.error(f"--host-cap-bytes {args.host_cap_bytes}: each must be > 0 (TeraIO-Mixed)")
     rows = [compare(j, cap) for j in args.jobs for cap in args.host_cap_bytes]
-    write_rows(args.out, "benchmarks/host_packing.py", argv, rows, ("slots", *PACKINGS))
+    write_rows(args.out, "benchmarks.host_packing", argv, rows, ("slots", *PACKINGS))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 routes, and device-to-host copies into fresh pageable, reused pageable and page-locked
 buffers. Prints one JSON object (GB/s, 1 GB = 1e9 bytes) and writes it to ``--out``.
 
-    python benchmarks/host_pinning.py --gib 4 --out pinning.json
+    python -m benchmarks.host_pinning --gib 4 --out pinning.json
 """
 from __future__ import annotations
 

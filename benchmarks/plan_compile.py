@@ -2,7 +2,7 @@
 31.2 s for Llama3-8B, 396.6 s for Llama3-70B): wall time of
 :func:`teraio.perf.choose.plan_fastest` (the planner, ``"auto"`` settings chosen by simulating) on a saved trace, on this machine's CPU.
 
-    python benchmarks/plan_compile.py TRACE --label NAME --paper-m M_PERCENT \
+    python -m benchmarks.plan_compile TRACE --label NAME --paper-m M_PERCENT \
         [--host-cap-gb 170] [--ssd-gbps 16] [--host-gbps 50] [--host-arena {false,true,auto}] \
         [--repeats 3] [--schedule] [--synthesize L:L2] [--note TEXT] [--out benchmarks/results/plan_compile_cpu.json]
 
@@ -25,23 +25,20 @@ import argparse
 import json
 import os
 import platform
-import shlex
 import statistics
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from teraio.files import write_atomic  # noqa: E402
-from teraio.core.bandwidth import TierBandwidth  # noqa: E402
-from teraio.core.trace import Trace  # noqa: E402
-from teraio.perf.choose import plan_fastest  # noqa: E402
-from teraio.perf.synth import synthesize_layers  # noqa: E402
-from replan import HOST_ARENA  # noqa: E402
+from benchmarks import command
+from benchmarks.replan import HOST_ARENA
+from teraio.core.bandwidth import TierBandwidth
+from teraio.core.trace import Trace
+from teraio.files import write_atomic
+from teraio.perf.choose import plan_fastest
+from teraio.perf.synth import synthesize_layers
 
 # Camera-ready Table 1, for comparison only; the paper's machine and what its
 # time includes are not stated.
@@ -147,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict:
         except ValueError:
             p.error(f"--synthesize {a.synthesize!r}: expected L:L2, e.g. 32:80")
         trace = synthesize_layers(trace, L, L2)
-    entry = {"command": shlex.join(["python", "benchmarks/plan_compile.py", *(argv or sys.argv[1:])]),
+    entry = {"command": command("benchmarks.plan_compile", argv or sys.argv[1:]),
              "trace_file": str(a.trace), "note": a.note, "machine": machine(),
              **time_plan(trace, a.paper_m, a.ssd_gbps, a.host_gbps, int(a.host_cap_gb * 1e9), a.repeats,
                           host_arena=HOST_ARENA[a.host_arena], schedule=a.schedule)}

@@ -1,11 +1,11 @@
 """How a TeraIO plan depends on the op times it was profiled with, on CPU: for job
 directories of one point (runs of the same configuration, whose traces have the same ops and
 tensors and differ only in the measured op times), plan each run's trace as
-``benchmarks/replan.py`` does (the committed plan's capacity, bandwidths, host cap and
+``benchmarks.replan`` does (``teraio.perf.replay.plan_as_committed``: the committed plan's capacity, bandwidths, host cap and
 options, or ``--host-arena``; ``--released-grads`` as a run with ``release_grads`` plans it),
 then replay every plan through the simulator under every run's op times.
 
-    python benchmarks/plan_sensitivity.py JOB_DIR JOB_DIR [JOB_DIR ...]
+    python -m benchmarks.plan_sensitivity JOB_DIR JOB_DIR [JOB_DIR ...]
         [--host-arena {false,true,auto}] [--released-grads] [--jitter FRACTION SEEDS] --out FILE.json
 
 The file ``--out`` (replaced atomically) holds, per run (``jobs``, in the order given): its
@@ -21,21 +21,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shlex
 import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from replan import load_plan, load_trace, parse_plan_options, plan_as_committed  # noqa: E402
-
-from teraio.core.bandwidth import TierBandwidth  # noqa: E402
-from teraio.perf.simulator import simulate  # noqa: E402
-from teraio.core.trace import Trace  # noqa: E402
-from teraio.files import write_atomic  # noqa: E402
+from benchmarks import command
+from benchmarks.replan import parse_plan_options
+from teraio.core.trace import Trace
+from teraio.files import write_atomic
+from teraio.perf import jobdir
+from teraio.perf.replay import plan_as_committed, plan_tiers
+from teraio.perf.simulator import simulate
 
 
 def _tensors(trace: Trace) -> list[tuple]:
@@ -62,9 +59,9 @@ def jitter(job: Path, fraction: float, seeds: int, host_arena: bool | str | None
     """
     if not 0 < fraction < 1 or seeds < 1:
         raise ValueError(f"fraction={fraction}, seeds={seeds}: need 0 < fraction < 1 and seeds >= 1")
-    trace = load_trace(job, released_grads)
-    committed = load_plan(job)
-    tiers = TierBandwidth(**committed.meta["tiers_gbps"])
+    trace = jobdir.trace(job, released_grads=released_grads)
+    committed = jobdir.plan(job)
+    tiers = plan_tiers(committed)
     simulated, ssd = [], []
     for seed in range(seeds):
         z = np.random.default_rng(seed).standard_normal(len(trace.op_seconds))
@@ -86,10 +83,10 @@ def sensitivity(jobs: list[Path], host_arena: bool | str | None = None, released
     """
     if len(jobs) < 2:
         raise ValueError(f"{len(jobs)} job(s) given; need 2 or more runs of one configuration")
-    traces = [load_trace(j, released_grads) for j in jobs]
+    traces = [jobdir.trace(j, released_grads=released_grads) for j in jobs]
     _same_step(traces, jobs)
-    committed = [load_plan(j) for j in jobs]
-    tiers = TierBandwidth(**committed[0].meta["tiers_gbps"])
+    committed = [jobdir.plan(j) for j in jobs]
+    tiers = plan_tiers(committed[0])
     base = traces[0].op_seconds
     rows = []
     for j, trace, old in zip(jobs, traces, committed):
@@ -118,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
         doc["jitter"] = jitter(args.jobs[0], args.jitter[0], int(args.jitter[1]), arena, args.released_grads)
         print(f"{args.jobs[0]}, op times jittered by {args.jitter[0]}: simulated "
               + ", ".join(f"{x:.2f}" for x in doc["jitter"]["simulated_s"]) + f" s (own plan {doc['jitter']['own_s']:.2f} s)")
-    write_atomic(args.out, json.dumps({"command": shlex.join(["python", "benchmarks/plan_sensitivity.py", *argv]),
+    write_atomic(args.out, json.dumps({"command": command("benchmarks.plan_sensitivity", argv),
                                        **doc}, indent=1).encode())
     for row in doc["jobs"]:
         cells = ", ".join(f"{x:.2f}" for x in row["simulated_s"])

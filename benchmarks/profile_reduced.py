@@ -4,14 +4,14 @@
 On a GPU machine (Llama3-70B widths, 2 of its 80 layers, bs1 seq2048: ~61 GB of weights,
 gradients and AdamW state in FP32, fits one H200):
 
-    python benchmarks/profile_reduced.py --model llama3_70b --layers 2 --target-layers 80 \
+    python -m benchmarks.profile_reduced --model llama3_70b --layers 2 --target-layers 80 \
         --seq-len 2048 --device cuda --paper-m 940.85 --host-cap-gb 770 \
         --out-dir benchmarks/results/h200_llama3_70b_2l
 
 Checking the identical-layers assumption against a real full-depth trace (Llama3-8B,
 2 -> 32 layers, against the trace measured on an H200 at the same workload):
 
-    python benchmarks/profile_reduced.py --model llama3_8b --layers 2 --target-layers 32 \
+    python -m benchmarks.profile_reduced --model llama3_8b --layers 2 --target-layers 32 \
         --seq-len 2048 --device cuda \
         --compare-trace benchmarks/results/h200x2_llama3_8b_70gib/teraio_mixed_trace.json.gz \
         --out-dir benchmarks/results/h200_llama3_8b_2l
@@ -22,7 +22,7 @@ Checking the identical-layers assumption against a real full-depth trace (Llama3
 Writes to ``--out-dir``: ``trace_<L>l.json.gz`` (the profile), ``trace_synth<L2>l.json.gz``
 (synthesized), ``summary.json`` (command, device, traces, the comparison), and with
 ``--paper-m`` the plan compile time as an entry of ``plan_compile.json``
-(``benchmarks/plan_compile.py``'s format). The training step is the one every system
+(``benchmarks.plan_compile``'s format). The training step is the one every system
 shares (``teraio.workload.step``), profiled after one ordinary step as ``teraio.systems.teraio`` does.
 """
 from __future__ import annotations
@@ -30,26 +30,23 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
 
+import torch
 import yaml
 
+from benchmarks.plan_compile import machine, time_plan, write_entry
+from benchmarks import command
+from teraio.config import ModelConfig, WorkloadConfig, dataclass_from_dict
+from teraio.core.profiler import profile_step
+from teraio.core.trace import Trace
+from teraio.perf.synth import synthesize_layers
+from teraio.workload.models import build_model
+from teraio.workload.step import make_batch, make_optimizer, train_step
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import torch  # noqa: E402
-
-from plan_compile import machine, time_plan, write_entry  # noqa: E402
-from teraio.config import ModelConfig, WorkloadConfig, dataclass_from_dict  # noqa: E402
-from teraio.workload.models import build_model  # noqa: E402
-from teraio.core.profiler import profile_step  # noqa: E402
-from teraio.workload.step import make_batch, make_optimizer, train_step  # noqa: E402
-from teraio.perf.synth import synthesize_layers  # noqa: E402
-from teraio.core.trace import Trace  # noqa: E402
 
 
 def model_config(name: str, n_layers: int, overrides: list[str]) -> ModelConfig:
@@ -151,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
     device = torch.device(a.device)
     out = a.out_dir
     out.mkdir(parents=True, exist_ok=True)
-    summary = {"command": shlex.join(["python", "benchmarks/profile_reduced.py", *(argv or sys.argv[1:])]),
+    summary = {"command": command("benchmarks.profile_reduced", argv or sys.argv[1:]),
                "machine": {**machine(), "torch": torch.__version__,
                            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"},
                "model": {**cfg.__dict__, "n_layers_full": a.target_layers}}

@@ -6,7 +6,7 @@ systems choose it today (``host_arena="auto"``), twice: as today (tiers only) an
 moved to SSD, to host memory, or dropped and recomputed), and replay both through the
 simulator (``teraio.perf.simulator.simulate``, FIFO, one drive for both directions).
 
-    python benchmarks/schedule.py JOB_DIR [JOB_DIR ...] --out FILE.json
+    python -m benchmarks.schedule JOB_DIR [JOB_DIR ...] --out FILE.json
 
 Per job: ``ideal_s`` (the sum of op times), ``today_simulated_s``, ``schedule_simulated_s``,
 and the schedule's bytes per iteration, each direction: ``recomputed_bytes``, ``ssd_bytes``,
@@ -17,17 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.replan import load_plan, load_trace, plan_as_committed  # noqa: E402
-from teraio.core.bandwidth import TierBandwidth  # noqa: E402
-from teraio.perf.simulator import simulate  # noqa: E402
-from teraio.files import write_atomic  # noqa: E402
+from benchmarks import command
+from teraio.files import write_atomic
+from teraio.perf import jobdir
+from teraio.perf.replay import plan_as_committed, plan_tiers
+from teraio.perf.simulator import simulate
 
 
 def schedule(job: Path) -> dict:
@@ -36,8 +34,8 @@ def schedule(job: Path) -> dict:
     Raises:
         ValueError: ``job`` lacks its trace or plan.
     """
-    trace, committed = load_trace(job), load_plan(job)
-    tiers = TierBandwidth(**committed.meta["tiers_gbps"])
+    trace, committed = jobdir.trace(job), jobdir.plan(job)
+    tiers = plan_tiers(committed)
     shared = committed.meta["shared_ssd"]
     out = {"job": str(job), "host_cap_bytes": committed.meta["host_cap_bytes"],
            "capacity_bytes": committed.capacity_bytes, "tiers_gbps": committed.meta["tiers_gbps"],
@@ -69,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{job.name}: ideal {r['ideal_s']:.1f} s, today {r['today_simulated_s']:.1f} s, schedule "
               f"{r['schedule_simulated_s']:.1f} s (recomputed {r['recomputed_bytes'] / 1e9:.1f} GB, "
               f"SSD {r['ssd_bytes'] / 1e9:.1f} GB, host {r['host_bytes'] / 1e9:.1f} GB)", flush=True)
-    write_atomic(args.out, json.dumps({"command": shlex.join(["python", "benchmarks/schedule.py", *argv]),
+    write_atomic(args.out, json.dumps({"command": command("benchmarks.schedule", argv),
                                        "jobs": rows}, indent=1).encode())
 
 

@@ -3,7 +3,7 @@ drive's free bytes: :func:`teraio.systems.zero.swap_bytes_needed` (12 B per elem
 each parameter DeepSpeed swaps), which the runner checks before DeepSpeed starts. On CPU,
 from the configs alone.
 
-    python benchmarks/swap_bytes.py --experiment fig7_h200 \\
+    python -m benchmarks.swap_bytes --experiment fig7_h200 \\
         --points "model=llama3_8b fig7.point=full" "model=granite_8b_8l fig7.point=seq_short" \\
         --free-bytes N --out FILE.json
 
@@ -17,22 +17,15 @@ import shlex
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from hydra import compose, initialize_config_dir  # noqa: E402
-
-from teraio.files import write_atomic  # noqa: E402
-from teraio.harness.compose import register_resolvers, run_config  # noqa: E402
-from teraio.systems import zero  # noqa: E402
+from benchmarks import command
+from teraio.files import write_atomic
+from teraio.harness.compose import compose_run_config
+from teraio.systems import zero
 
 
 def needed(experiment: str, point: str) -> dict:
     """The point's model, its zero_infinity swap lower bound, bytes, on one rank."""
-    register_resolvers()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = run_config(compose("config", [f"+experiment={experiment}", *shlex.split(point),
-                                            "system=zero_infinity"]))
+    cfg = compose_run_config([f"+experiment={experiment}", *shlex.split(point), "system=zero_infinity"])
     opts = zero.resolve_options("zero_infinity", cfg.system.options)
     return {"point": point, "model": cfg.model.name, "swap_bytes_at_least": zero.swap_bytes_needed(zero.param_numels(cfg), opts)}
 
@@ -47,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     rows = [{**r, "fits": r["swap_bytes_at_least"] <= args.free_bytes}
             for r in (needed(args.experiment, p) for p in args.points)]
-    doc = {"command": shlex.join(["python", "benchmarks/swap_bytes.py", *argv]),
+    doc = {"command": command("benchmarks.swap_bytes", argv),
            "free_bytes": args.free_bytes, "points": rows}
     write_atomic(args.out, json.dumps(doc, indent=1).encode())
     for r in rows:

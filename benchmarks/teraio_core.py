@@ -1,75 +1,77 @@
 """Llama3-8B on one GPU, Ideal (uncapped) vs TeraIO-Mixed and
 TeraIO-SSD under an emulated capacity, plus the engine's per-op dispatch overhead.
 
-Each system runs as its own worker process (``python -m teraio.harness.run``), as in the sweep, so
-one run's GPU memory never affects the next; all run in the same call on the same machine,
-so they can be compared as ratios.
+Each system runs as its own worker process, launched as the sweep launches it
+(``teraio.harness.launch.launch_worker``), so one run's GPU memory never affects the next;
+all run in the same call on the same machine, so they can be compared as ratios. Each run's
+config is composed from ``conf/`` as a sweep point's is
+(``teraio.harness.compose.compose_run_config``, :func:`overrides`): ``model=llama3_8b``,
+``hardware=h200``, the system's own file, the workload and capacities of the options below,
+then any Hydra ``OVERRIDE`` given after them (``hardware.ssd_write_gbps=2.0``, ...).
 
-    python benchmarks/teraio_core.py --out DIR [--systems ideal,teraio_mixed,teraio_ssd]
-        [--capacity-gib 70] [--host-cap-gib 96] [--batch 4] [--ssd-dir /tmp/teraio_ssd]
+    python -m benchmarks.teraio_core --out DIR [--systems ideal,teraio_mixed,teraio_ssd]
+        [--capacity-gib 70] [--host-cap-gib GIB] [--batch 4] [--ssd-dir DIR] [OVERRIDE ...]
 
-Writes ``DIR/teraio_core.json`` (summary) and one job dir per system with its result.json,
-trace, plan and logs.
+Writes ``DIR/teraio_core.json`` (summary) and one job dir per system with its
+``resolved.yaml``, result.json, trace, plan and logs.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import shlex
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from the repo root
+from benchmarks import command
+from teraio.harness.compose import compose_run_config
+from teraio.harness.launch import launch_worker
+from teraio.perf import jobdir
 
 GiB = 1 << 30
-LLAMA3_8B = {"name": "llama3_8b", "family": "llama3", "dim": 4096, "n_layers": 32, "n_heads": 32,
-             "n_kv_heads": 8, "vocab_size": 128256, "multiple_of": 1024, "ffn_dim_multiplier": 1.3,
-             "rope_theta": 500000.0}
 
 
-def run_config(system: str, args) -> dict:
-    capped = system != "ideal"
-    return {
-        "model": dict(LLAMA3_8B, n_layers=args.layers, name="llama3_8b" if args.layers == 32 else f"llama3_8b_{args.layers}l"),
-        "workload": {"batch_size": args.batch, "micro_batch_size": 1, "seq_len": args.seq,
-                     "warmup_steps": args.warmup, "measure_steps": args.measure, "lr": 1e-4},
-        "system": {"name": system, "options": {}},
-        "hardware": {"name": "h200", "device": "cuda", "n_gpus": 1,
-                     "gpu_capacity_bytes": int(args.capacity_gib * GiB) if capped else None,
-                     "ssd_dirs": [args.ssd_dir], "ssd_write_gbps": args.ssd_write_gbps,
-                     "ssd_read_gbps": args.ssd_read_gbps,
-                     "host_mem_cap_bytes": int(args.host_cap_gib * GiB), "host_d2h_gbps": 37.0,
-                     "host_h2d_gbps": 55.0, "prices": {}},
-        "trial": 0, "seed": 0, "timeout_s": args.timeout,
-    }
+def overrides(system: str, args: argparse.Namespace) -> list[str]:
+    """The Hydra overrides of ``system``'s run: the model, machine and workload of the
+    arguments, ``--capacity-gib`` on every system but Ideal (uncapped), then ``args.overrides``."""
+    out = ["model=llama3_8b", f"system={system}", "hardware=h200", f"workload.batch_size={args.batch}",
+           "workload.micro_batch_size=1", f"workload.seq_len={args.seq}", f"workload.warmup_steps={args.warmup}",
+           f"workload.measure_steps={args.measure}", f"timeout_s={args.timeout}"]
+    if args.layers is not None:
+        out += [f"model.n_layers={args.layers}", f"model.name=llama3_8b_{args.layers}l"]
+    if system != "ideal":
+        out.append(f"hardware.gpu_capacity_bytes={int(args.capacity_gib * GiB)}")
+    if args.host_cap_gib is not None:
+        out.append(f"hardware.host_mem_cap_bytes={int(args.host_cap_gib * GiB)}")
+    if args.ssd_dir is not None:
+        out.append(f"hardware.ssd_dirs=[{args.ssd_dir}]")
+    return out + list(args.overrides)
 
 
-def run_worker(job_dir: Path, cfg: dict, timeout: float) -> dict:
+def run_worker(job_dir: Path, overrides: list[str]) -> dict:
+    """Compose the run, write its ``resolved.yaml`` into ``job_dir``, run its worker and
+    return its row; a row ``timeout`` or ``error`` (the worker's last lines) where it wrote
+    none."""
+    run = compose_run_config(overrides)
     job_dir.mkdir(parents=True, exist_ok=True)
-    (job_dir / "resolved.yaml").write_text(yaml.safe_dump(cfg))
-    cmd = [sys.executable, "-m", "teraio.harness.run", str(job_dir / "resolved.yaml")]
-    t0 = time.perf_counter()
-    with open(job_dir / "worker.log", "w") as log:
-        try:
-            subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired:
-            return {"status": "timeout", "wall_seconds": time.perf_counter() - t0}
-    try:
-        return json.loads((job_dir / "result.json").read_text())
-    except OSError:
-        return {"status": "error", "error": (job_dir / "worker.log").read_text()[-4000:]}
+    for d in run.hardware.ssd_dirs:
+        Path(d).mkdir(parents=True, exist_ok=True)
+    resolved = job_dir / jobdir.RESOLVED
+    resolved.write_text(yaml.safe_dump(run.to_dict(), sort_keys=False))
+    rc, tail = launch_worker(run, job_dir, resolved)
+    if jobdir.side_file(job_dir, jobdir.RESULT) is not None:
+        return jobdir.result(job_dir)
+    return {"status": "timeout"} if rc is None else {"status": "error", "error": "\n".join(tail)}
 
 
 def overhead(args) -> dict:
     """Per-op dispatch overhead: plain steps vs the same steps under a MigrationEngine with an
-    empty plan (every op still goes through the engine's dispatch path)."""
+    empty plan (every op still goes through the engine's dispatch path), on Ideal's model
+    (:func:`overrides`) at one sequence per step."""
     import torch
 
-    from teraio.config import ModelConfig, WorkloadConfig
     from teraio.core.engine import MigrationEngine
     from teraio.systems.measure import timed
     from teraio.workload.models import build_model
@@ -78,13 +80,13 @@ def overhead(args) -> dict:
     from teraio.workload.step import make_batch, make_optimizer, train_step
 
     dev = torch.device("cuda")
-    mc = ModelConfig(**LLAMA3_8B) if args.layers == 32 else ModelConfig(**dict(LLAMA3_8B, n_layers=args.layers))
-    w = WorkloadConfig(batch_size=1, micro_batch_size=1, seq_len=args.seq)
+    cfg = compose_run_config(overrides("ideal", args))
+    mc, w = cfg.model, dataclasses.replace(cfg.workload, batch_size=1, micro_batch_size=1)
     model = build_model(mc, w.seq_len, dev)
-    opt = make_optimizer(model, 1e-4)
+    opt = make_optimizer(model, w.lr)
 
     def fn(s):
-        x, y = make_batch(s, w, mc.vocab_size, 0, dev)
+        x, y = make_batch(s, w, mc.vocab_size, cfg.seed, dev)
         return lambda: train_step(model, opt, x, y, 1)
 
     fn(0)()
@@ -105,28 +107,31 @@ def overhead(args) -> dict:
             "overhead_fraction": (e - p) / p}
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line (module docstring); its arguments are :func:`overrides`' ``args``."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--systems", default="ideal,teraio_mixed,teraio_ssd")
-    ap.add_argument("--capacity-gib", type=float, default=70.0)
-    ap.add_argument("--host-cap-gib", type=float, default=96.0)
-    ap.add_argument("--ssd-dir", default="/tmp/teraio_ssd")
-    ap.add_argument("--ssd-write-gbps", type=float, default=2.0)
-    ap.add_argument("--ssd-read-gbps", type=float, default=1.6)
-    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--capacity-gib", type=float, default=70.0, help="the capped systems' capacity, GiB")
+    ap.add_argument("--host-cap-gib", type=float, help="TeraIO-Mixed's host tier cap, GiB (default: conf's)")
+    ap.add_argument("--ssd-dir", help="the SSD tier's directory (default: conf's)")
+    ap.add_argument("--layers", type=int, help="the model's layers (default: Llama3-8B's)")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--measure", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=400.0)
     ap.add_argument("--overhead-steps", type=int, default=0, help="0: skip the overhead measurement")
-    args = ap.parse_args()
+    ap.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra overrides of every run, last")
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    Path(args.ssd_dir).mkdir(parents=True, exist_ok=True)
-    summary = {"command": " ".join(shlex.quote(a) for a in sys.argv), "systems": {}}
+    summary = {"command": command("benchmarks.teraio_core", sys.argv[1:]), "systems": {}}
     for system in args.systems.split(","):
-        r = run_worker(args.out / system, run_config(system, args), args.timeout)
+        r = run_worker(args.out / system, overrides(system, args))
         keep = ("status", "error", "tokens_per_s", "stall_count", "stall_seconds", "bytes_per_tier",
                 "peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes", "unoffloaded_peak_bytes",
                 "memory_pressure", "plan_compile_seconds", "profile_seconds", "ssd_io_mode", "gpu_name",

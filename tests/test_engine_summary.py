@@ -1,15 +1,15 @@
 """The committed fig7_h200 engine comparison is what its summary script computes from the
-committed rows (``benchmarks/engine_fig7_summary.py``), and that script refuses rows it
+committed rows (``benchmarks.engine_fig7_summary``), and that script refuses rows it
 cannot compare."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 
+from benchmarks import engine_fig7_summary
 from teraio.core.bandwidth import TierBandwidth
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,15 +17,8 @@ ROWS = ROOT / "benchmarks/results/engine_h200/fig7_trials"
 BENCH = ROOT / "benchmarks/results/engine_h200.json"
 
 
-def _summary_module():
-    spec = importlib.util.spec_from_file_location("engine_fig7_summary", ROOT / "benchmarks/engine_fig7_summary.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_the_committed_section_is_recomputed_from_the_committed_rows():
-    mod = _summary_module()
+    mod = engine_fig7_summary
     committed = json.loads(BENCH.read_text())["fig7_h200"]
     tiers = TierBandwidth(**committed["simulator_tiers_gbps"])
     section = mod.summarize(ROWS, tiers, mod.point_names(ROOT / "conf/experiment/fig7_h200_m_only.yaml"))
@@ -38,7 +31,7 @@ def test_the_committed_section_is_recomputed_from_the_committed_rows():
 
 
 def test_a_row_that_is_not_ok_is_refused_by_name(tmp_path):
-    mod = _summary_module()
+    mod = engine_fig7_summary
     job = next(p for p in sorted(ROWS.iterdir()) if "-zero_offload-" in p.name)
     shutil.copytree(job, tmp_path / job.name)
     row = json.loads((job / "result.json").read_text())
@@ -50,7 +43,7 @@ def test_a_row_that_is_not_ok_is_refused_by_name(tmp_path):
 
 
 def test_a_point_without_one_of_the_systems_is_refused(tmp_path):
-    mod = _summary_module()
+    mod = engine_fig7_summary
     for job in ROWS.iterdir():
         if "-bs8-" in job.name and "-zero_offload-" not in job.name and job.is_dir():
             shutil.copytree(job, tmp_path / job.name)

@@ -1,18 +1,13 @@
-"""Plan compile-time benchmarks: benchmarks/plan_compile.py and
-benchmarks/profile_reduced.py, run on the CPU with small traces and a tiny model."""
+"""Plan compile-time benchmarks: benchmarks.plan_compile and benchmarks.profile_reduced, run
+on the CPU with small traces and a tiny model."""
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from teraio.perf.synth import layered_trace
+from benchmarks import plan_compile, profile_reduced
 from teraio.core.trace import Trace
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import plan_compile  # noqa: E402
-import profile_reduced  # noqa: E402
+from teraio.perf.synth import layered_trace
 
 
 def test_plan_compile_adds_an_entry_and_keeps_the_others(tmp_path):

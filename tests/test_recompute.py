@@ -109,11 +109,12 @@ def test_schedule_of_a_committed_h200_trace_fits_keeps_chain_inputs_and_beats_to
     import json
     from pathlib import Path
 
-    from benchmarks.replan import load_plan, load_trace, plan_as_committed
     from benchmarks.schedule import main
+    from teraio.perf import jobdir
+    from teraio.perf.replay import plan_as_committed
 
     job = Path(FIG9_16GB)
-    trace, committed = load_trace(job), load_plan(job)
+    trace, committed = jobdir.trace(job), jobdir.plan(job)
     sched = plan_as_committed(trace, committed, recompute=True)
     assert sched.feasible and sched.recomputes
     assert predicted_live_bytes(trace, sched).max() <= sched.capacity_bytes
@@ -126,7 +127,7 @@ def test_schedule_of_a_committed_h200_trace_fits_keeps_chain_inputs_and_beats_to
     out = tmp_path / "schedule.json"
     main([str(job), "--out", str(out)])
     got = json.loads(out.read_text())
-    assert got["command"].startswith("python benchmarks/schedule.py")
+    assert got["command"].startswith("python -m benchmarks.schedule")
     row, = got["jobs"]
     assert {"job", "ideal_s", "today_simulated_s", "schedule_simulated_s", "recomputed_bytes", "ssd_bytes",
             "host_bytes", "host_cap_bytes"} <= set(row)

@@ -1,15 +1,16 @@
-"""benchmarks/replan.py: committed TeraIO runs re-planned from their traces."""
+"""Committed TeraIO runs re-planned from their traces: ``teraio.perf.replan`` and the tools
+on it (``benchmarks.replan``, ``benchmarks.host_packing``, ``benchmarks.plan_sensitivity``)."""
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from benchmarks import host_packing
+from benchmarks import replan as replan_tool
+from teraio.perf import jobdir, replan
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import host_packing  # noqa: E402
-import replan  # noqa: E402
 
 RESULT = ROOT / "benchmarks" / "results" / "shared_slots" / "replan_fig7_h200.json"
 
@@ -62,7 +63,7 @@ def test_a_job_without_its_trace_is_refused(tmp_path):
 def test_one_row_per_host_cap_and_the_command_beside_them(tmp_path):
     job = "runs/reference/h200/fig7_h200/llama3_8b_4l-teraio_mixed-h200-bs8-mb2-seq3072-t0"
     out = tmp_path / "r.json"
-    replan.main([str(ROOT / job), "--host-cap-bytes", "0", str(64 * 10**9), "--out", str(out)])
+    replan_tool.main([str(ROOT / job), "--host-cap-bytes", "0", str(64 * 10**9), "--out", str(out)])
     doc = json.loads(out.read_text())
     assert doc["command"].endswith(f"--host-cap-bytes 0 {64 * 10**9} --out {out}")
     row, same_cap = doc["jobs"]
@@ -151,9 +152,6 @@ def test_every_planning_file_still_names_the_trace_and_plan_it_was_made_from():
     (``ideal_s``) and the plan's capacity, and the committed plan's migrations and bytes per
     tier where the entry records them. A rerun that moves a job dir's first attempt to
     ``attempt.<n>/`` replaces the dir's own trace and plan, and fails this."""
-    from teraio.core.plan import MigrationPlan
-    from teraio.core.trace import Trace
-
     docs = {f: json.loads(f.read_text()) for f in sorted((ROOT / "benchmarks" / "results").rglob("*.json"))}
     docs = {f: doc for f, doc in docs.items() if isinstance(doc, dict) and "jobs" in doc}
     assert len(docs) >= 9
@@ -161,8 +159,8 @@ def test_every_planning_file_still_names_the_trace_and_plan_it_was_made_from():
     for f, doc in docs.items():
         for entry in doc["jobs"]:
             job = ROOT / entry["job"]
-            trace = Trace.from_dict(replan._load(job, "trace"))
-            plan = MigrationPlan.from_dict(replan._load(job, "plan"))
+            trace = jobdir.trace(job)
+            plan = jobdir.plan(job)
             where = (f.name, entry["job"])
             assert float(trace.op_seconds.sum()) == entry["ideal_s"], where
             assert plan.capacity_bytes == entry["capacity_bytes"], where
@@ -177,7 +175,7 @@ def test_plans_from_two_profiles_of_one_step_differ_as_the_committed_file_says()
     """The Granite-8B cut's seq_short, fig7_h200 trials 0 and 2: the same ops and tensors, op
     times a median 2.4 % apart; planned from trial 2's times the step simulates 3.9 s longer
     under either trial's times (benchmarks/results/plan_sensitivity/COMMAND.md)."""
-    import plan_sensitivity
+    from benchmarks import plan_sensitivity
 
     doc = json.loads((ROOT / "benchmarks" / "results" / "plan_sensitivity" / "granite_seq_short_fig7_h200.json").read_text())
     rows = [doc["jobs"][0], doc["jobs"][2]]
@@ -192,7 +190,7 @@ def test_plans_from_two_profiles_of_one_step_differ_as_the_committed_file_says()
 
 
 def test_plan_sensitivity_refuses_runs_of_other_configurations(tmp_path):
-    import plan_sensitivity
+    from benchmarks import plan_sensitivity
 
     d = ROOT / "runs" / "reference" / "h200" / "fig7_h200"
     with pytest.raises(ValueError, match=r"1 job\(s\) given; need 2 or more"):
@@ -206,7 +204,7 @@ def test_jittered_op_times_alone_move_the_plan_as_the_committed_file_says():
     """Trial 0's trace of the Granite-8B cut's seq_short planned with its op times jittered by
     3 % (seed 0) simulates at the committed value under its own times; bad arguments are
     refused."""
-    import plan_sensitivity
+    from benchmarks import plan_sensitivity
 
     doc = json.loads((ROOT / "benchmarks" / "results" / "plan_sensitivity" / "granite_seq_short_fig7_h200.json").read_text())
     job = ROOT / doc["jitter"]["job"]
@@ -220,7 +218,7 @@ def test_jittered_op_times_alone_move_the_plan_as_the_committed_file_says():
 
 
 def test_plan_sensitivity_refuses_a_bad_jitter_before_it_plans(tmp_path, capsys):
-    import plan_sensitivity
+    from benchmarks import plan_sensitivity
 
     with pytest.raises(SystemExit):  # no trace exists there: it would fail later if it planned
         plan_sensitivity.main([str(tmp_path / "a"), str(tmp_path / "b"), "--jitter", "0.03", "2.5",

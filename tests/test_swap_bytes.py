@@ -1,11 +1,7 @@
-"""benchmarks/swap_bytes.py: zero_infinity's swap lower bound at an experiment's points."""
+"""benchmarks.swap_bytes: zero_infinity's swap lower bound at an experiment's points."""
 import json
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import swap_bytes  # noqa: E402
+from benchmarks import swap_bytes
 
 
 def test_a_point_fits_a_drive_from_its_swap_bound_up(tmp_path):
@@ -17,6 +13,6 @@ def test_a_point_fits_a_drive_from_its_swap_bound_up(tmp_path):
     assert need > 12 * 7 * 10**9  # 12 B per element of most of the model's 8.0 B parameters
     swap_bytes.main(["--experiment", "fig7_h200", "--points", point, "--free-bytes", str(need - 1), "--out", str(out)])
     doc = json.loads(out.read_text())
-    assert doc["points"] == [{**row, "fits": False}] and doc["command"].startswith("python benchmarks/swap_bytes.py")
+    assert doc["points"] == [{**row, "fits": False}] and doc["command"].startswith("python -m benchmarks.swap_bytes")
     swap_bytes.main(["--experiment", "fig7_h200", "--points", point, "--free-bytes", str(need), "--out", str(out)])
     assert json.loads(out.read_text())["points"][0]["fits"] is True

@@ -16,9 +16,8 @@ import teraio.core.tiers.host
 import teraio.core.tiers.ssd
 import teraio.systems.teraio_trainer
 import teraio.workload.pipeline
-from conftest import ModelBuilt, cap_then_build
+from conftest import GPU_FRACTION, GPU_MODEL, GPU_OPTIONS, WORK, ModelBuilt, cap_then_build, config
 
-from teraio.config import run_config_from_dict
 from teraio.systems.measure import param_digest
 from teraio.workload.models import build_model
 from teraio.core.profiler import iter_tensors
@@ -32,19 +31,6 @@ from teraio.perf.choose import REGION_MARGIN
 from teraio.systems.teraio import run
 
 CPU = torch.device("cpu")
-MODEL = {"name": "tiny", "dim": 64, "n_layers": 2, "n_heads": 4, "vocab_size": 256}
-WORK = {"batch_size": 2, "micro_batch_size": 1, "seq_len": 32, "warmup_steps": 2, "measure_steps": 18}
-
-
-def config(system, ssd_dir, capacity, model=None, device="cpu", options=None, workload=None, **hw):
-    hardware = {"device": device, "ssd_dirs": [str(ssd_dir)], "gpu_capacity_bytes": capacity,
-                "host_mem_cap_bytes": 1 << 28,
-                "ssd_write_gbps": 50.0, "ssd_read_gbps": 50.0, "host_d2h_gbps": 50.0, "host_h2d_gbps": 50.0,
-                **hw}
-    return run_config_from_dict({"model": {**MODEL, **(model or {})}, "workload": {**WORK, **(workload or {})},
-                                 "hardware": hardware,
-                                 "system": {"name": system,
-                                            "options": {"min_tensor_bytes": 1024, **(options or {})}}})
 
 
 def reference(device=CPU, workload=None, **model):
@@ -334,24 +320,6 @@ def settle_gpu():
     assert left == 0, f"{left} bytes still allocated between runs"
 
 
-# Many allocator blocks, none large: a 4-layer dim-1024 model with an 8192-token vocabulary
-# (largest tensor, the embedding, 32 MiB).
-GPU_MODEL = {"dim": 1024, "n_layers": 4, "vocab_size": 8192}
-# 50 % of the peak cannot be planned on the H200 for this model, nor for a dim-1024
-# 32768-token one: the CUDA trace's plan came out 43 MB over its capacity, where a CPU trace
-# fits (benchmarks/results/raw_gpu_calls/h200_b/COMMANDS.md, call 4). Likely the CUDA trace's
-# allocator-measured floor (``Trace.op_allocated_bytes``: bytes that are no tensor of the
-# trace), which migrations cannot lower; through AdamW's step it is mostly gradients that
-# param.grad holds past their last use (``Trace.held_grad_bytes``; the release_grads case).
-# 70 % leaves the plan capacity about 116 MB above that planned peak (0.7 x 0.65 x the
-# run's 1,226 MB peak, less 441 MB); its H200 runs: benchmarks/results/gpu_tests_h200/.
-GPU_FRACTION = 0.7
-# Outside the plan at this small capacity (under a GiB): cuBLAS workspaces (64 MiB or more
-# on Hopper), 64 MiB the allocator held beyond the plan and 111-129 MiB of fragmentation in
-# the H200 run above, 242-248 MiB in later runs, where every case ran out of memory in
-# AdamW's update (benchmarks/results/gpu_tests_h200/COMMAND.md); the engine then drops
-# and spills tensors (teraio.core.engine). Real runs have GiBs of headroom at the default 8 %.
-GPU_OPTIONS = {"headroom_fraction": 0.35}
 
 
 def check_bit_identical(tmp_path, ref, system, hw, fraction, device=CPU, model=None, options=None,

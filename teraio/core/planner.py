@@ -264,7 +264,7 @@ class _Planner:
 
     def __init__(self, trace: Trace, capacity: int, tiers: TierBandwidth, host_cap: int,
                  benefit: str, use_ssd: bool, periods: Periods, shared_ssd: bool, host_arena: bool = False,
-                 ssd_cap: int | None = None, recompute: str | None = None):
+                 ssd_cap: int | None = None, recompute: str | None = None, host_placement=None):
         self.n = trace.n_ops
         self.capacity = capacity
         self.benefit = benefit
@@ -279,9 +279,12 @@ class _Planner:
         # Slots shared by tensors whose periods never overlap (teraio.core.slots): the host
         # tier's bins stay under the cap, the SSD tier's files under the drives' room.
         # With host_arena the host tier is one region, a byte offset per tensor instead.
+        # With host_placement (plan_migrations) the host tier is that placement, by period.
         self.host_arena = host_arena
+        self.host_by_period = host_arena or host_placement is not None
         host = HostArena if host_arena else SlotBins
-        self.bins = {"host": host(self.n, self.p_tid, self.a, self.b, host_cap, align=HOST_ALIGN),
+        self.bins = {"host": host(self.n, self.p_tid, self.a, self.b, host_cap, align=HOST_ALIGN)
+                     if host_placement is None else host_placement(self.n, self.a, self.b, host_cap),
                      "ssd": SlotBins(self.n, self.p_tid, self.a, self.b, ssd_cap, footprint=ssd_file_bytes)}
         # Until the SSD files come within one largest slot of the cap, every candidate has room there.
         self._ssd_largest = int(ssd_file_bytes(int(self.s.max()))) if len(self.s) else 0
@@ -482,7 +485,7 @@ class _Planner:
         return f, p
 
     def _by_period(self, tier: str) -> bool:
-        return tier == "host" and self.host_arena  # HostArena places periods, SlotBins tensors
+        return tier == "host" and self.host_by_period  # HostArena places periods, SlotBins tensors
 
     def _place(self, c: int, tier: str) -> None:
         """Give candidate c's tensor its slot in ``tier`` (``teraio.core.slots``), or its
@@ -492,7 +495,7 @@ class _Planner:
     def host_room(self, idx: np.ndarray) -> np.ndarray:
         """bool per candidate: its tensor has a host slot already, shares a free one, or a
         new one still fits the cap (with ``host_arena``: its period finds a free range)."""
-        return self.bins["host"].room(idx if self.host_arena else self.p_tid[idx], self.s[idx])
+        return self.bins["host"].room(idx if self.host_by_period else self.p_tid[idx], self.s[idx])
 
     def ssd_room(self, idx: np.ndarray) -> np.ndarray:
         """bool per candidate: its tensor has an SSD slot already, shares a free one, or a
@@ -515,7 +518,7 @@ class _Planner:
 
     def offset_of(self, c: int, tier: str) -> int:
         """Candidate c's tensor's byte offset in the host region; -1 outside it."""
-        return self.bins["host"].at[int(self.p_tid[c])] if self._by_period(tier) else -1
+        return self.bins["host"].at[int(self.p_tid[c])] if tier == "host" and self.host_arena else -1
 
     def _overlapping(self, c: int, through_b: bool = False) -> np.ndarray:
         """Candidates whose inactive period shares an op with candidate c's: the only ones
@@ -704,7 +707,7 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
                     benefit: str = "pressure", min_tensor_bytes: int = 1 << 20,
                     use_ssd: bool = True, allow_stalls: bool = False, shared_ssd: bool = True,
                     host_arena: bool = False, ssd_cap_bytes: int | None = None,
-                    recompute: bool = False) -> MigrationPlan:
+                    recompute: bool = False, host_placement=None) -> MigrationPlan:
     """Algorithm 1 (paper §3.2): a migration plan that brings ``trace``'s peak live bytes
     under ``capacity_bytes`` while hiding transfers behind compute.
 
@@ -737,6 +740,14 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
             before its next use (``teraio.core.recompute``; ``plan.recomputes``), ranked
             against the tiers (module docstring, "Recompute"; ``"auto"``:
             ``teraio.perf.choose.plan_fastest``).
+        host_placement: the host tier placed by another rule than slots or the region, for
+            estimates of other packings (``benchmarks/host_packing.py``): a callable
+            ``host_placement(n_ops, a, b, host_cap_bytes)`` of the inactive periods' first
+            and last ops (:class:`Periods`' ``a``, ``b``), returning an object with
+            ``room(periods, nbytes)`` (bool per period: it fits), ``place(period, nbytes)``
+            and ``held_bytes`` (the ``meta["slot_bytes"]["host"]`` of the plan), which
+            places each period on its own: each host migration names its own tensor as its
+            slot and has no offset. None (default): slots, or the region with ``host_arena``.
 
     Returns:
         the plan, migrations in the order chosen. If the peak cannot be brought under
@@ -747,12 +758,16 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
         ValueError: non-positive capacity, negative host or SSD cap, unknown benefit, a
             ``host_arena`` or ``recompute`` other than true or false (``"auto"`` is
             ``teraio.perf.choose.plan_fastest``'s), or no tier to migrate to
-            (``use_ssd=False`` with ``host_cap_bytes=0``).
+            (``use_ssd=False`` with ``host_cap_bytes=0``), or a ``host_placement`` that is
+            not callable or comes with ``host_arena``.
     """
     for name, value in (("host_arena", host_arena), ("recompute", recompute)):
         if not isinstance(value, bool):
             raise ValueError(f"{name}={value!r}; valid: true or false ('auto' is chosen by simulation: "
                              "teraio.perf.choose.plan_fastest)")
+    if host_placement is not None and (host_arena or not callable(host_placement)):
+        raise ValueError(f"host_placement={host_placement!r} with host_arena={host_arena}; valid: a callable, "
+                         "with host_arena=False")
     if not isinstance(capacity_bytes, (int, np.integer)) or capacity_bytes <= 0:
         raise ValueError(f"capacity_bytes={capacity_bytes!r}; must be a positive int (bytes)")
     if host_cap_bytes < 0:
@@ -772,7 +787,7 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
     plan = None
     for room in (("critical", "fits") if recompute else (None,)):
         planner = _Planner(trace, capacity_bytes, tiers, int(host_cap_bytes), benefit, use_ssd, periods, shared_ssd,
-                           host_arena, None if ssd_cap_bytes is None else int(ssd_cap_bytes), room)
+                           host_arena, None if ssd_cap_bytes is None else int(ssd_cap_bytes), room, host_placement)
         other = _plan_with(planner, trace, capacity_bytes, baseline, periods, allow_stalls, t0, meta={
             "planner": "teraio.planner/1", "benefit": benefit,
             "tiers_gbps": dataclasses.asdict(tiers), "host_cap_bytes": int(host_cap_bytes),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
@@ -13,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from teraio.config import ModelConfig, RunConfig, WorkloadConfig, run_config_from_dict
 
 RUN_KEYS = ("model", "workload", "system", "hardware", "trial", "seed", "timeout_s")
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # the repository's conf/
 
 
 def estimate_unoffloaded_peak_bytes(model: ModelConfig, workload: WorkloadConfig) -> int:
@@ -120,6 +122,22 @@ def run_config(cfg: DictConfig) -> RunConfig:
     if "ssd_dirs" in hw:
         hw["ssd_dirs"] = [str(launch_dir() / Path(p).expanduser()) for p in hw["ssd_dirs"]]
     return run_config_from_dict(d)
+
+
+def compose_run_config(overrides: list[str], conf_dir: Path = CONF_DIR) -> RunConfig:
+    """One run's config composed from ``conf_dir``'s ``config.yaml`` with ``overrides``, as
+    one point of ``python -m teraio.sweep OVERRIDES`` would be (``+experiment=fig7_h200
+    model=llama3_8b``, ``system=teraio_mixed hardware=h200 workload.batch_size=1``), the
+    resolvers registered (:func:`register_resolvers`); :func:`run_config` of it. For tools
+    outside the sweep that run or size a point: their configs come from ``conf/`` too.
+
+    Raises:
+        hydra.errors.ConfigCompositionException: an override Hydra refuses (an unknown key
+            or group option); ValueError: what :func:`run_config` refuses. Either names it.
+    """
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        return run_config(compose("config", overrides=list(overrides)))
 
 
 def launch_dir() -> Path:

@@ -5,6 +5,9 @@ a plan at given bandwidths, without a GPU.
 :class:`~teraio.core.plan.MigrationPlan`; ``choose`` keeps, of the plans two planner settings
 give (``host_arena``, ``recompute``: ``"auto"``), the one that simulates faster; ``roofline``
 sweeps bandwidths (Fig. 3); ``synth`` makes full-depth traces from reduced-depth profiles.
+``jobdir`` reads a run's job folder (its config, row, trace and plan); ``replay`` plans a
+committed trace again at its plan's settings and simulates a run's plan beside its measured
+iterations; ``replan`` sets a committed plan beside the current planner's.
 
 Layering: this package sits above ``teraio.core`` and imports it (traces, plans, the planner,
 the bandwidth types in ``teraio.core.bandwidth``); ``teraio.core`` never imports it. The
