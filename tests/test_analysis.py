@@ -636,9 +636,10 @@ def test_figure_titles_break_between_phrases_not_inside_one():
     assert _wrap_phrases("short", 60) == "short"
 
 
-def test_the_committed_h200_slice_regenerates_its_tables_exactly(tmp_path):
+@pytest.mark.parametrize("sweep", ["fig7_h200_slice", "fig7_h200"])
+def test_the_committed_h200_sweeps_regenerate_their_tables_exactly(tmp_path, sweep):
     from pathlib import Path
-    slice_dir = Path(__file__).resolve().parents[1] / "runs" / "reference" / "h200" / "fig7_h200_slice"
+    slice_dir = Path(__file__).resolve().parents[1] / "runs" / "reference" / "h200" / sweep
     paths = analyze(slice_dir, tmp_path / "out")
     committed = sorted((slice_dir / "analysis" / "tables").iterdir())
     assert committed and {p.name for p in committed} <= {Path(k).name for k in paths if k.startswith("tables/")}

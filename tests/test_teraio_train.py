@@ -233,7 +233,7 @@ def test_each_engines_audit_is_kept_in_the_row_though_its_step_is_a_warm_up(tmp_
 # Drives (and for Mixed, host links) too slow to hide a move: what a chain of cheap ops makes
 # again from resident inputs is recomputed instead.
 @pytest.mark.parametrize("system,hw", [
-    ("teraio_ssd", {"ssd_write_gbps": 1e-3, "ssd_read_gbps": 1e-3}),
+    ("teraio_ssd", {"ssd_write_gbps": 1e-4, "ssd_read_gbps": 1e-4}),
     ("teraio_mixed", {"ssd_write_gbps": 1e-4, "ssd_read_gbps": 1e-4, "host_d2h_gbps": 1e-4, "host_h2d_gbps": 1e-4}),
 ], ids=["ssd", "mixed"])
 def test_recompute_auto_recomputes_where_moving_cannot_hide_and_stays_bit_identical(tmp_path, ref, system, hw):
