@@ -244,6 +244,10 @@ def test_the_committed_claims_table_has_short_cells(regenerated):
 
 
 def test_ae_readme_blocks_are_the_generated_files(regenerated):
+    """The claims table is inserted; the other generated tables may be (ae_README links to
+    their files to stay short), and where one is, it is the generated file."""
     readme = (REPO / "ae_README.md").read_text()
+    assert cl.block(readme, "claims") is not None
     for name in cl.BLOCKS:
-        assert cl.block(readme, name) == (regenerated / f"{name}.md").read_text().strip(), name
+        if cl.block(readme, name) is not None:
+            assert cl.block(readme, name) == (regenerated / f"{name}.md").read_text().strip(), name

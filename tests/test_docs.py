@@ -354,10 +354,12 @@ def test_prose_leaves_out_code_tables_and_markers_and_splits_sentences():
 
 
 def test_ae_readme_reads_in_two_hours():
-    """At most MAX_WORDS words of prose and no sentence over MAX_SENTENCE_WORDS words."""
-    blocks = prose_blocks((REPO / "ae_README.md").read_text())
-    n = sum(len(words(b)) for b in blocks)
-    assert n <= MAX_WORDS, f"ae_README.md has {n} words of prose, more than {MAX_WORDS}"
+    """At most MAX_WORDS words in the whole file, counted as ``wc -w`` counts them (every run
+    of non-space characters: tables, commands and the generated claims table included), and
+    no sentence of its prose over MAX_SENTENCE_WORDS words."""
+    text = (REPO / "ae_README.md").read_text()
+    assert len(text.split()) <= MAX_WORDS, f"ae_README.md has {len(text.split())} words, more than {MAX_WORDS}"
+    blocks = prose_blocks(text)
     long = [(len(words(t)), t[:120]) for b in blocks for t in sentences(b) if len(words(t)) > MAX_SENTENCE_WORDS]
     assert not long, f"sentences over {MAX_SENTENCE_WORDS} words: {long}"
 
