@@ -922,6 +922,8 @@ def test_every_recompute_is_bit_exact(tmp_path):
     for h in eng.history:
         assert h.recomputed_bytes == plan.recomputed_bytes()
     assert max(h.max_accounted_bytes for h in eng.history) < trace.peak_bytes()
+    # both ways of putting the bytes back ran: an out= overload into the tensor, and a copy
+    assert any(eng.reruns.in_place) and False in eng.reruns.in_place
 
 
 def test_recomputes_beside_migrations_of_a_planned_schedule_are_bit_exact(tmp_path):

@@ -819,8 +819,8 @@ class MigrationEngine(TorchDispatchMode):
     def _remake(self, tid: int, t: _Tensor, k: int, keep: frozenset) -> None:
         """Make tensor ``tid``, dropped by recompute ``t.rerun``, again before op ``k``: its
         chain's resident inputs first (fetched if something moved them; a planned read still
-        in flight waited for, a stall), then the re-run,
-        then its bytes into its own storage, re-allocated (``teraio.core.rerun``). Each
+        in flight waited for, a stall), then the re-run, its last op writing into the
+        tensor's own storage, re-allocated, or its result copied there (``teraio.core.rerun``). Each
         allocation retries after an out-of-memory error as an op does (:meth:`_until_fits`)."""
         i, t0 = t.rerun, time.perf_counter()
         inputs = {storage_key(x) for x in self.reruns.inputs(i)}
@@ -832,13 +832,18 @@ class MigrationEngine(TorchDispatchMode):
             if x.status == PREFETCHING and storage_id(x.storage) in inputs:
                 self._make_resident(tid_in, x, urgent=False, k=k, keep=keep)
         keep = keep | inputs
-        fresh = self.reruns.replay(i, lambda call: self._until_fits(call, k, lambda: keep))
-        if fresh.untyped_storage().nbytes() != t.nbytes:
-            raise RuntimeError(f"re-run of {t.name!r} made {fresh.untyped_storage().nbytes()} B; "
-                               f"the profiled tensor has {t.nbytes} B")
-        self._until_fits(lambda: self._resize(t.storage, t.nbytes), k, lambda: keep)
-        byte_view(t.storage).copy_(byte_view(fresh.untyped_storage()))
-        del fresh
+        def into() -> torch.UntypedStorage:
+            self._until_fits(lambda: self._resize(t.storage, t.nbytes), k, lambda: keep)
+            return t.storage
+
+        fresh = self.reruns.replay(i, lambda call: self._until_fits(call, k, lambda: keep), into)
+        if fresh is not None:  # made in fresh memory: its bytes go into the tensor's storage
+            if fresh.untyped_storage().nbytes() != t.nbytes:
+                raise RuntimeError(f"re-run of {t.name!r} made {fresh.untyped_storage().nbytes()} B; "
+                                   f"the profiled tensor has {t.nbytes} B")
+            into()
+            byte_view(t.storage).copy_(byte_view(fresh.untyped_storage()))
+            del fresh
         self._away.pop(storage_id(t.storage), None)
         self._away_bytes -= t.nbytes
         t.status, t.rerun = RESIDENT, None

@@ -22,6 +22,7 @@ import dataclasses
 import re
 
 import numpy as np
+import torch
 
 from teraio.core.trace import Trace
 
@@ -40,6 +41,27 @@ def is_inplace(op_name: str) -> bool:
     return (base.endswith("_") and not base.startswith("__")) or overload.startswith("out")
 
 
+def out_variant(op_name: str):
+    """The ``out=`` overload of the aten op ``op_name`` (``"aten.mul.Tensor"`` ->
+    ``aten.mul.out``) where it takes the same arguments plus one ``out`` tensor and returns
+    one tensor; None otherwise (``_safe_softmax`` has none). A chain's last op re-runs through
+    it straight into the dropped tensor's storage (``teraio.core.rerun``)."""
+    parts = op_name.split(".")
+    if len(parts) != 3 or parts[0] != "aten":
+        return None
+    packet = getattr(torch.ops.aten, parts[1], None)
+    name = "out" if parts[2] in ("default", "Tensor") else f"{parts[2]}_out"
+    try:
+        functional, out = getattr(packet, parts[2]), getattr(packet, name)
+    except AttributeError:
+        return None
+    outs = [a.name for a in out._schema.arguments if a.is_out]
+    same = ([(a.name, str(a.type)) for a in functional._schema.arguments]
+            == [(a.name, str(a.type)) for a in out._schema.arguments if not a.is_out])
+    single = len(functional._schema.returns) == 1 and str(functional._schema.returns[0].type) == "Tensor"
+    return out if outs == ["out"] and same and single else None
+
+
 def is_pure(op_name: str) -> bool:
     """Whether re-running ``op_name`` on the same inputs makes the same outputs and writes
     nothing else (see the module docstring)."""
@@ -55,7 +77,8 @@ class Chain:
         inputs: tids of the resident tensors they read.
         seconds: the ops' profiled seconds in all.
         extra_bytes: the most bytes the re-run holds at once beyond the tensor itself (at
-            least the tensor's own bytes: the engine copies a fresh result into its storage).
+            least the tensor's own bytes where the engine copies a fresh result into its
+            storage: the last op has no ``out=`` variant, :func:`out_variant`).
     """
 
     ops: list[int]
@@ -147,8 +170,11 @@ class Chains:
             for o in made:
                 if o != tid and last_read.get(o, tensors[o].uses[0]) == k:
                     alive -= tensors[o].nbytes
-        # The engine re-runs the chain into fresh memory, then copies the result into the
-        # tensor's own storage (``teraio.core.rerun``): the tensor's bytes twice at the copy.
+        # The engine re-runs the chain's last op into the tensor's own storage where the op
+        # has an out= variant; else into fresh memory, then copies (``teraio.core.rerun``):
+        # the tensor's bytes twice at the copy.
+        last = x.uses[0]
+        copies = len(self.outputs[last]) != 1 or out_variant(self.trace.op_names[last]) is None
         return Chain(ops=order, inputs=sorted(resident),
                      seconds=float(self.trace.op_seconds[order].sum()),
-                     extra_bytes=max(peak - x.nbytes, x.nbytes))
+                     extra_bytes=max(peak - x.nbytes, x.nbytes if copies else 0))

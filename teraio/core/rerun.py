@@ -6,8 +6,10 @@ activation checkpointing. The engine already sees op k of every step as op k of 
 profiled trace, so while a chain op runs in the forward pass it records the call (the aten
 overload, its arguments, its keyword arguments); at the planned op it calls the same
 overloads again on the same tensors, below autograd (a dispatch handler runs with the mode
-off, so the re-run neither records a graph nor counts as a trace op), and writes the
-result's bytes into the dropped tensor's own storage. Checkpointing generated from the plan
+off, so the re-run neither records a graph nor counts as a trace op). The last op writes
+straight into the dropped tensor's own storage, allocated again, through its ``out=``
+overload where it has one (``recompute.out_variant``: the same kernel); otherwise its result's
+bytes are copied there (the tensor's bytes twice for a moment, which the plan counts). Checkpointing generated from the plan
 (``torch.utils.checkpoint`` with a policy from ``create_selective_checkpoint_contexts``)
 would instead re-run whole regions inside backward, adding ops the trace does not have
 (the engine's op indices would no longer match) and re-running ops the plan keeps. The
@@ -34,6 +36,7 @@ from torch.utils._pytree import tree_map_only
 
 from teraio.core.plan import Recompute
 from teraio.core.profiler import fresh_outputs, iter_tensors, storage_key
+from teraio.core.recompute import out_variant
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +85,11 @@ class Reruns:
             for k in r.ops:
                 self.by_op.setdefault(k, []).append(i)
         self.ops = frozenset(self.by_op)
+        # in_place[i]: recompute i's last op re-runs through this out= overload straight
+        # into the tensor (False: into fresh memory, then copied; None: not recorded yet);
+        # the target's geometry, as recorded
+        self.in_place = [None] * len(recomputes)
+        self._geometry: dict[int, tuple] = {}
         self._records: dict[tuple[int, int], tuple] = {}
         self._outputs: dict[int, tuple[int, int]] = {}
         self._refs: list[StorageWeakRef] = []
@@ -91,6 +99,7 @@ class Reruns:
         self._records.clear()
         self._outputs.clear()
         self._refs.clear()
+        self._geometry.clear()
 
     def record(self, k: int, func, args: tuple, kwargs: dict | None, out) -> None:
         """Keep the call of chain op ``k`` (just run with ``args``, ``kwargs``, giving ``out``)
@@ -105,10 +114,18 @@ class Reruns:
                 return Made(where[0], where[1], tuple(x.size()), tuple(x.stride()), x.storage_offset(), x.dtype)
 
             self._records[(i, k)] = (func, *tree_map_only(torch.Tensor, keep, (tuple(args), dict(kwargs or {}))))
-        for j, y in enumerate(fresh_outputs(out, {storage_key(x) for x in iter_tensors(args, kwargs)})):
+        fresh = fresh_outputs(out, {storage_key(x) for x in iter_tensors(args, kwargs)})
+        for j, y in enumerate(fresh):
             s = y.untyped_storage()
             self._outputs[storage_key(y)] = (k, j)
             self._refs.append(StorageWeakRef(s))
+        for i in self.by_op[k]:
+            op, slot = _slot(self.recomputes[i].name)
+            if op == k and slot < len(fresh):
+                y = fresh[slot]
+                self._geometry[i] = (tuple(y.size()), tuple(y.stride()), y.storage_offset(), y.dtype)
+                if len(fresh) == 1 and self.in_place[i] is None:
+                    self.in_place[i] = out_variant(str(func)) or False
 
     def inputs(self, i: int) -> list[torch.Tensor]:
         """The resident tensors recompute i's recorded calls read (made resident before
@@ -119,11 +136,14 @@ class Reruns:
             out += [x for x in iter_tensors(args, kwargs)]
         return out
 
-    def replay(self, i: int, run: Callable[[Callable], object]) -> torch.Tensor:
-        """Re-run recompute i's chain and return the fresh tensor of its target (same bytes
-        as the dropped one's storage); forgets its records. Intermediates of the chain are
+    def replay(self, i: int, run: Callable[[Callable], object],
+               into: Callable[[], torch.UntypedStorage]) -> torch.Tensor | None:
+        """Re-run recompute i's chain; forgets its records. Intermediates of the chain are
         released after their last read within it. ``run(call)`` runs each op's ``call()``
-        (the engine's out-of-memory retries).
+        (the engine's out-of-memory retries). Where the last op has an ``out=`` overload
+        (``recompute.out_variant``) it writes straight into ``into()``, the dropped tensor's
+        storage allocated again, and None is returned; else the fresh tensor of the target
+        (same bytes as the dropped one's), for the caller to copy.
 
         Raises:
             RuntimeError: a chain op was not recorded in this step (its forward did not run).
@@ -138,6 +158,12 @@ class Reruns:
         for k in r.ops:
             func, args, kwargs = self._records.pop((i, k))
             args, kwargs = tree_map_only(Made, lambda m: m.view(made), (args, kwargs))
+            if k == target[0] and self.in_place[i]:
+                size, stride, offset, dtype = self._geometry[i]
+                storage = into()
+                dest = torch.empty(0, dtype=dtype, device=storage.device).set_(storage, offset, size, stride)
+                run(lambda: self.in_place[i](*args, **kwargs, out=dest))
+                return None
             out = run(lambda: func(*args, **kwargs))
             for j, y in enumerate(fresh_outputs(out, {storage_key(x) for x in iter_tensors(args, kwargs)})):
                 made[(k, j)] = y
