@@ -149,6 +149,7 @@ CHANNELS: tuple[str, ...] = ("ssd_write", "ssd_read", "host_d2h", "host_h2d")
 TIER_CHANNELS: dict[str, tuple[str, str]] = {"ssd": ("ssd_write", "ssd_read"),
                                              "host": ("host_d2h", "host_h2d")}
 _GB = 1e9
+_NEVER = np.iinfo(np.int64).max  # an excess no size reaches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -305,13 +306,72 @@ def _cyclic_slices(lo: int, hi: int, n: int) -> list[tuple[int, int]]:
     return [(s, e)] if s < e else [(s, n), (0, e)]
 
 
+@dataclasses.dataclass
+class RecomputeTable:
+    """The recompute option of each candidate period (``teraio.core.recompute``), the same for
+    every plan of one trace and candidate set, so made once for all of them.
+
+    Attributes:
+        ok: bool ``[n_periods]``: a chain exists and pins no larger tensor than it frees.
+        cost: its chain's seconds (at least 1 ns), 1.0 where none.
+        extra: its chain's bytes beyond the tensor, int64.
+        chain: its :class:`~teraio.core.recompute.Chain`, None where none.
+        dependents: per candidate, the recompute candidates whose chain keeps it on the GPU
+            (periods of a chain's resident input that hold op b, ``a' < b <= b'``).
+        by_tid: tensor id -> its candidates.
+    """
+
+    ok: np.ndarray
+    cost: np.ndarray
+    extra: np.ndarray
+    chain: list
+    dependents: list[list[int]]
+    by_tid: dict[int, list[int]]
+
+    @classmethod
+    def empty(cls, n_periods: int) -> "RecomputeTable":
+        """No candidate recomputable."""
+        return cls(np.zeros(n_periods, dtype=bool), np.ones(n_periods), np.zeros(n_periods, dtype=np.int64),
+                   [None] * n_periods, [[] for _ in range(n_periods)], {})
+
+    @classmethod
+    def of(cls, trace: Trace, periods: Periods) -> "RecomputeTable":
+        """The chains of ``periods``' activations and temporaries before their next use."""
+        n, N = trace.n_ops, len(periods.tid)
+        out = cls.empty(N)
+        chains = Chains(trace)
+        a, b_, s = periods.a.tolist(), periods.b.tolist(), periods.nbytes.tolist()
+        for c, t in enumerate(periods.tid.tolist()):
+            out.by_tid.setdefault(t, []).append(c)
+        for c, t in enumerate(periods.tid.tolist()):
+            rec = trace.tensors[t]
+            if rec.persistent or rec.kind not in ("activation", "temp"):
+                continue
+            b = b_[c]
+            ch = chains.chain(rec.tid, b)
+            if ch is None:
+                continue
+            anchors = [c2 for i in ch.inputs for c2 in out.by_tid.get(i, ())
+                       if a[c2] < b <= b_[c2] or a[c2] < b + n <= b_[c2]]
+            if any(s[c2] > s[c] for c2 in anchors):
+                continue  # it would pin a larger tensor than it frees
+            out.ok[c] = True
+            out.cost[c] = max(ch.seconds, 1e-9)
+            out.extra[c] = ch.extra_bytes
+            out.chain[c] = ch
+            for c2 in anchors:
+                out.dependents[c2].append(c)
+        return out
+
+
 class _Planner:
     """The greedy loop's state: bandwidth timelines, ``M'`` (over a doubled timeline so a
     window never needs splitting), host occupancy, and per-candidate cached scores."""
 
     def __init__(self, trace: Trace, capacity: int, tiers: TierBandwidth, host_cap: int,
                  benefit: str, use_ssd: bool, periods: Periods, shared_ssd: bool, host_arena: bool = False,
-                 ssd_cap: int | None = None, recompute: str | None = None):
+                 ssd_cap: int | None = None, recompute: str | None = None,
+                 recompute_table: "RecomputeTable | None" = None):
         self.n = trace.n_ops
         self.capacity = capacity
         self.benefit = benefit
@@ -332,65 +392,95 @@ class _Planner:
                      "ssd": SlotBins(self.n, self.p_tid, self.a, self.b, ssd_cap, footprint=ssd_file_bytes)}
         # Until the SSD files come within one largest slot of the cap, every candidate has room there.
         self._ssd_largest = int(ssd_file_bytes(int(self.s.max()))) if len(self.s) else 0
-        self._prefix_cache: dict[int, np.ndarray] = {}
-        self._recompute_setup(trace, recompute)
+        # Benefit density prefix sums over the doubled timeline, one row per key (a candidate
+        # size for "pressure", one row for "formula"): row r is valid up to column _valid[r]
+        # (its densities changed at that op, or it was summed that far), summed on from there
+        # as far as a query needs.
+        if benefit == "pressure":
+            self._keys, self._code = np.unique(self.s, return_inverse=True)
+        else:
+            self._keys, self._code = np.array([-1], np.int64), np.zeros(len(self.s), np.int64)
+        self._code = self._code.reshape(-1)
+        self._q = np.zeros((len(self._keys), 2 * self.n + 1))
+        self._valid = np.zeros(len(self._keys), dtype=np.int64)
+        self._recompute_setup(trace, periods, recompute, recompute_table)
         self.recomputes: list[Recompute] = []
         self.pinned: dict[int, list[int]] = {}  # candidate -> ops where a recompute reads it
 
-    def _recompute_setup(self, trace: Trace, on: str | None) -> None:
-        """The recompute option's per-candidate state: ``rc_ok`` (a chain exists and its
-        resident inputs are still resident), ``rc_cost`` (its seconds), ``rc_extra`` (its
-        bytes beyond the tensor), ``rc_chain``; ``rc_anchors[c]``, the candidates (periods of
-        the chain's resident inputs that hold op b, ``a' < b <= b'``) that recomputing c
-        keeps on the GPU; ``rc_dependents[c]``, the recompute candidates for which c is one."""
-        N = len(self.s)
+    def _recompute_setup(self, trace: Trace, periods: Periods, on: str | None,
+                         table: "RecomputeTable | None") -> None:
+        """The recompute option's per-candidate state (:class:`RecomputeTable`; ``table`` if
+        given, else made here), ``rc_ok`` a copy, as the greedy clears it."""
         self.rc_on = on is not None
         self.rc_room = on
-        self.rc_ok = np.zeros(N, dtype=bool)
-        self.rc_cost = np.ones(N)
-        self.rc_extra = np.zeros(N, dtype=np.int64)
-        self.rc_chain: list = [None] * N
-        self.rc_anchors: list[list[int]] = [[] for _ in range(N)]
-        self.rc_dependents: list[list[int]] = [[] for _ in range(N)]
-        self.n_recomputable = 0
         if not self.rc_on:
-            return
-        chains = Chains(trace)
-        self.by_tid = by_tid = {}
-        for c, t in enumerate(self.p_tid.tolist()):
-            by_tid.setdefault(t, []).append(c)
-        for c in range(N):
-            rec = trace.tensors[int(self.p_tid[c])]
-            if rec.persistent or rec.kind not in ("activation", "temp"):
-                continue
-            b = int(self.b[c])
-            ch = chains.chain(rec.tid, b)
-            if ch is None:
-                continue
-            anchors = [c2 for i in ch.inputs for c2 in by_tid.get(i, ())
-                       if int(self.a[c2]) < b <= int(self.b[c2]) or int(self.a[c2]) < b + self.n <= int(self.b[c2])]
-            if any(self.s[c2] > self.s[c] for c2 in anchors):
-                continue  # it would pin a larger tensor than it frees
-            self.rc_ok[c] = True
-            self.rc_cost[c] = max(ch.seconds, 1e-9)
-            self.rc_extra[c] = ch.extra_bytes
-            self.rc_chain[c] = ch
-            self.rc_anchors[c] = anchors
-            for c2 in anchors:
-                self.rc_dependents[c2].append(c)
+            table = RecomputeTable.empty(len(self.s))
+        elif table is None:
+            table = RecomputeTable.of(trace, periods)
+        self.rc_ok = table.ok.copy()
+        self.rc_cost, self.rc_extra, self.rc_chain = table.cost, table.extra, table.chain
+        self.rc_dependents, self.by_tid = table.dependents, table.by_tid
         self.n_recomputable = int(self.rc_ok.sum())
 
     # ---- scoring (vectorized over candidates) -------------------------------------------
-    def _benefit_prefix(self, size: int) -> np.ndarray:
-        """Prefix sums over the doubled timeline of the per-op benefit density of a tensor
-        of ``size`` bytes (bytes*s for "pressure", s for "formula")."""
-        key = size if self.benefit == "pressure" else -1
-        q = self._prefix_cache.get(key)
-        if q is None:
-            excess = self.live2 - self.capacity
-            dens = (np.clip(excess, 0, size) if self.benefit == "pressure" else excess > 0) * self.tau2
-            q = self._prefix_cache[key] = np.concatenate([[0.0], np.cumsum(dens)])
-        return q
+    def _window_benefit(self, idx: np.ndarray, ok: np.ndarray, f: np.ndarray, p: np.ndarray) -> np.ndarray:
+        """The benefit density summed over the windows ``[f, p)`` (unrolled) of candidates
+        ``idx`` where ``ok`` (bytes*s for "pressure", s for "formula"; 0 elsewhere): a
+        difference of the prefix sums of their size's row."""
+        ben = np.zeros(len(idx))
+        i = np.flatnonzero(ok)
+        if i.size:
+            rows, pi, fi = self._code[idx[i]], p[i], f[i]
+            need = np.zeros(len(self._keys), dtype=np.int64)
+            np.maximum.at(need, rows, pi)
+            self._extend(need)
+            ben[i] = self._q[rows, pi] - self._q[rows, fi]
+        return ben
+
+    def _extend(self, need: np.ndarray) -> None:
+        """Make prefix-sum row r valid up to column ``need[r]``, summing on from its last valid
+        column: the same sums, in the same order, as summing the row whole."""
+        for r in np.flatnonzero(need > self._valid).tolist():
+            d, m = int(self._valid[r]), int(need[r])
+            excess = self.live2[d:m] - self.capacity
+            key = int(self._keys[r])
+            dens = (np.clip(excess, 0, key) if key >= 0 else excess > 0) * self.tau2[d:m]
+            dens[0] += self._q[r, d]
+            np.cumsum(dens, out=self._q[r, d + 1:m + 1])
+            self._valid[r] = m
+
+    def _lower(self, lo: int, hi: int, nbytes: int) -> None:
+        """Take ``nbytes`` off ``M'`` over the unrolled ops ``[lo, hi)`` (cyclic) and mark the
+        prefix-sum rows whose densities this changes, from the first op where one does: a
+        size ``key``'s density ``min(max(0, excess), key)`` changes where the excess was
+        positive and falls below ``key``; the formula's where it falls to 0 or below."""
+        pieces = sorted(_cyclic_slices(lo, hi, self.n))
+        if not pieces:
+            return
+        excess = np.concatenate([self.live[s:e] for s, e in pieces]) - self.capacity
+        after = np.where(excess > 0, excess - nbytes, _NEVER)
+        low = np.minimum.accumulate(after)  # non-increasing: first op where it falls below each key
+        keys = self._keys if self.benefit == "pressure" else np.array([1])
+        k = np.searchsorted(-low, -keys, side="right")
+        hit = k < len(low)
+        if hit.any():
+            first = len(range(*pieces[0]))
+            op = np.where(k < first, pieces[0][0] + k, pieces[-1][0] + k - first)
+            self._valid[hit] = np.minimum(self._valid[hit], op[hit])
+        for s, e in pieces:
+            self.live[s:e] -= nbytes
+            self.live2[s:e] -= nbytes
+            self.live2[s + self.n:e + self.n] -= nbytes
+
+    def _score(self, idx: np.ndarray, ok: np.ndarray, f: np.ndarray, p: np.ndarray, per: np.ndarray):
+        """(viable, free_before, prefetch_before, benefit, score) of windows ``[f, p)`` of
+        candidates ``idx``, viable where ``ok`` and the benefit is positive; the score is the
+        benefit per ``per`` (seconds of cost, or bytes for "formula"), snapped."""
+        ben = self._window_benefit(idx, ok, f, p)
+        if self.benefit == "formula":
+            ben *= self.s[idx]
+        ok &= ben > 0
+        return ok, f, p, ben, _snap(np.where(ok, ben / per, 0.0))
 
     def _options(self, tier: str, idx: np.ndarray):
         """Window ends (unrolled), benefit, score and viability of ``tier`` for candidates ``idx``."""
@@ -400,20 +490,9 @@ class _Planner:
         f = np.searchsorted(pw, pw[st] + s * self.scale[cw], side="left")
         p = np.searchsorted(pr, pr[b] - s * self.scale[cr], side="right") - 1
         ok = (f < b) & (p > f)
-        if tier == "host":
-            ok &= self.host_room(idx)
-        else:
-            ok &= self.ssd_room(idx)
-        ben = np.zeros(len(idx))
-        for size in np.unique(s[ok]):
-            m = ok & (s == size)
-            q = self._benefit_prefix(int(size))
-            ben[m] = q[p[m]] - q[f[m]]
-        if self.benefit == "formula":
-            ben *= s
-        ok &= ben > 0
+        ok &= self.host_room(idx) if tier == "host" else self.ssd_room(idx)
         per = s * self.cost_per_byte[tier] if self.benefit == "pressure" else s.astype(np.float64)
-        return ok, f, p, ben, _snap(np.where(ok, ben / per, 0.0))
+        return self._score(idx, ok, f, p, per)
 
     def _recompute_option(self, idx: np.ndarray):
         """As :meth:`_options`, for dropping candidates ``idx`` after their last use and
@@ -424,16 +503,8 @@ class _Planner:
         p = np.full(len(idx), -1, dtype=np.int64)
         p[ok] = [self._recompute_at(int(c)) for c in idx[ok]]
         ok &= p > f
-        ben = np.zeros(len(idx))
-        for size in np.unique(s[ok]):
-            m = ok & (s == size)
-            q = self._benefit_prefix(int(size))
-            ben[m] = q[p[m]] - q[f[m]]
-        if self.benefit == "formula":
-            ben *= s
-        ok &= ben > 0
         per = self.rc_cost[idx] if self.benefit == "pressure" else s.astype(np.float64)
-        return ok, f, p, ben, _snap(np.where(ok, ben / per, 0.0))
+        return self._score(idx, ok, f, p, per)
 
     def _recompute_at(self, c: int) -> int:
         """The op before which candidate c is made again: the latest op r in ``(a + 1, b]``
@@ -501,17 +572,14 @@ class _Planner:
         """Drop candidate c from op a + 1 until it is made again before op b'
         (:meth:`_recompute_at`); its chain's intermediates add to op b'."""
         s, a, b = int(self.s[c]), int(self.a[c]), self._recompute_at(c)
-        for lo, hi in _cyclic_slices(a + 1, b, self.n):
-            self.live[lo:hi] -= s
-            self.live2[lo:hi] -= s
-            self.live2[lo + self.n:hi + self.n] -= s
+        self._lower(a + 1, b, s)
         extra = int(self.rc_extra[c])
         if extra:
             k = b % self.n
             self.live[k] += extra
             self.live2[k] += extra
             self.live2[k + self.n] += extra
-        self._prefix_cache.clear()
+            self._valid = np.minimum(self._valid, k)
         return a + 1, b
 
     # ---- choosing -----------------------------------------------------------------------
@@ -520,12 +588,8 @@ class _Planner:
         cw, cr = TIER_CHANNELS[tier]
         f = self.channels[cw].reserve_offload(a + 1, s * self.scale[cw])
         p = self.channels[cr].reserve_prefetch(b, s * self.scale[cr])
-        for lo, hi in _cyclic_slices(f, p, self.n):
-            self.live[lo:hi] -= s
-            self.live2[lo:hi] -= s
-            self.live2[lo + self.n:hi + self.n] -= s
+        self._lower(f, p, s)
         self._place(c, tier)
-        self._prefix_cache.clear()
         return f, p
 
     def _by_period(self, tier: str) -> bool:
@@ -706,13 +770,10 @@ class _Planner:
                 i = np.flatnonzero(fresh & (tier < 0))
                 tier[i[self.ssd_room(i)]] = 0
             ok &= tier >= 0
-            ben = np.zeros(N)
-            for size in np.unique(s[ok]):
-                m = ok & (s == size)
-                q = self._benefit_prefix(int(size))
-                ben[m] = q[p[m]] - q[f[m]]
-                w = m & widenable  # only the ops the widening adds
-                ben[w] -= q[hp[w]] - q[hf[w]]
+            everything = np.arange(N)
+            ben = self._window_benefit(everything, ok, f, p)
+            w = ok & widenable  # only the ops the widening adds
+            ben[w] -= self._window_benefit(everything, w, hf, hp)[w]
             per = np.where(tier == 1, self.cost_per_byte["host"], self.cost_per_byte["ssd"]) * s
             score = np.where(ok & (ben > 0), ben / (per if self.benefit == "pressure" else s), 0.0)
             if score.max() <= 0:
@@ -724,11 +785,7 @@ class _Planner:
             else:
                 new_ops = [(fc, pc)]
             for lo_u, hi_u in new_ops:
-                for lo, hi in _cyclic_slices(lo_u, hi_u, n):
-                    self.live[lo:hi] -= s[c]
-                    self.live2[lo:hi] -= s[c]
-                    self.live2[lo + n:hi + n] -= s[c]
-            self._prefix_cache.clear()
+                self._lower(lo_u, hi_u, int(s[c]))
             if widenable[c]:
                 i = self.hidden[c][0]
                 hidden[i] = dataclasses.replace(hidden[i], free_before=fc % n, prefetch_before=pc % n)
@@ -806,16 +863,6 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
         raise ValueError(f"host_arena={host_arena!r}; valid: true, false or 'auto'")
     if not is_host_arena(recompute):
         raise ValueError(f"recompute={recompute!r}; valid: true, false or 'auto'")
-    if recompute == "auto":
-        return _fastest_schedule(trace, capacity_bytes, tiers, host_cap_bytes, benefit=benefit,
-                                 min_tensor_bytes=min_tensor_bytes, use_ssd=use_ssd,
-                                 allow_stalls=allow_stalls, shared_ssd=shared_ssd,
-                                 ssd_cap_bytes=ssd_cap_bytes, host_arena=host_arena)
-    if host_arena == "auto":
-        return _fastest_packing(trace, capacity_bytes, tiers, host_cap_bytes, benefit=benefit,
-                                min_tensor_bytes=min_tensor_bytes, use_ssd=use_ssd,
-                                allow_stalls=allow_stalls, shared_ssd=shared_ssd,
-                                ssd_cap_bytes=ssd_cap_bytes, recompute=recompute)
     if not isinstance(capacity_bytes, (int, np.integer)) or capacity_bytes <= 0:
         raise ValueError(f"capacity_bytes={capacity_bytes!r}; must be a positive int (bytes)")
     if host_cap_bytes < 0:
@@ -829,20 +876,49 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
     if min_tensor_bytes < 0:
         raise ValueError(f"min_tensor_bytes={min_tensor_bytes!r}; must be >= 0")
     t0 = time.perf_counter()
-    capacity_bytes = int(capacity_bytes)
-    baseline = trace.peak_bytes()
-    periods = inactive_periods(trace, min_tensor_bytes)
+    return _plan(_Candidates(trace, int(min_tensor_bytes)), trace, int(capacity_bytes), tiers, int(host_cap_bytes),
+                 t0, host_arena=host_arena, recompute=recompute, benefit=benefit, use_ssd=use_ssd,
+                 allow_stalls=allow_stalls, shared_ssd=shared_ssd,
+                 ssd_cap_bytes=None if ssd_cap_bytes is None else int(ssd_cap_bytes))
+
+
+class _Candidates:
+    """The candidate periods of a trace (:func:`inactive_periods`) and, once asked for, their
+    :class:`RecomputeTable`: made once for all the plans one ``plan_migrations`` call makes."""
+
+    def __init__(self, trace: Trace, min_tensor_bytes: int):
+        self.trace, self.min_tensor_bytes = trace, min_tensor_bytes
+        self.periods = inactive_periods(trace, min_tensor_bytes)
+        self._table: RecomputeTable | None = None
+
+    @property
+    def recompute_table(self) -> RecomputeTable:
+        if self._table is None:
+            self._table = RecomputeTable.of(self.trace, self.periods)
+        return self._table
+
+
+def _plan(cands: _Candidates, trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
+          t0: float, host_arena: bool | str, recompute: bool | str, **options) -> MigrationPlan:
+    """``plan_migrations`` on checked arguments: the auto choices, or one plan."""
+    if recompute == "auto":
+        return _fastest_schedule(cands, trace, capacity_bytes, tiers, host_cap_bytes, host_arena=host_arena,
+                                 **options)
+    if host_arena == "auto":
+        return _fastest_packing(cands, trace, capacity_bytes, tiers, host_cap_bytes, recompute=recompute, **options)
     plan = None
     for room in (("critical", "fits") if recompute else (None,)):
-        planner = _Planner(trace, capacity_bytes, tiers, int(host_cap_bytes), benefit, use_ssd, periods, shared_ssd,
-                           host_arena, None if ssd_cap_bytes is None else int(ssd_cap_bytes), room)
-        other = _plan_with(planner, trace, capacity_bytes, baseline, periods, allow_stalls, t0, meta={
-            "planner": "teraio.planner/1", "benefit": benefit,
-            "tiers_gbps": dataclasses.asdict(tiers), "host_cap_bytes": int(host_cap_bytes),
-            "use_ssd": use_ssd, "allow_stalls": allow_stalls, "min_tensor_bytes": int(min_tensor_bytes),
-            "shared_ssd": shared_ssd, "host_arena": host_arena,
-            "ssd_cap_bytes": None if ssd_cap_bytes is None else int(ssd_cap_bytes),
-            "recompute": bool(recompute), "recompute_room": room})
+        planner = _Planner(trace, capacity_bytes, tiers, host_cap_bytes, options["benefit"], options["use_ssd"],
+                           cands.periods, options["shared_ssd"], host_arena, options["ssd_cap_bytes"], room,
+                           recompute_table=cands.recompute_table if recompute else None)
+        other = _plan_with(planner, trace, capacity_bytes, trace.peak_bytes(), cands.periods,
+                           options["allow_stalls"], t0, meta={
+                               "planner": "teraio.planner/1", "benefit": options["benefit"],
+                               "tiers_gbps": dataclasses.asdict(tiers), "host_cap_bytes": host_cap_bytes,
+                               "use_ssd": options["use_ssd"], "allow_stalls": options["allow_stalls"],
+                               "min_tensor_bytes": cands.min_tensor_bytes, "shared_ssd": options["shared_ssd"],
+                               "host_arena": host_arena, "ssd_cap_bytes": options["ssd_cap_bytes"],
+                               "recompute": bool(recompute), "recompute_room": room})
         if plan is None or other.shortfall_bytes < plan.shortfall_bytes:
             plan = other
         if plan.feasible:
@@ -878,8 +954,8 @@ def _plan_with(planner: _Planner, trace: Trace, capacity_bytes: int, baseline: i
                          recomputes=planner.recomputes)
 
 
-def _fastest_schedule(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
-                      **options) -> MigrationPlan:
+def _fastest_schedule(cands: _Candidates, trace: Trace, capacity_bytes: int, tiers: TierBandwidth,
+                      host_cap_bytes: int, **options) -> MigrationPlan:
     """``plan_migrations(recompute="auto")``: plans without and with the recompute option,
     the latter kept where it simulates more than :data:`REGION_MARGIN` faster. A plan with
     the option that recomputes nothing is the plan without it (the option only adds
@@ -888,9 +964,10 @@ def _fastest_schedule(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, h
     from teraio.core.simulator import simulate  # the simulator builds on this module
 
     t0 = time.perf_counter()
-    plans = {"on": plan_migrations(trace, capacity_bytes, tiers, host_cap_bytes, **options, recompute=True)}
+    plans = {"on": _plan(cands, trace, capacity_bytes, tiers, host_cap_bytes, t0, **options, recompute=True)}
     if plans["on"].recomputes:  # else it is the plan without the option
-        plans["off"] = plan_migrations(trace, capacity_bytes, tiers, host_cap_bytes, **options, recompute=False)
+        plans["off"] = _plan(cands, trace, capacity_bytes, tiers, host_cap_bytes, time.perf_counter(), **options,
+                             recompute=False)
     seconds = {k: simulate(trace, plan, tiers, shared_ssd=options["shared_ssd"]).iteration_seconds
                for k, plan in plans.items()}
     on = "off" not in plans or seconds["on"] < seconds["off"] * (1 - REGION_MARGIN)
@@ -899,15 +976,15 @@ def _fastest_schedule(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, h
     return kept
 
 
-def _fastest_packing(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
-                     **options) -> MigrationPlan:
+def _fastest_packing(cands: _Candidates, trace: Trace, capacity_bytes: int, tiers: TierBandwidth,
+                     host_cap_bytes: int, **options) -> MigrationPlan:
     """``plan_migrations(host_arena="auto")``: the host tier in slots and as one region,
     the region's plan kept where it simulates more than :data:`REGION_MARGIN` faster."""
     from teraio.core.simulator import simulate  # the simulator builds on this module
 
     t0 = time.perf_counter()
-    plans = {packing: plan_migrations(trace, capacity_bytes, tiers, host_cap_bytes, **options,
-                                      host_arena=packing == "arena")
+    plans = {packing: _plan(cands, trace, capacity_bytes, tiers, host_cap_bytes, time.perf_counter(), **options,
+                            host_arena=packing == "arena")
              for packing in (("slots", "arena") if host_cap_bytes > 0 else ("slots",))}
     seconds = {packing: simulate(trace, plan, tiers, shared_ssd=options["shared_ssd"]).iteration_seconds
                for packing, plan in plans.items()}

@@ -74,11 +74,19 @@ class SlotBins:
         # Tensor ids compacted to 0..T-1, so that per-tensor sums are one bincount.
         self._tids, self._tix = np.unique(np.asarray(tid, np.int64), return_inverse=True)
         self._tix = self._tix.reshape(-1)
+        T = len(self._tids)
         self.held_bytes = 0
         self.size: list[int] = []             # per bin, aligned bytes
         self.owner: list[int] = []            # per bin, the owner's tensor id
         self._occ: list[np.ndarray] = []      # per bin, bool [n]: ops of periods held there
-        self._busy = np.zeros((0, len(self._tids)), dtype=bool)  # [bins, tensors]: a period meets the bin's
+        # [bins, tensors]: a period of the tensor meets the bin's; rows beyond len(size) are
+        # spare (the array grows by doubling)
+        self._busy = np.zeros((8, T), dtype=bool)
+        self._sizes = np.zeros(8, dtype=np.int64)  # self.size as an array, same spare rows
+        self._placed = np.zeros(T, dtype=bool)     # per tensor: it has a bin
+        # per tensor: the largest bin none of whose periods meets the tensor's, -1 if none;
+        # bins only get busier, so it only falls
+        self._free_max = np.full(T, -1, dtype=np.int64)
         self.bin_of: dict[int, int] = {}      # tensor id -> bin
 
     def _mask(self, periods: np.ndarray) -> np.ndarray:
@@ -101,13 +109,12 @@ class SlotBins:
         tid, nbytes = np.asarray(tid, np.int64), np.asarray(nbytes, np.int64)
         if self.cap is None:
             return np.ones(len(tid), dtype=bool)
-        placed = np.fromiter(self.bin_of, dtype=np.int64, count=len(self.bin_of))
-        ok = np.isin(tid, placed) | (self.tier_bytes + self.footprint(nbytes) <= self.cap)
-        if self.size:
-            col = np.searchsorted(self._tids, tid)
-            fits = (np.asarray(self.size)[:, None] >= nbytes[None, :]) & ~self._busy[:, col]
-            ok |= fits.any(axis=0)
-        return ok
+        ok = self.tier_bytes + self.footprint(nbytes) <= self.cap
+        if not len(self._tids):
+            return ok
+        col = np.minimum(np.searchsorted(self._tids, tid), len(self._tids) - 1)
+        known = self._tids[col] == tid
+        return ok | (known & (self._placed[col] | (self._free_max[col] >= nbytes)))
 
     def place(self, tid: int, nbytes: int) -> int:
         """Put tensor ``tid`` (``nbytes``) in a bin, reserving all its periods there, and
@@ -122,26 +129,39 @@ class SlotBins:
         col = int(np.searchsorted(self._tids, tid))
         if col >= len(self._tids) or self._tids[col] != tid:
             raise ValueError(f"tensor {tid} has no candidate period")
-        free = [j for j, s in enumerate(self.size) if s >= nbytes and not self._busy[j, col]]
+        k = len(self.size)
+        free = np.flatnonzero((self._sizes[:k] >= nbytes) & ~self._busy[:k, col])
         occ = self._mask(np.flatnonzero(self._tix == col))
-        if free:
-            j = min(free, key=lambda j: (self.size[j], j))
+        if free.size:
+            j = int(free[np.argmin(self._sizes[free])])  # best fit, the lowest index among equals
             self._occ[j] |= occ
-            self._busy[j] = self._busy_row(self._occ[j])
+            row = self._busy_row(self._occ[j])
+            newly = row & ~self._busy[j]
+            self._busy[j] = row
+            # tensors that lost bin j as a free one, where it may have been their largest
+            lost = np.flatnonzero(newly & (self._free_max == self._sizes[j]))
+            if lost.size:
+                self._free_max[lost] = np.where(~self._busy[:k, lost], self._sizes[:k, None], -1).max(axis=0)
         else:
             size = align_up(int(nbytes), self.align)
             taken = int(self.footprint(int(nbytes)))
             if self.cap is not None and self.tier_bytes + taken > self.cap:
                 raise ValueError(f"no bin of >= {nbytes} B is free over tensor {tid}'s periods and a new "
                                  f"one would take {self.tier_bytes + taken} B, above the cap of {self.cap} B")
-            j = len(self.size)
+            j = k
+            if j == len(self._sizes):
+                self._busy = np.concatenate([self._busy, np.zeros_like(self._busy)])
+                self._sizes = np.concatenate([self._sizes, np.zeros_like(self._sizes)])
             self.size.append(size)
             self.owner.append(tid)
             self._occ.append(occ)
-            self._busy = np.vstack([self._busy, self._busy_row(occ)[None, :]])
+            row = self._busy_row(occ)
+            self._busy[j], self._sizes[j] = row, size
+            self._free_max = np.where(row, self._free_max, np.maximum(self._free_max, size))
             self.held_bytes += size
             self.tier_bytes += taken
         self.bin_of[tid] = j
+        self._placed[col] = True
         return self.owner[j]
 
 
@@ -183,6 +203,10 @@ class HostArena:
         # forgets exactly those.
         self._memo = np.full(len(self.tid), -1, np.int64)
         self._memo_size = np.full(len(self.tid), -1, np.int64)
+        # per period: the highest end of the ranges placed over it (the region above is free
+        # there), and whether its tensor has its offset
+        self._top = np.zeros(len(self.tid), np.int64)
+        self._fixed = np.zeros(len(self.tid), bool)
 
     def offsets(self, periods: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
         """Where each period's bytes would go, int64 ``[len(periods)]``: its tensor's offset
@@ -228,8 +252,15 @@ class HostArena:
         return int(self.offsets(np.array([period]), np.array([nbytes]))[0])
 
     def room(self, periods: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
-        """bool per candidate period: :meth:`offsets` finds a place for it."""
-        return self.offsets(periods, nbytes) >= 0
+        """bool per candidate period: :meth:`offsets` finds a place for it. A period of a
+        tensor without an offset whose bytes fit above every range placed over it has one
+        without a search."""
+        periods, nbytes = np.asarray(periods, np.int64), np.asarray(nbytes, np.int64)
+        ok = ~self._fixed[periods] & (self._top[periods] + align_up(nbytes, self.align) <= self.cap)
+        rest = np.flatnonzero(~ok)
+        if rest.size:
+            ok[rest] = self.offsets(periods[rest], nbytes[rest]) >= 0
+        return ok
 
     def place(self, period: int, nbytes: int) -> int:
         """Reserve ``period``'s range and return its offset.
@@ -244,7 +275,9 @@ class HostArena:
         t = int(self.tid[period])
         if t not in self.at:
             self.at[t] = off
-            self._memo_size[self.tid == t] = -1
+            mine = self.tid == t
+            self._memo_size[mine] = -1
+            self._fixed[mine] = True
         end = off + int(align_up(int(nbytes), self.align))
         lo, hi = self.a[period], self.b[period]
         meet = np.zeros(len(self.tid), dtype=bool)
@@ -252,6 +285,7 @@ class HostArena:
             meet |= (lo + shift < self.b) & (self.a < hi + shift)
         kept = self._memo >= 0  # no range frees space: a -1 stays -1
         self._memo_size[kept & meet & (self._memo < end) & (off < self._memo + self._memo_size)] = -1
+        self._top[meet] = np.maximum(self._top[meet], end)
         self._lo = np.append(self._lo, self.a[period])
         self._hi = np.append(self._hi, self.b[period])
         self._off = np.append(self._off, off)
