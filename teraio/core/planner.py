@@ -364,6 +364,35 @@ class RecomputeTable:
         return out
 
 
+_AHEAD = 64 + 128 + 256  # candidates a round of the lazy greedy evaluates in one call
+
+
+class _Ahead:
+    """Scores of candidates evaluated ahead of the batches of the lazy greedy that will ask
+    for them (:meth:`_Planner.evaluate` of each, in one call). Within a round nothing that
+    ``evaluate`` reads changes, and each candidate's result depends on nothing else in its
+    call, so a batch gets what evaluating it alone would give."""
+
+    def __init__(self, planner: "_Planner", n_candidates: int):
+        self.planner = planner
+        self.pos = np.full(n_candidates, -1, dtype=np.int64)
+        self.out: list[np.ndarray] | None = None
+
+    def add(self, ids: np.ndarray) -> None:
+        got = self.planner.evaluate(ids)
+        n = 0 if self.out is None else len(self.out[0])
+        self.pos[ids] = np.arange(n, n + len(ids))
+        self.out = list(got) if self.out is None else [np.concatenate([a, b]) for a, b in zip(self.out, got)]
+
+    def take(self, ids: np.ndarray) -> tuple[np.ndarray, ...]:
+        """``planner.evaluate(ids)``'s answer."""
+        missing = ids[self.pos[ids] < 0]
+        if missing.size:
+            self.add(missing)
+        pos = self.pos[ids]
+        return tuple(x[pos] for x in self.out)
+
+
 class _Planner:
     """The greedy loop's state: bandwidth timelines, ``M'`` (over a doubled timeline so a
     window never needs splitting), host occupancy, and per-candidate cached scores."""
@@ -403,6 +432,7 @@ class _Planner:
         self._code = self._code.reshape(-1)
         self._q = np.zeros((len(self._keys), 2 * self.n + 1))
         self._valid = np.zeros(len(self._keys), dtype=np.int64)
+        self._touched = np.zeros(len(self._keys), dtype=np.int64)  # first op changed since the exposed phase asked
         self._recompute_setup(trace, periods, recompute, recompute_table)
         self.recomputes: list[Recompute] = []
         self.pinned: dict[int, list[int]] = {}  # candidate -> ops where a recompute reads it
@@ -467,44 +497,11 @@ class _Planner:
             first = len(range(*pieces[0]))
             op = np.where(k < first, pieces[0][0] + k, pieces[-1][0] + k - first)
             self._valid[hit] = np.minimum(self._valid[hit], op[hit])
+            self._touched[hit] = np.minimum(self._touched[hit], op[hit])
         for s, e in pieces:
             self.live[s:e] -= nbytes
             self.live2[s:e] -= nbytes
             self.live2[s + self.n:e + self.n] -= nbytes
-
-    def _score(self, idx: np.ndarray, ok: np.ndarray, f: np.ndarray, p: np.ndarray, per: np.ndarray):
-        """(viable, free_before, prefetch_before, benefit, score) of windows ``[f, p)`` of
-        candidates ``idx``, viable where ``ok`` and the benefit is positive; the score is the
-        benefit per ``per`` (seconds of cost, or bytes for "formula"), snapped."""
-        ben = self._window_benefit(idx, ok, f, p)
-        if self.benefit == "formula":
-            ben *= self.s[idx]
-        ok &= ben > 0
-        return ok, f, p, ben, _snap(np.where(ok, ben / per, 0.0))
-
-    def _options(self, tier: str, idx: np.ndarray):
-        """Window ends (unrolled), benefit, score and viability of ``tier`` for candidates ``idx``."""
-        s, st, b = self.s[idx], self.a[idx] + 1, self.b[idx]
-        cw, cr = TIER_CHANNELS[tier]
-        pw, pr = self.channels[cw].prefix, self.channels[cr].prefix
-        f = np.searchsorted(pw, pw[st] + s * self.scale[cw], side="left")
-        p = np.searchsorted(pr, pr[b] - s * self.scale[cr], side="right") - 1
-        ok = (f < b) & (p > f)
-        ok &= self.host_room(idx) if tier == "host" else self.ssd_room(idx)
-        per = s * self.cost_per_byte[tier] if self.benefit == "pressure" else s.astype(np.float64)
-        return self._score(idx, ok, f, p, per)
-
-    def _recompute_option(self, idx: np.ndarray):
-        """As :meth:`_options`, for dropping candidates ``idx`` after their last use and
-        recomputing them before their next: the window is the whole period, the cost the
-        chain's seconds on the compute stream."""
-        s, f = self.s[idx], self.a[idx] + 1
-        ok = self.rc_ok[idx]
-        p = np.full(len(idx), -1, dtype=np.int64)
-        p[ok] = [self._recompute_at(int(c)) for c in idx[ok]]
-        ok &= p > f
-        per = self.rc_cost[idx] if self.benefit == "pressure" else s.astype(np.float64)
-        return self._score(idx, ok, f, p, per)
 
     def _recompute_at(self, c: int) -> int:
         """The op before which candidate c is made again: the latest op r in ``(a + 1, b]``
@@ -534,25 +531,55 @@ class _Planner:
         index into ``self.tiers``, :attr:`rc_index` for recompute, or -1, free_before,
         prefetch_before (unrolled), chosen score).
 
+        Each option's window: a tier's offload fills the free bandwidth from slot a + 1 on
+        and its prefetch backward from slot b - 1; recompute drops the tensor from op a + 1
+        to its remake (:meth:`_recompute_at`). Each is viable where its window is non-empty,
+        the tier has room and the benefit is positive; its score is the benefit per second
+        of cost (transfer seconds of the tier, the chain's seconds of recompute; per byte
+        for "formula"), snapped.
+
         Tier rule: SSD unless the host window's benefit is strictly larger; then recompute
         where its score (benefit per second of recompute) beats the tier's (benefit per
         second of transfer)."""
-        opts = [self._options(t, idx) for t in self.tiers]
-        bound = np.max([o[4] for o in opts], axis=0)
-        choice = np.where(opts[0][0], 0, -1)
-        if len(opts) == 2:
-            host_better = opts[1][0] & (~opts[0][0] | (opts[1][3] > opts[0][3]))
+        s, st, b = self.s[idx], self.a[idx] + 1, self.b[idx]
+        fs, ps, oks, pers = [], [], [], []
+        for tier in self.tiers:
+            cw, cr = TIER_CHANNELS[tier]
+            pw, pr = self.channels[cw].prefix, self.channels[cr].prefix
+            f = np.searchsorted(pw, pw[st] + s * self.scale[cw], side="left")
+            p = np.searchsorted(pr, pr[b] - s * self.scale[cr], side="right") - 1
+            ok = (f < b) & (p > f)
+            ok &= self.host_room(idx) if tier == "host" else self.ssd_room(idx)
+            fs.append(f), ps.append(p), oks.append(ok)
+            pers.append(s * self.cost_per_byte[tier] if self.benefit == "pressure" else s.astype(np.float64))
+        if self.rc_on:
+            ok = self.rc_ok[idx]
+            p = np.full(len(idx), -1, dtype=np.int64)
+            p[ok] = [self._recompute_at(int(c)) for c in idx[ok]]
+            fs.append(st), ps.append(p), oks.append(ok & (p > st))
+            pers.append(self.rc_cost[idx] if self.benefit == "pressure" else s.astype(np.float64))
+        m = len(fs)
+        F, P, OK = np.concatenate(fs), np.concatenate(ps), np.concatenate(oks)
+        ben = self._window_benefit(np.tile(idx, m), OK, F, P)
+        if self.benefit == "formula":
+            ben *= np.tile(s, m)
+        OK &= ben > 0
+        SC = _snap(np.where(OK, ben / np.concatenate(pers), 0.0))
+        F, P, OK, ben, SC = (x.reshape(m, len(idx)) for x in (F, P, OK, ben, SC))
+        nt = len(self.tiers)
+        bound = SC.max(axis=0)
+        choice = np.where(OK[0], 0, -1)
+        if nt == 2:
+            host_better = OK[1] & (~OK[0] | (ben[1] > ben[0]))
             choice = np.where(host_better, 1, choice)
         host = choice == 1
-        f = np.where(host, opts[-1][1], opts[0][1])
-        p = np.where(host, opts[-1][2], opts[0][2])
-        score = np.where(choice >= 0, np.where(host, opts[-1][4], opts[0][4]), 0.0)
+        f = np.where(host, F[nt - 1], F[0])
+        p = np.where(host, P[nt - 1], P[0])
+        score = np.where(choice >= 0, np.where(host, SC[nt - 1], SC[0]), 0.0)
         if self.rc_on:
-            rok, rf, rp, _, rscore = self._recompute_option(idx)
-            bound = np.maximum(bound, rscore)
-            rc = rok & (rscore > score)
+            rc = OK[nt] & (SC[nt] > score)
             choice = np.where(rc, self.rc_index, choice)
-            f, p, score = np.where(rc, rf, f), np.where(rc, rp, p), np.where(rc, rscore, score)
+            f, p, score = np.where(rc, F[nt], f), np.where(rc, P[nt], p), np.where(rc, SC[nt], score)
         return bound, choice, f, p, score
 
     def _pins(self, c: int, r: int) -> list[int] | None:
@@ -632,7 +659,11 @@ class _Planner:
         """Candidates whose inactive period shares an op with candidate c's: the only ones
         whose scores accepting c can change (all its effects lie inside its period, or up to
         and including op b with ``through_b``: a recompute's intermediates)."""
-        lo, hi = self.a[c] + 1, self.b[c] + int(through_b)
+        return self._meets(int(self.a[c]) + 1, int(self.b[c]) + int(through_b))
+
+    def _meets(self, lo: int, hi: int) -> np.ndarray:
+        """bool per candidate: its period's ops ``[a + 1, b)`` meet the unrolled ops
+        ``[lo, hi)`` (cyclic)."""
         clo, chi = self.a + 1, self.b
         return ((clo < hi) & (lo < chi)) | ((clo < hi - self.n) & (lo - self.n < chi)) | \
                ((clo < hi + self.n) & (lo + self.n < chi))
@@ -650,14 +681,17 @@ class _Planner:
         while int(self.live.max()) > self.capacity:
             usable = alive & fresh & (choice >= 0)
             best = float(score[usable].max()) if usable.any() else 0.0
-            batch = 64
+            batch, ahead = 64, None
             while True:
                 ids = np.flatnonzero(alive & ~fresh & (bound >= best))
                 if not ids.size:
                     break
+                if ahead is None:  # the batches of this round (64, 128, 256) in one call
+                    ahead = _Ahead(self, N)
+                    ahead.add(ids if ids.size <= _AHEAD else ids[np.argpartition(-bound[ids], _AHEAD)[:_AHEAD]])
                 if ids.size > batch:
                     ids = ids[np.argpartition(-bound[ids], batch)[:batch]]
-                bound[ids], choice[ids], fwin[ids], pwin[ids], score[ids] = self.evaluate(ids)
+                bound[ids], choice[ids], fwin[ids], pwin[ids], score[ids] = ahead.take(ids)
                 evaluations += ids.size
                 fresh[ids] = True
                 alive[ids] = bound[ids] > 0
@@ -731,77 +765,157 @@ class _Planner:
         it (in place, same tier). Without this, a hidden prefetch that bandwidth made start
         early would pin the tensor on the GPU through a later peak nothing else can free.
 
+        Lazy, as phase 1: a score only falls as memory falls (windows shrink to the
+        critical ops left, densities fall, room only shrinks), so a score computed earlier
+        bounds it; each round scores again only the candidates that the last choice may
+        have changed (:meth:`_Exposed.stale`) and whose bound can still win, and picks what
+        scoring every candidate would pick.
+
         Returns:
             (the new exposed migrations, how many hidden ones were widened).
         """
-        n, N = self.n, len(self.s)
-        alive = ~self.taken
-        alive_pinned = np.zeros(N, dtype=bool)
-        alive_pinned[list(self.pinned)] = True
-        st, b, s = self.a + 1, self.b, self.s
-        hf, hp = np.full(N, -1), np.full(N, -1)  # hidden windows (unrolled), -1 where none
-        widenable = np.zeros(N, dtype=bool)
-        for c, (_, f_h, p_h) in self.hidden.items():
-            hf[c], hp[c], widenable[c] = f_h, p_h, True
-        hidden_tier = np.full(N, -1)
-        for c, (i, _, _) in self.hidden.items():
-            hidden_tier[c] = self.tiers.index(hidden[i].tier)
-        pos = np.arange(2 * n)
+        n = self.n
+        state = _Exposed(self, hidden)
         migrations, n_widened = [], 0
         while int(self.live.max()) > self.capacity:
-            crit = self.live2 > self.capacity
-            nxt = np.minimum.accumulate(np.where(crit, pos, 2 * n)[::-1])[::-1]
-            prv = np.maximum.accumulate(np.where(crit, pos, -1))
-            f, p = nxt[st], prv[b - 1] + 1
-            has_crit = f < b
-            f = np.where(widenable & has_crit, np.minimum(f, hf), np.where(widenable, hf, f))
-            p = np.where(widenable & has_crit, np.maximum(p, hp), np.where(widenable, hp, p))
-            ok = (alive | widenable) & has_crit
-            for c2, ops in self.pinned.items():  # an input of a recompute may go where its window misses op r
-                if ok[c2] or not alive_pinned[c2] or not has_crit[c2]:
-                    continue
-                ok[c2] = not any(f[c2] <= r < p[c2] or f[c2] <= r + n < p[c2] for r in ops)
-            tier = np.where(widenable, hidden_tier, -1)
-            fresh = ok & ~widenable
-            if "host" in self.tiers and fresh.any():
-                i = np.flatnonzero(fresh)
-                tier[i[self.host_room(i)]] = 1
-            if "ssd" in self.tiers:
-                i = np.flatnonzero(fresh & (tier < 0))
-                tier[i[self.ssd_room(i)]] = 0
-            ok &= tier >= 0
-            everything = np.arange(N)
-            ben = self._window_benefit(everything, ok, f, p)
-            w = ok & widenable  # only the ops the widening adds
-            ben[w] -= self._window_benefit(everything, w, hf, hp)[w]
-            per = np.where(tier == 1, self.cost_per_byte["host"], self.cost_per_byte["ssd"]) * s
-            score = np.where(ok & (ben > 0), ben / (per if self.benefit == "pressure" else s), 0.0)
-            if score.max() <= 0:
+            c = state.best()
+            if c < 0:
                 break
-            c = int(np.argmax(score))
-            fc, pc = int(f[c]), int(p[c])
-            if widenable[c]:
-                new_ops = [(fc, int(hf[c])), (int(hp[c]), pc)]
-            else:
-                new_ops = [(fc, pc)]
+            fc, pc = int(state.f[c]), int(state.p[c])
+            widen = bool(state.widenable[c])
+            new_ops = [(fc, int(state.hf[c])), (int(state.hp[c]), pc)] if widen else [(fc, pc)]
+            self._touched[:] = 2 * n
             for lo_u, hi_u in new_ops:
-                self._lower(lo_u, hi_u, int(s[c]))
-            if widenable[c]:
+                self._lower(lo_u, hi_u, int(self.s[c]))
+            if widen:
                 i = self.hidden[c][0]
                 hidden[i] = dataclasses.replace(hidden[i], free_before=fc % n, prefetch_before=pc % n)
-                widenable[c] = False
+                state.chosen(c, new_ops, None)
                 n_widened += 1
                 continue
-            name = "host" if tier[c] == 1 else "ssd"
+            name = "host" if state.tier[c] == 1 else "ssd"
             self._place(c, name)
-            alive[c] = False
-            alive_pinned[c] = False
+            state.chosen(c, new_ops, name)
             t = trace.tensors[int(self.p_tid[c])]
             migrations.append(Migration(tid=t.tid, name=t.name, nbytes=t.nbytes, tier=name,
                                         offload_after=int(self.a[c]), free_before=fc % n,
-                                        prefetch_before=pc % n, needed_by=int(b[c]) % n,
+                                        prefetch_before=pc % n, needed_by=int(self.b[c]) % n,
                                         slot=self.slot_of(c, name, trace), offset=self.offset_of(c, name)))
         return migrations, n_widened
+
+
+_SLACK = 1e-6  # relative: a bound this close to the best is scored again (rounding of the prefix sums)
+
+
+class _Exposed:
+    """Per-candidate state of the exposed phase (:meth:`_Planner.run_exposed`): the window,
+    tier and score each candidate had when last scored, and which may have changed since.
+
+    A candidate's exposed window is its period's critical ops, first to last (for a hidden
+    migration, widened: the hull of those and its hidden window), so it changes only where
+    memory fell inside its period; its benefit sums prefix rows that change only from the
+    first op whose density changed (``_Planner._touched``); host room shrinks with each
+    host placement, SSD room near its cap with each SSD one. A tensor pinned for a
+    recompute's chain is scored every round: its option opens as its window shrinks."""
+
+    def __init__(self, planner: _Planner, hidden: list[Migration]):
+        self.pl = pl = planner
+        N, n = len(pl.s), pl.n
+        self.alive = ~pl.taken
+        self.pinned = np.zeros(N, dtype=bool)
+        self.pinned[list(pl.pinned)] = True
+        self.hf, self.hp = np.full(N, -1), np.full(N, -1)  # hidden windows (unrolled), -1 where none
+        self.widenable = np.zeros(N, dtype=bool)
+        self.hidden_tier = np.full(N, -1)
+        for c, (i, f_h, p_h) in pl.hidden.items():
+            self.hf[c], self.hp[c], self.widenable[c] = f_h, p_h, True
+            self.hidden_tier[c] = pl.tiers.index(hidden[i].tier)
+        self.pos = np.arange(2 * n)
+        self.f, self.p = np.zeros(N, np.int64), np.zeros(N, np.int64)
+        self.tier = np.full(N, -1)
+        self.score, self.bound = np.zeros(N), np.full(N, np.inf)  # nothing scored yet
+        self.stale = np.ones(N, dtype=bool)
+
+    def _evaluate(self, idx: np.ndarray, nxt: np.ndarray, prv: np.ndarray) -> None:
+        """Score candidates ``idx`` now (the full-rescoring rule of phase 2)."""
+        pl, n = self.pl, self.pl.n
+        st, b, s = pl.a[idx] + 1, pl.b[idx], pl.s[idx]
+        hf, hp, widenable = self.hf[idx], self.hp[idx], self.widenable[idx]
+        f, p = nxt[st], prv[b - 1] + 1
+        has_crit = f < b
+        f = np.where(widenable & has_crit, np.minimum(f, hf), np.where(widenable, hf, f))
+        p = np.where(widenable & has_crit, np.maximum(p, hp), np.where(widenable, hp, p))
+        ok = (self.alive[idx] | widenable) & has_crit
+        for j in np.flatnonzero(self.pinned[idx] & has_crit & ~ok).tolist():
+            # an input of a recompute may go where its window misses op r
+            ops = pl.pinned[int(idx[j])]
+            ok[j] = not any(f[j] <= r < p[j] or f[j] <= r + n < p[j] for r in ops)
+        tier = np.where(widenable, self.hidden_tier[idx], -1)
+        fresh = ok & ~widenable
+        cost = {"host": np.inf, "ssd": np.inf}
+        if "host" in pl.tiers and fresh.any():
+            i = np.flatnonzero(fresh)
+            tier[i[pl.host_room(idx[i])]] = 1
+        if "ssd" in pl.tiers:
+            i = np.flatnonzero(fresh & (tier < 0))
+            tier[i[pl.ssd_room(idx[i])]] = 0
+            cost["ssd"] = pl.cost_per_byte["ssd"]
+        ok &= tier >= 0
+        ben = pl._window_benefit(idx, ok, f, p)
+        w = ok & widenable  # only the ops the widening adds
+        ben[w] -= pl._window_benefit(idx, w, hf, hp)[w]
+        per = np.where(tier == 1, pl.cost_per_byte["host"], pl.cost_per_byte["ssd"]) * s
+        pressure = pl.benefit == "pressure"
+        score = np.where(ok & (ben > 0), ben / (per if pressure else s), 0.0)
+        bound = score
+        if pressure:  # a host candidate that loses its room may go to a cheaper SSD
+            cheaper = (tier == 1) & ~widenable & (cost["ssd"] < pl.cost_per_byte["host"])
+            bound = np.where(cheaper, score * pl.cost_per_byte["host"] / cost["ssd"], score)
+        self.f[idx], self.p[idx], self.tier[idx], self.score[idx], self.bound[idx] = f, p, tier, score, bound
+        self.stale[idx] = False
+
+    def best(self) -> int:
+        """The candidate scoring every candidate now would pick (highest score, lowest index
+        among equals), or -1 where none has a positive score."""
+        self.crit = crit = self.pl.live2 > self.pl.capacity
+        n2 = len(crit)
+        nxt = np.minimum.accumulate(np.where(crit, self.pos, n2)[::-1])[::-1]
+        prv = np.maximum.accumulate(np.where(crit, self.pos, -1))
+        stale = self.stale | self.pinned
+        # a stale bound of 0 stays 0: scores only fall
+        self.stale &= self.bound > 0
+        self.score[stale & ~self.stale & ~self.pinned] = 0.0
+        if self.pinned.any():
+            self._evaluate(np.flatnonzero(self.pinned), nxt, prv)
+        best, batch = float(self.score[~self.stale].max(initial=0.0)), 64
+        while True:  # highest bounds first, until none left can reach the best
+            ids = np.flatnonzero(self.stale & (self.bound * (1 + _SLACK) >= best))
+            if not ids.size:
+                break
+            if ids.size > batch:
+                ids = ids[np.argpartition(-self.bound[ids], batch)[:batch]]
+            self._evaluate(ids, nxt, prv)
+            best = max(best, float(self.score[ids].max()))
+            batch *= 2
+        c = int(np.argmax(self.score))
+        return c if self.score[c] > 0 else -1
+
+    def chosen(self, c: int, lowered: list[tuple[int, int]], tier: str | None) -> None:
+        """Candidate c was widened (``tier`` None) or placed in ``tier`` after memory fell over
+        the unrolled ranges ``lowered``: mark what that may have changed."""
+        pl = self.pl
+        self.alive[c] = self.widenable[c] = self.pinned[c] = False
+        self.score[c] = self.bound[c] = 0.0
+        # windows change only where an op of the period stopped being critical
+        ended = np.concatenate([[0], np.cumsum(self.crit & (pl.live2 <= pl.capacity))])
+        self.stale |= ended[pl.b] > ended[pl.a + 1]
+        # prefix rows summed again from their first changed op: the windows reaching past it
+        self.stale |= np.maximum(self.p, self.hp) > pl._touched[pl._code]
+        if tier == "host":
+            self.stale |= (self.tier == 1) & ~self.widenable
+        elif tier == "ssd" and pl.ssd_room_may_shrink():
+            self.stale |= (self.tier == 0) & ~self.widenable
+        self.stale[c] = False
 
 
 def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
