@@ -120,6 +120,7 @@ of the benefit density. About 1-3 s for a 10k-op trace on one CPU core.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 
@@ -224,18 +225,27 @@ def inactive_periods(trace: Trace, min_tensor_bytes: int = 1 << 20) -> Periods:
 
 class _Channel:
     """Free capacity (bytes) per op slot of one (tier, direction), with a prefix sum over
-    the doubled (cyclic) timeline: ``prefix[i] = free[0 mod n] + ... + free[(i-1) mod n]``."""
+    the doubled (cyclic) timeline: ``prefix[i] = free[0 mod n] + ... + free[(i-1) mod n]``,
+    summed in that order. A reservation changes a few slots; the prefix is summed again
+    from the first of them on (the same sums, in the same order), when next asked for."""
 
     def __init__(self, bytes_per_s: float, op_seconds: np.ndarray):
         self.n = len(op_seconds)
         self.capacity = bytes_per_s * op_seconds
-        self.free = self.capacity.copy()
-        self._prefix: np.ndarray | None = None
+        self._free2 = np.concatenate([self.capacity, self.capacity])
+        self.free = self._free2[:self.n]
+        self._prefix = np.zeros(2 * self.n + 1)
+        self._valid = 0  # prefix[:_valid + 1] is up to date
 
     @property
     def prefix(self) -> np.ndarray:
-        if self._prefix is None:
-            self._prefix = np.concatenate([[0.0], np.cumsum(np.concatenate([self.free, self.free]))])
+        v = self._valid
+        if v < 2 * self.n:
+            first = self._free2[v]
+            self._free2[v] = self._prefix[v] + first  # summed on from prefix[v], in order
+            np.cumsum(self._free2[v:], out=self._prefix[v + 1:])
+            self._free2[v] = first
+            self._valid = 2 * self.n
         return self._prefix
 
     def offload_end(self, start: int, nbytes: float) -> int:
@@ -250,25 +260,29 @@ class _Channel:
         p = self.prefix
         return int(np.searchsorted(p, p[end] - nbytes, side="right")) - 1
 
-    def _take(self, lo: int, hi: int) -> None:
-        for s, e in _cyclic_slices(lo, hi, self.n):
-            self.free[s:e] = 0.0
+    def _take(self, lo: int, hi: int, last: int, rest: float) -> None:
+        """All of slots ``[lo, hi)`` (unrolled, cyclic) and ``rest`` bytes of slot ``last``;
+        the prefix is out of date from the first changed slot on."""
+        n = self.n
+        for s, e in _cyclic_slices(lo, hi, n):
+            self._free2[s:e] = 0.0
+            self._free2[s + n:e + n] = 0.0
+            self._valid = min(self._valid, s)
+        k = last % n
+        self._free2[k] = self._free2[k + n] = max(0.0, self._free2[k] - rest)
+        self._valid = min(self._valid, k)
 
     def reserve_offload(self, start: int, nbytes: float) -> int:
         end = self.offload_end(start, nbytes)
         last = end - 1
         used_before = self.prefix[last] - self.prefix[start]
-        self._take(start, last)
-        self.free[last % self.n] = max(0.0, self.free[last % self.n] - (nbytes - used_before))
-        self._prefix = None
+        self._take(start, last, last, nbytes - used_before)
         return end
 
     def reserve_prefetch(self, end: int, nbytes: float) -> int:
         start = self.prefetch_start(end, nbytes)
         used_after = self.prefix[end] - self.prefix[start + 1]
-        self._take(start + 1, end)
-        self.free[start % self.n] = max(0.0, self.free[start % self.n] - (nbytes - used_after))
-        self._prefix = None
+        self._take(start + 1, end, start, nbytes - used_after)
         return start
 
     @property
@@ -393,6 +407,35 @@ class _Ahead:
         return tuple(x[pos] for x in self.out)
 
 
+class _Diverged(Exception):
+    """A twinned planner's two host packings answered a room test differently: from here on
+    their plans differ (:meth:`_Planner.split`)."""
+
+
+@dataclasses.dataclass
+class _Round:
+    """A round of the lazy greedy: the best fresh score so far and the next batch size."""
+
+    best: float
+    batch: int = 64
+    ahead: _Ahead | None = None
+
+
+class _Greedy:
+    """Phase 1's state (:meth:`_Planner.run`): per candidate the last evaluation (bound,
+    choice, windows, score), whether it is still a candidate and whether that evaluation is
+    current; the migrations chosen, the round in progress, the statistics once done."""
+
+    def __init__(self, bound, choice, fwin, pwin, score):
+        self.bound, self.choice, self.fwin, self.pwin, self.score = bound, choice, fwin, pwin, score
+        self.evaluations = len(bound)
+        self.alive = bound > 0
+        self.fresh = np.ones(len(bound), dtype=bool)
+        self.migrations: list[Migration] = []
+        self.round: _Round | None = None
+        self.stats: dict | None = None
+
+
 class _Planner:
     """The greedy loop's state: bandwidth timelines, ``M'`` (over a doubled timeline so a
     window never needs splitting), host occupancy, and per-candidate cached scores."""
@@ -436,6 +479,11 @@ class _Planner:
         self._recompute_setup(trace, periods, recompute, recompute_table)
         self.recomputes: list[Recompute] = []
         self.pinned: dict[int, list[int]] = {}  # candidate -> ops where a recompute reads it
+        self._greedy: _Greedy | None = None
+        self._exposed: _Exposed | None = None
+        # With a twin (host_arena="auto"), the host region planned alongside the slots: both
+        # are placed in and asked for room until they answer differently (_Diverged).
+        self.twin: HostArena | None = None
 
     def _recompute_setup(self, trace: Trace, periods: Periods, on: str | None,
                          table: "RecomputeTable | None") -> None:
@@ -626,16 +674,41 @@ class _Planner:
         """Give candidate c's tensor its slot in ``tier`` (``teraio.core.slots``), or its
         period a range of the host region."""
         self.bins[tier].place(c if self._by_period(tier) else int(self.p_tid[c]), int(self.s[c]))
+        if tier == "host" and self.twin is not None:
+            self.twin.place(c, int(self.s[c]))
+
+    def split(self) -> "_Planner":
+        """A twinned planner's region half: a copy whose host tier is the twin (the region)
+        and whose host migrations so far name their tensor's offset in it; this planner
+        keeps the slots and drops the twin. Both then carry on alone."""
+        twin, self.twin = self.twin, None
+        shared = (self.tau2, self.s, self.a, self.b, self.p_tid, self._keys, self._code, self.rc_cost,
+                  self.rc_extra, self.rc_chain, self.rc_dependents, self.by_tid)
+        memo = {id(x): x for x in shared}
+        memo[id(self.bins["host"])] = None
+        other = copy.deepcopy(self, memo)
+        other.bins["host"], other.host_arena = twin, True
+        lists = [other._greedy.migrations] if other._greedy else []
+        lists += [other._exposed.migrations] if other._exposed else []
+        for ms in lists:
+            ms[:] = [dataclasses.replace(m, slot=m.name, offset=twin.at[m.tid]) if m.tier == "host" else m
+                     for m in ms]
+        return other
 
     def host_room(self, idx: np.ndarray) -> np.ndarray:
         """bool per candidate: its tensor has a host slot already, shares a free one, or a
         new one still fits the cap (with ``host_arena``: its period finds a free range)."""
-        return self.bins["host"].room(idx if self.host_arena else self.p_tid[idx], self.s[idx])
+        if self.host_arena:
+            return self.bins["host"].room(idx, self.s[idx])
+        room = self.bins["host"].room_of_periods(idx, self.s[idx])
+        if self.twin is not None and (self.twin.room(idx, self.s[idx]) != room).any():
+            raise _Diverged
+        return room
 
     def ssd_room(self, idx: np.ndarray) -> np.ndarray:
         """bool per candidate: its tensor has an SSD slot already, shares a free one, or a
         new one's stripes still fit the SSD cap (always, without a cap)."""
-        return self.bins["ssd"].room(self.p_tid[idx], self.s[idx])
+        return self.bins["ssd"].room_of_periods(idx, self.s[idx])
 
     def ssd_room_may_shrink(self) -> bool:
         """Whether the SSD cap can refuse some candidate now: the files are within one
@@ -669,35 +742,41 @@ class _Planner:
                ((clo < hi + self.n) & (lo + self.n < chi))
 
     def run(self, trace: Trace) -> tuple[list[Migration], dict]:
+        """Phase 1: the lazy greedy (module docstring, "Speed"). Its state lives in
+        ``self._greedy``, so that a call after :class:`_Diverged` carries on from the
+        batch it stopped at."""
         N = len(self.s)
-        everything = np.arange(N)
-        bound, choice, fwin, pwin, score = self.evaluate(everything)
-        evaluations = N
-        alive = bound > 0
-        fresh = np.ones(N, dtype=bool)
-        self.taken = np.zeros(N, dtype=bool)
-        self.hidden: dict[int, tuple[int, int, int]] = {}  # candidate -> (index, free, prefetch), unrolled
-        migrations: list[Migration] = []
+        if self._greedy is None:
+            self._greedy = _Greedy(*self.evaluate(np.arange(N)))
+            self.taken = np.zeros(N, dtype=bool)
+            self.hidden: dict[int, tuple[int, int, int]] = {}  # candidate -> (index, free, prefetch), unrolled
+        g = self._greedy
+        if g.stats is not None:
+            return g.migrations, g.stats
+        bound, choice, fwin, pwin, score = g.bound, g.choice, g.fwin, g.pwin, g.score
+        alive, fresh, migrations = g.alive, g.fresh, g.migrations
         while int(self.live.max()) > self.capacity:
-            usable = alive & fresh & (choice >= 0)
-            best = float(score[usable].max()) if usable.any() else 0.0
-            batch, ahead = 64, None
+            if g.round is None:
+                usable = alive & fresh & (choice >= 0)
+                g.round = _Round(float(score[usable].max()) if usable.any() else 0.0)
+            rnd = g.round
             while True:
-                ids = np.flatnonzero(alive & ~fresh & (bound >= best))
+                ids = np.flatnonzero(alive & ~fresh & (bound >= rnd.best))
                 if not ids.size:
                     break
-                if ahead is None:  # the batches of this round (64, 128, 256) in one call
-                    ahead = _Ahead(self, N)
-                    ahead.add(ids if ids.size <= _AHEAD else ids[np.argpartition(-bound[ids], _AHEAD)[:_AHEAD]])
-                if ids.size > batch:
-                    ids = ids[np.argpartition(-bound[ids], batch)[:batch]]
-                bound[ids], choice[ids], fwin[ids], pwin[ids], score[ids] = ahead.take(ids)
-                evaluations += ids.size
+                if rnd.ahead is None:  # the batches of this round (64, 128, 256) in one call
+                    rnd.ahead = _Ahead(self, N)
+                    rnd.ahead.add(ids if ids.size <= _AHEAD else ids[np.argpartition(-bound[ids], _AHEAD)[:_AHEAD]])
+                if ids.size > rnd.batch:
+                    ids = ids[np.argpartition(-bound[ids], rnd.batch)[:rnd.batch]]
+                bound[ids], choice[ids], fwin[ids], pwin[ids], score[ids] = rnd.ahead.take(ids)
+                g.evaluations += ids.size
                 fresh[ids] = True
                 alive[ids] = bound[ids] > 0
                 if (choice[ids] >= 0).any():
-                    best = max(best, float(score[ids].max()))
-                batch *= 2
+                    rnd.best = max(rnd.best, float(score[ids].max()))
+                rnd.batch *= 2
+            g.round = None
             usable = alive & fresh & (choice >= 0)
             if not usable.any():
                 break
@@ -748,8 +827,9 @@ class _Planner:
             self.taken[c] = True
             fresh &= ~self._overlapping(c)
         stop = "fits" if int(self.live.max()) <= self.capacity else "no_viable_candidate"
-        return migrations, {"n_candidates": N, "evaluations": int(evaluations), "stop_reason": stop,
-                            "n_recomputable": self.n_recomputable}
+        g.stats = {"n_candidates": N, "evaluations": int(g.evaluations), "stop_reason": stop,
+                   "n_recomputable": self.n_recomputable}
+        return migrations, g.stats
 
     def run_exposed(self, trace: Trace, hidden: list[Migration]) -> tuple[list[Migration], int]:
         """Phase 2 (``allow_stalls``): with no hidden migration left and memory still over
@@ -775,9 +855,11 @@ class _Planner:
             (the new exposed migrations, how many hidden ones were widened).
         """
         n = self.n
-        state = _Exposed(self, hidden)
-        migrations, n_widened = [], 0
-        while int(self.live.max()) > self.capacity:
+        if self._exposed is None:
+            self._exposed = _Exposed(self, hidden)
+        state = self._exposed
+        migrations = state.migrations
+        while not state.done and int(self.live.max()) > self.capacity:
             c = state.best()
             if c < 0:
                 break
@@ -791,7 +873,7 @@ class _Planner:
                 i = self.hidden[c][0]
                 hidden[i] = dataclasses.replace(hidden[i], free_before=fc % n, prefetch_before=pc % n)
                 state.chosen(c, new_ops, None)
-                n_widened += 1
+                state.n_widened += 1
                 continue
             name = "host" if state.tier[c] == 1 else "ssd"
             self._place(c, name)
@@ -801,7 +883,8 @@ class _Planner:
                                         offload_after=int(self.a[c]), free_before=fc % n,
                                         prefetch_before=pc % n, needed_by=int(self.b[c]) % n,
                                         slot=self.slot_of(c, name, trace), offset=self.offset_of(c, name)))
-        return migrations, n_widened
+        state.done = True
+        return migrations, state.n_widened
 
 
 _SLACK = 1e-6  # relative: a bound this close to the best is scored again (rounding of the prefix sums)
@@ -830,18 +913,23 @@ class _Exposed:
         for c, (i, f_h, p_h) in pl.hidden.items():
             self.hf[c], self.hp[c], self.widenable[c] = f_h, p_h, True
             self.hidden_tier[c] = pl.tiers.index(hidden[i].tier)
-        self.pos = np.arange(2 * n)
         self.f, self.p = np.zeros(N, np.int64), np.zeros(N, np.int64)
         self.tier = np.full(N, -1)
         self.score, self.bound = np.zeros(N), np.full(N, np.inf)  # nothing scored yet
         self.stale = np.ones(N, dtype=bool)
+        self.migrations: list[Migration] = []
+        self.n_widened, self.done = 0, False
 
-    def _evaluate(self, idx: np.ndarray, nxt: np.ndarray, prv: np.ndarray) -> None:
-        """Score candidates ``idx`` now (the full-rescoring rule of phase 2)."""
+    def _evaluate(self, idx: np.ndarray, crit: np.ndarray) -> None:
+        """Score candidates ``idx`` now (the full-rescoring rule of phase 2); ``crit``: the
+        critical ops of the doubled timeline, ascending, and ``2n`` after them."""
         pl, n = self.pl, self.pl.n
         st, b, s = pl.a[idx] + 1, pl.b[idx], pl.s[idx]
         hf, hp, widenable = self.hf[idx], self.hp[idx], self.widenable[idx]
-        f, p = nxt[st], prv[b - 1] + 1
+        # the first critical op from st on (2n if none) and one past the last before b
+        f = crit[np.searchsorted(crit, st)]
+        last = np.searchsorted(crit, b) - 1
+        p = np.where(last >= 0, crit[np.maximum(last, 0)], -1) + 1
         has_crit = f < b
         f = np.where(widenable & has_crit, np.minimum(f, hf), np.where(widenable, hf, f))
         p = np.where(widenable & has_crit, np.maximum(p, hp), np.where(widenable, hp, p))
@@ -877,16 +965,14 @@ class _Exposed:
     def best(self) -> int:
         """The candidate scoring every candidate now would pick (highest score, lowest index
         among equals), or -1 where none has a positive score."""
-        self.crit = crit = self.pl.live2 > self.pl.capacity
-        n2 = len(crit)
-        nxt = np.minimum.accumulate(np.where(crit, self.pos, n2)[::-1])[::-1]
-        prv = np.maximum.accumulate(np.where(crit, self.pos, -1))
+        self.crit = np.flatnonzero(self.pl.live2 > self.pl.capacity)
+        crit = np.append(self.crit, 2 * self.pl.n)
         stale = self.stale | self.pinned
         # a stale bound of 0 stays 0: scores only fall
         self.stale &= self.bound > 0
         self.score[stale & ~self.stale & ~self.pinned] = 0.0
         if self.pinned.any():
-            self._evaluate(np.flatnonzero(self.pinned), nxt, prv)
+            self._evaluate(np.flatnonzero(self.pinned), crit)
         best, batch = float(self.score[~self.stale].max(initial=0.0)), 64
         while True:  # highest bounds first, until none left can reach the best
             ids = np.flatnonzero(self.stale & (self.bound * (1 + _SLACK) >= best))
@@ -894,7 +980,7 @@ class _Exposed:
                 break
             if ids.size > batch:
                 ids = ids[np.argpartition(-self.bound[ids], batch)[:batch]]
-            self._evaluate(ids, nxt, prv)
+            self._evaluate(ids, crit)
             best = max(best, float(self.score[ids].max()))
             batch *= 2
         c = int(np.argmax(self.score))
@@ -907,8 +993,12 @@ class _Exposed:
         self.alive[c] = self.widenable[c] = self.pinned[c] = False
         self.score[c] = self.bound[c] = 0.0
         # windows change only where an op of the period stopped being critical
-        ended = np.concatenate([[0], np.cumsum(self.crit & (pl.live2 <= pl.capacity))])
-        self.stale |= ended[pl.b] > ended[pl.a + 1]
+        ended = self.crit[pl.live2[self.crit] <= pl.capacity]
+        if ended.size:
+            count = np.zeros(2 * pl.n + 1, dtype=np.int64)
+            count[ended + 1] = 1
+            np.cumsum(count, out=count)
+            self.stale |= count[pl.b] > count[pl.a + 1]
         # prefix rows summed again from their first changed op: the windows reaching past it
         self.stale |= np.maximum(self.p, self.hp) > pl._touched[pl._code]
         if tier == "host":
@@ -1020,40 +1110,84 @@ def _plan(cands: _Candidates, trace: Trace, capacity_bytes: int, tiers: TierBand
                                  **options)
     if host_arena == "auto":
         return _fastest_packing(cands, trace, capacity_bytes, tiers, host_cap_bytes, recompute=recompute, **options)
-    plan = None
+    packing = "arena" if host_arena else "slots"
+    return _plan_packings(cands, trace, capacity_bytes, tiers, host_cap_bytes, t0, (packing,), recompute,
+                          **options)[packing]
+
+
+def _plan_packings(cands: _Candidates, trace: Trace, capacity_bytes: int, tiers: TierBandwidth,
+                   host_cap_bytes: int, t0: float, packings: tuple[str, ...], recompute: bool,
+                   **options) -> dict[str, MigrationPlan]:
+    """One plan per host packing of ``packings`` (``"slots"``, ``"arena"``: ``host_arena``
+    false, true). With recompute, a plan whose memory does not fit is planned again with the
+    other room rule and the smaller shortfall kept. Two packings are planned as twins
+    (:func:`_run_twins`): their greedy runs are one until a room test tells them apart."""
+    plans: dict[str, MigrationPlan] = {}
     for room in (("critical", "fits") if recompute else (None,)):
-        planner = _Planner(trace, capacity_bytes, tiers, host_cap_bytes, options["benefit"], options["use_ssd"],
-                           cands.periods, options["shared_ssd"], host_arena, options["ssd_cap_bytes"], room,
-                           recompute_table=cands.recompute_table if recompute else None)
-        other = _plan_with(planner, trace, capacity_bytes, trace.peak_bytes(), cands.periods,
-                           options["allow_stalls"], t0, meta={
-                               "planner": "teraio.planner/1", "benefit": options["benefit"],
-                               "tiers_gbps": dataclasses.asdict(tiers), "host_cap_bytes": host_cap_bytes,
-                               "use_ssd": options["use_ssd"], "allow_stalls": options["allow_stalls"],
-                               "min_tensor_bytes": cands.min_tensor_bytes, "shared_ssd": options["shared_ssd"],
-                               "host_arena": host_arena, "ssd_cap_bytes": options["ssd_cap_bytes"],
-                               "recompute": bool(recompute), "recompute_room": room})
-        if plan is None or other.shortfall_bytes < plan.shortfall_bytes:
-            plan = other
-        if plan.feasible:
+        todo = tuple(k for k in packings if k not in plans or not plans[k].feasible)
+        if not todo:
             break
-    return plan
+        planner = _Planner(trace, capacity_bytes, tiers, host_cap_bytes, options["benefit"], options["use_ssd"],
+                           cands.periods, options["shared_ssd"], todo == ("arena",), options["ssd_cap_bytes"],
+                           room, recompute_table=cands.recompute_table if recompute else None)
+        meta = {"planner": "teraio.planner/1", "benefit": options["benefit"],
+                "tiers_gbps": dataclasses.asdict(tiers), "host_cap_bytes": host_cap_bytes,
+                "use_ssd": options["use_ssd"], "allow_stalls": options["allow_stalls"],
+                "min_tensor_bytes": cands.min_tensor_bytes, "shared_ssd": options["shared_ssd"],
+                "ssd_cap_bytes": options["ssd_cap_bytes"], "recompute": bool(recompute), "recompute_room": room}
+        for k, (pl, migrations, stats) in _run_twins(planner, todo, trace, options["allow_stalls"]).items():
+            other = _make_plan(pl, trace, capacity_bytes, migrations, stats, t0,
+                               meta={**meta, "host_arena": k == "arena"})
+            if k not in plans or other.shortfall_bytes < plans[k].shortfall_bytes:
+                plans[k] = other
+    return plans
 
 
-def _plan_with(planner: _Planner, trace: Trace, capacity_bytes: int, baseline: int, periods: Periods,
-               allow_stalls: bool, t0: float, meta: dict) -> MigrationPlan:
-    """Run ``planner``'s phases (the second with ``allow_stalls``) and make the plan; ``meta``
-    holds the settings, to which the run's statistics are added."""
-    if baseline > capacity_bytes:
-        migrations, stats = planner.run(trace)
-        if allow_stalls and stats["stop_reason"] != "fits":
-            exposed, widened = planner.run_exposed(trace, migrations)
-            migrations += exposed
-            stats["n_exposed"], stats["n_widened"] = len(exposed), widened
-            stats["stop_reason"] = "fits_with_stalls" if int(planner.live.max()) <= capacity_bytes else \
-                "no_candidate_left"
-    else:
-        migrations, stats = [], {"n_candidates": len(periods.tid), "evaluations": 0, "stop_reason": "fits"}
+def _run_twins(planner: _Planner, packings: tuple[str, ...], trace: Trace,
+               allow_stalls: bool) -> dict[str, tuple[_Planner, list[Migration], dict]]:
+    """Run ``planner`` (made for ``packings[0]``) and, with two packings, its region twin:
+    one greedy run places in the slots and in the region alike while each answers every
+    room test as the other, which makes it both packings' run so far; at the first test
+    they answer differently it splits in two that carry on alone.
+
+    Returns:
+        packing -> (its planner, migrations, statistics).
+    """
+    if len(packings) == 2:
+        planner.twin = HostArena(planner.n, planner.p_tid, planner.a, planner.b, planner.bins["host"].cap,
+                                 align=HOST_ALIGN)
+    try:
+        ran = {packings[0]: (planner, *_phases(planner, trace, allow_stalls))}
+    except _Diverged:
+        arena = planner.split()
+        return {"slots": (planner, *_phases(planner, trace, allow_stalls)),
+                "arena": (arena, *_phases(arena, trace, allow_stalls))}
+    if len(packings) == 2:  # never told apart: the region's plan is the slots' with its own places
+        arena = planner.split()
+        ran["arena"] = (arena, *_phases(arena, trace, allow_stalls))
+    return ran
+
+
+def _phases(planner: _Planner, trace: Trace, allow_stalls: bool) -> tuple[list[Migration], dict]:
+    """Run ``planner``'s phases (the second with ``allow_stalls``), or carry them on after a
+    :class:`_Diverged`: the migrations and the run's statistics."""
+    if trace.peak_bytes() <= planner.capacity:
+        return [], {"n_candidates": len(planner.s), "evaluations": 0, "stop_reason": "fits"}
+    migrations, stats = planner.run(trace)
+    stats = dict(stats)
+    if allow_stalls and stats["stop_reason"] != "fits":
+        exposed, widened = planner.run_exposed(trace, migrations)
+        migrations = migrations + exposed
+        stats["n_exposed"], stats["n_widened"] = len(exposed), widened
+        stats["stop_reason"] = "fits_with_stalls" if int(planner.live.max()) <= planner.capacity else \
+            "no_candidate_left"
+    return migrations, stats
+
+
+def _make_plan(planner: _Planner, trace: Trace, capacity_bytes: int, migrations: list[Migration], stats: dict,
+               t0: float, meta: dict) -> MigrationPlan:
+    """The plan of a planner that ran (:func:`_phases`); ``meta`` holds the settings, to which
+    the run's statistics are added."""
     predicted = int(planner.live.max()) if trace.n_ops else 0
     meta = {
         **meta, "n_exposed": 0, "n_widened": 0,
@@ -1063,9 +1197,9 @@ def _plan_with(planner: _Planner, trace: Trace, capacity_bytes: int, baseline: i
         "ssd_file_bytes": planner.bins["ssd"].tier_bytes,
         "compile_seconds": time.perf_counter() - t0,
     }
-    return MigrationPlan(n_ops=trace.n_ops, capacity_bytes=capacity_bytes, baseline_peak_bytes=baseline,
+    return MigrationPlan(n_ops=trace.n_ops, capacity_bytes=capacity_bytes, baseline_peak_bytes=trace.peak_bytes(),
                          predicted_peak_bytes=predicted, migrations=migrations, meta=meta,
-                         recomputes=planner.recomputes)
+                         recomputes=list(planner.recomputes))
 
 
 def _fastest_schedule(cands: _Candidates, trace: Trace, capacity_bytes: int, tiers: TierBandwidth,
@@ -1097,9 +1231,9 @@ def _fastest_packing(cands: _Candidates, trace: Trace, capacity_bytes: int, tier
     from teraio.core.simulator import simulate  # the simulator builds on this module
 
     t0 = time.perf_counter()
-    plans = {packing: _plan(cands, trace, capacity_bytes, tiers, host_cap_bytes, time.perf_counter(), **options,
-                            host_arena=packing == "arena")
-             for packing in (("slots", "arena") if host_cap_bytes > 0 else ("slots",))}
+    recompute = options.pop("recompute")
+    plans = _plan_packings(cands, trace, capacity_bytes, tiers, host_cap_bytes, t0,
+                           ("slots", "arena") if host_cap_bytes > 0 else ("slots",), recompute, **options)
     seconds = {packing: simulate(trace, plan, tiers, shared_ssd=options["shared_ssd"]).iteration_seconds
                for packing, plan in plans.items()}
     region = "arena" in seconds and seconds["arena"] < seconds["slots"] * (1 - REGION_MARGIN)

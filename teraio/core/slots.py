@@ -78,7 +78,6 @@ class SlotBins:
         self.held_bytes = 0
         self.size: list[int] = []             # per bin, aligned bytes
         self.owner: list[int] = []            # per bin, the owner's tensor id
-        self._occ: list[np.ndarray] = []      # per bin, bool [n]: ops of periods held there
         # [bins, tensors]: a period of the tensor meets the bin's; rows beyond len(size) are
         # spare (the array grows by doubling)
         self._busy = np.zeros((8, T), dtype=bool)
@@ -89,19 +88,16 @@ class SlotBins:
         self._free_max = np.full(T, -1, dtype=np.int64)
         self.bin_of: dict[int, int] = {}      # tensor id -> bin
 
-    def _mask(self, periods: np.ndarray) -> np.ndarray:
-        occ = np.zeros(self.n, dtype=bool)
-        for lo, hi in zip(self._a[periods], self._b[periods]):
-            occ[lo:min(hi, self.n)] = True
-            if hi > self.n:
-                occ[:hi - self.n] = True
-        return occ
-
-    def _busy_row(self, occ: np.ndarray) -> np.ndarray:
-        """bool per tensor: one of its periods meets an op of ``occ``."""
-        prefix = np.concatenate([[0], np.cumsum(np.concatenate([occ, occ]), dtype=np.int64)])
-        hits = prefix[self._b] - prefix[self._a]
-        return np.bincount(self._tix, weights=hits, minlength=len(self._tids)) > 0
+    def _busy_row(self, periods: np.ndarray) -> np.ndarray:
+        """bool per tensor: one of its periods shares an op with one of ``periods``
+        (cyclic)."""
+        meet = np.zeros(len(self._a), dtype=bool)
+        for lo, hi in zip(self._a[periods].tolist(), self._b[periods].tolist()):
+            for shift in (-self.n, 0, self.n):
+                meet |= (self._a < hi + shift) & (lo + shift < self._b)
+        row = np.zeros(len(self._tids), dtype=bool)
+        row[self._tix[meet]] = True
+        return row
 
     def room(self, tid: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
         """bool per candidate (tensor ids ``tid``, sizes ``nbytes``): its tensor has a bin
@@ -115,6 +111,15 @@ class SlotBins:
         col = np.minimum(np.searchsorted(self._tids, tid), len(self._tids) - 1)
         known = self._tids[col] == tid
         return ok | (known & (self._placed[col] | (self._free_max[col] >= nbytes)))
+
+    def room_of_periods(self, periods: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        """:meth:`room` for the tensors of candidate periods ``periods`` (indices into the
+        periods this was made with)."""
+        if self.cap is None:
+            return np.ones(len(periods), dtype=bool)
+        col = self._tix[periods]
+        ok = self.tier_bytes + self.footprint(nbytes) <= self.cap
+        return ok | self._placed[col] | (self._free_max[col] >= nbytes)
 
     def place(self, tid: int, nbytes: int) -> int:
         """Put tensor ``tid`` (``nbytes``) in a bin, reserving all its periods there, and
@@ -131,13 +136,11 @@ class SlotBins:
             raise ValueError(f"tensor {tid} has no candidate period")
         k = len(self.size)
         free = np.flatnonzero((self._sizes[:k] >= nbytes) & ~self._busy[:k, col])
-        occ = self._mask(np.flatnonzero(self._tix == col))
+        mine = self._busy_row(np.flatnonzero(self._tix == col))  # what its periods meet
         if free.size:
             j = int(free[np.argmin(self._sizes[free])])  # best fit, the lowest index among equals
-            self._occ[j] |= occ
-            row = self._busy_row(self._occ[j])
-            newly = row & ~self._busy[j]
-            self._busy[j] = row
+            newly = mine & ~self._busy[j]
+            self._busy[j] |= mine
             # tensors that lost bin j as a free one, where it may have been their largest
             lost = np.flatnonzero(newly & (self._free_max == self._sizes[j]))
             if lost.size:
@@ -154,10 +157,8 @@ class SlotBins:
                 self._sizes = np.concatenate([self._sizes, np.zeros_like(self._sizes)])
             self.size.append(size)
             self.owner.append(tid)
-            self._occ.append(occ)
-            row = self._busy_row(occ)
-            self._busy[j], self._sizes[j] = row, size
-            self._free_max = np.where(row, self._free_max, np.maximum(self._free_max, size))
+            self._busy[j], self._sizes[j] = mine, size
+            self._free_max = np.where(mine, self._free_max, np.maximum(self._free_max, size))
             self.held_bytes += size
             self.tier_bytes += taken
         self.bin_of[tid] = j
