@@ -243,7 +243,7 @@ class _Channel:
         if v < 2 * self.n:
             first = self._free2[v]
             self._free2[v] = self._prefix[v] + first  # summed on from prefix[v], in order
-            np.cumsum(self._free2[v:], out=self._prefix[v + 1:])
+            self._free2[v:].cumsum(out=self._prefix[v + 1:])
             self._free2[v] = first
             self._valid = 2 * self.n
         return self._prefix
@@ -252,13 +252,13 @@ class _Channel:
         """Unrolled index of the slot after the one where ``nbytes`` launched at slot
         ``start`` completes (``free_before``); may exceed ``2n`` if it never completes."""
         p = self.prefix
-        return int(np.searchsorted(p, p[start] + nbytes, side="left"))
+        return int(p.searchsorted(p[start] + nbytes, side="left"))
 
     def prefetch_start(self, end: int, nbytes: float) -> int:
         """Unrolled slot where a transfer of ``nbytes`` that must finish by the start of
         slot ``end`` starts (``prefetch_before``); negative if it cannot fit."""
         p = self.prefix
-        return int(np.searchsorted(p, p[end] - nbytes, side="right")) - 1
+        return int(p.searchsorted(p[end] - nbytes, side="right")) - 1
 
     def _take(self, lo: int, hi: int, last: int, rest: float) -> None:
         """All of slots ``[lo, hi)`` (unrolled, cyclic) and ``rest`` bytes of slot ``last``;
@@ -506,7 +506,7 @@ class _Planner:
         ``idx`` where ``ok`` (bytes*s for "pressure", s for "formula"; 0 elsewhere): a
         difference of the prefix sums of their size's row."""
         ben = np.zeros(len(idx))
-        i = np.flatnonzero(ok)
+        i = ok.nonzero()[0]
         if i.size:
             rows, pi, fi = self._code[idx[i]], p[i], f[i]
             need = np.zeros(len(self._keys), dtype=np.int64)
@@ -518,13 +518,13 @@ class _Planner:
     def _extend(self, need: np.ndarray) -> None:
         """Make prefix-sum row r valid up to column ``need[r]``, summing on from its last valid
         column: the same sums, in the same order, as summing the row whole."""
-        for r in np.flatnonzero(need > self._valid).tolist():
+        for r in (need > self._valid).nonzero()[0].tolist():
             d, m = int(self._valid[r]), int(need[r])
             excess = self.live2[d:m] - self.capacity
             key = int(self._keys[r])
-            dens = (np.clip(excess, 0, key) if key >= 0 else excess > 0) * self.tau2[d:m]
+            dens = (np.minimum(np.maximum(excess, 0), key) if key >= 0 else excess > 0) * self.tau2[d:m]
             dens[0] += self._q[r, d]
-            np.cumsum(dens, out=self._q[r, d + 1:m + 1])
+            dens.cumsum(out=self._q[r, d + 1:m + 1])
             self._valid[r] = m
 
     def _lower(self, lo: int, hi: int, nbytes: int) -> None:
@@ -539,7 +539,7 @@ class _Planner:
         after = np.where(excess > 0, excess - nbytes, _NEVER)
         low = np.minimum.accumulate(after)  # non-increasing: first op where it falls below each key
         keys = self._keys if self.benefit == "pressure" else np.array([1])
-        k = np.searchsorted(-low, -keys, side="right")
+        k = (-low).searchsorted(-keys, side="right")
         hit = k < len(low)
         if hit.any():
             first = len(range(*pieces[0]))
@@ -566,7 +566,7 @@ class _Planner:
             room |= seg > self.capacity
         if room[-1]:
             return b
-        r = np.flatnonzero(room)
+        r = room.nonzero()[0]
         return lo + int(r[-1]) if r.size else -1
 
     @property
@@ -594,8 +594,8 @@ class _Planner:
         for tier in self.tiers:
             cw, cr = TIER_CHANNELS[tier]
             pw, pr = self.channels[cw].prefix, self.channels[cr].prefix
-            f = np.searchsorted(pw, pw[st] + s * self.scale[cw], side="left")
-            p = np.searchsorted(pr, pr[b] - s * self.scale[cr], side="right") - 1
+            f = pw.searchsorted(pw[st] + s * self.scale[cw], side="left")
+            p = pr.searchsorted(pr[b] - s * self.scale[cr], side="right") - 1
             ok = (f < b) & (p > f)
             ok &= self.host_room(idx) if tier == "host" else self.ssd_room(idx)
             fs.append(f), ps.append(p), oks.append(ok)
@@ -608,9 +608,9 @@ class _Planner:
             pers.append(self.rc_cost[idx] if self.benefit == "pressure" else s.astype(np.float64))
         m = len(fs)
         F, P, OK = np.concatenate(fs), np.concatenate(ps), np.concatenate(oks)
-        ben = self._window_benefit(np.tile(idx, m), OK, F, P)
+        ben = self._window_benefit(np.concatenate([idx] * m), OK, F, P)
         if self.benefit == "formula":
-            ben *= np.tile(s, m)
+            ben *= np.concatenate([s] * m)
         OK &= ben > 0
         SC = _snap(np.where(OK, ben / np.concatenate(pers), 0.0))
         F, P, OK, ben, SC = (x.reshape(m, len(idx)) for x in (F, P, OK, ben, SC))
@@ -757,18 +757,17 @@ class _Planner:
         alive, fresh, migrations = g.alive, g.fresh, g.migrations
         while int(self.live.max()) > self.capacity:
             if g.round is None:
-                usable = alive & fresh & (choice >= 0)
-                g.round = _Round(float(score[usable].max()) if usable.any() else 0.0)
+                g.round = _Round(float(np.where(alive & fresh & (choice >= 0), score, 0.0).max(initial=0.0)))
             rnd = g.round
             while True:
-                ids = np.flatnonzero(alive & ~fresh & (bound >= rnd.best))
+                ids = (alive & ~fresh & (bound >= rnd.best)).nonzero()[0]
                 if not ids.size:
                     break
                 if rnd.ahead is None:  # the batches of this round (64, 128, 256) in one call
                     rnd.ahead = _Ahead(self, N)
-                    rnd.ahead.add(ids if ids.size <= _AHEAD else ids[np.argpartition(-bound[ids], _AHEAD)[:_AHEAD]])
+                    rnd.ahead.add(ids if ids.size <= _AHEAD else ids[(-bound[ids]).argpartition(_AHEAD)[:_AHEAD]])
                 if ids.size > rnd.batch:
-                    ids = ids[np.argpartition(-bound[ids], rnd.batch)[:rnd.batch]]
+                    ids = ids[(-bound[ids]).argpartition(rnd.batch)[:rnd.batch]]
                 bound[ids], choice[ids], fwin[ids], pwin[ids], score[ids] = rnd.ahead.take(ids)
                 g.evaluations += ids.size
                 fresh[ids] = True
@@ -780,7 +779,7 @@ class _Planner:
             usable = alive & fresh & (choice >= 0)
             if not usable.any():
                 break
-            c = int(np.flatnonzero(usable)[np.argmax(score[usable])])
+            c = int(np.where(usable, score, -np.inf).argmax())
             recompute = choice[c] == self.rc_index
             if recompute and self._recompute_at(c) != pwin[c]:
                 fresh[c] = False  # memory near op b changed since c was scored: score it again
@@ -927,14 +926,14 @@ class _Exposed:
         st, b, s = pl.a[idx] + 1, pl.b[idx], pl.s[idx]
         hf, hp, widenable = self.hf[idx], self.hp[idx], self.widenable[idx]
         # the first critical op from st on (2n if none) and one past the last before b
-        f = crit[np.searchsorted(crit, st)]
-        last = np.searchsorted(crit, b) - 1
+        f = crit[crit.searchsorted(st)]
+        last = crit.searchsorted(b) - 1
         p = np.where(last >= 0, crit[np.maximum(last, 0)], -1) + 1
         has_crit = f < b
         f = np.where(widenable & has_crit, np.minimum(f, hf), np.where(widenable, hf, f))
         p = np.where(widenable & has_crit, np.maximum(p, hp), np.where(widenable, hp, p))
         ok = (self.alive[idx] | widenable) & has_crit
-        for j in np.flatnonzero(self.pinned[idx] & has_crit & ~ok).tolist():
+        for j in (self.pinned[idx] & has_crit & ~ok).nonzero()[0].tolist():
             # an input of a recompute may go where its window misses op r
             ops = pl.pinned[int(idx[j])]
             ok[j] = not any(f[j] <= r < p[j] or f[j] <= r + n < p[j] for r in ops)
@@ -942,10 +941,10 @@ class _Exposed:
         fresh = ok & ~widenable
         cost = {"host": np.inf, "ssd": np.inf}
         if "host" in pl.tiers and fresh.any():
-            i = np.flatnonzero(fresh)
+            i = fresh.nonzero()[0]
             tier[i[pl.host_room(idx[i])]] = 1
         if "ssd" in pl.tiers:
-            i = np.flatnonzero(fresh & (tier < 0))
+            i = (fresh & (tier < 0)).nonzero()[0]
             tier[i[pl.ssd_room(idx[i])]] = 0
             cost["ssd"] = pl.cost_per_byte["ssd"]
         ok &= tier >= 0
@@ -965,25 +964,25 @@ class _Exposed:
     def best(self) -> int:
         """The candidate scoring every candidate now would pick (highest score, lowest index
         among equals), or -1 where none has a positive score."""
-        self.crit = np.flatnonzero(self.pl.live2 > self.pl.capacity)
+        self.crit = (self.pl.live2 > self.pl.capacity).nonzero()[0]
         crit = np.append(self.crit, 2 * self.pl.n)
         stale = self.stale | self.pinned
         # a stale bound of 0 stays 0: scores only fall
         self.stale &= self.bound > 0
         self.score[stale & ~self.stale & ~self.pinned] = 0.0
         if self.pinned.any():
-            self._evaluate(np.flatnonzero(self.pinned), crit)
+            self._evaluate(self.pinned.nonzero()[0], crit)
         best, batch = float(self.score[~self.stale].max(initial=0.0)), 64
         while True:  # highest bounds first, until none left can reach the best
-            ids = np.flatnonzero(self.stale & (self.bound * (1 + _SLACK) >= best))
+            ids = (self.stale & (self.bound * (1 + _SLACK) >= best)).nonzero()[0]
             if not ids.size:
                 break
             if ids.size > batch:
-                ids = ids[np.argpartition(-self.bound[ids], batch)[:batch]]
+                ids = ids[(-self.bound[ids]).argpartition(batch)[:batch]]
             self._evaluate(ids, crit)
             best = max(best, float(self.score[ids].max()))
             batch *= 2
-        c = int(np.argmax(self.score))
+        c = int(self.score.argmax())
         return c if self.score[c] > 0 else -1
 
     def chosen(self, c: int, lowered: list[tuple[int, int]], tier: str | None) -> None:
@@ -997,7 +996,7 @@ class _Exposed:
         if ended.size:
             count = np.zeros(2 * pl.n + 1, dtype=np.int64)
             count[ended + 1] = 1
-            np.cumsum(count, out=count)
+            count.cumsum(out=count)
             self.stale |= count[pl.b] > count[pl.a + 1]
         # prefix rows summed again from their first changed op: the windows reaching past it
         self.stale |= np.maximum(self.p, self.hp) > pl._touched[pl._code]

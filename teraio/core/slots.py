@@ -135,14 +135,14 @@ class SlotBins:
         if col >= len(self._tids) or self._tids[col] != tid:
             raise ValueError(f"tensor {tid} has no candidate period")
         k = len(self.size)
-        free = np.flatnonzero((self._sizes[:k] >= nbytes) & ~self._busy[:k, col])
-        mine = self._busy_row(np.flatnonzero(self._tix == col))  # what its periods meet
+        free = ((self._sizes[:k] >= nbytes) & ~self._busy[:k, col]).nonzero()[0]
+        mine = self._busy_row((self._tix == col).nonzero()[0])  # what its periods meet
         if free.size:
             j = int(free[np.argmin(self._sizes[free])])  # best fit, the lowest index among equals
             newly = mine & ~self._busy[j]
             self._busy[j] |= mine
             # tensors that lost bin j as a free one, where it may have been their largest
-            lost = np.flatnonzero(newly & (self._free_max == self._sizes[j]))
+            lost = (newly & (self._free_max == self._sizes[j])).nonzero()[0]
             if lost.size:
                 self._free_max[lost] = np.where(~self._busy[:k, lost], self._sizes[:k, None], -1).max(axis=0)
         else:
@@ -258,7 +258,7 @@ class HostArena:
         without a search."""
         periods, nbytes = np.asarray(periods, np.int64), np.asarray(nbytes, np.int64)
         ok = ~self._fixed[periods] & (self._top[periods] + align_up(nbytes, self.align) <= self.cap)
-        rest = np.flatnonzero(~ok)
+        rest = (~ok).nonzero()[0]
         if rest.size:
             ok[rest] = self.offsets(periods[rest], nbytes[rest]) >= 0
         return ok
