@@ -83,9 +83,12 @@ class SlotBins:
         self._busy = np.zeros((8, T), dtype=bool)
         self._sizes = np.zeros(8, dtype=np.int64)  # self.size as an array, same spare rows
         self._placed = np.zeros(T, dtype=bool)     # per tensor: it has a bin
-        # per tensor: the largest bin none of whose periods meets the tensor's, -1 if none;
-        # bins only get busier, so it only falls
+        # per tensor: the largest bin none of whose periods meets the tensor's, -1 if none
+        # (bins only get busier, so it only falls), from per tensor and bin size the number
+        # of such bins (kept with a cap only: room asks for it)
         self._free_max = np.full(T, -1, dtype=np.int64)
+        self._free_count = np.zeros((T, 0), dtype=np.int64)
+        self._size_col: dict[int, int] = {}   # bin size -> its column of _free_count
         self.bin_of: dict[int, int] = {}      # tensor id -> bin
 
     def _busy_row(self, periods: np.ndarray) -> np.ndarray:
@@ -141,10 +144,13 @@ class SlotBins:
             j = int(free[np.argmin(self._sizes[free])])  # best fit, the lowest index among equals
             newly = mine & ~self._busy[j]
             self._busy[j] |= mine
-            # tensors that lost bin j as a free one, where it may have been their largest
-            lost = (newly & (self._free_max == self._sizes[j])).nonzero()[0]
-            if lost.size:
-                self._free_max[lost] = np.where(~self._busy[:k, lost], self._sizes[:k, None], -1).max(axis=0)
+            if self.cap is not None:  # tensors that lost bin j as a free one
+                u = self._size_col[int(self._sizes[j])]
+                self._free_count[newly, u] -= 1
+                lost = (newly & (self._free_count[:, u] == 0) & (self._free_max == self._sizes[j])).nonzero()[0]
+                if lost.size:
+                    sizes = np.array(list(self._size_col), dtype=np.int64)
+                    self._free_max[lost] = np.where(self._free_count[lost] > 0, sizes, -1).max(axis=1)
         else:
             size = align_up(int(nbytes), self.align)
             taken = int(self.footprint(int(nbytes)))
@@ -158,7 +164,12 @@ class SlotBins:
             self.size.append(size)
             self.owner.append(tid)
             self._busy[j], self._sizes[j] = mine, size
-            self._free_max = np.where(mine, self._free_max, np.maximum(self._free_max, size))
+            if self.cap is not None:
+                if size not in self._size_col:
+                    self._size_col[size] = self._free_count.shape[1]
+                    self._free_count = np.concatenate([self._free_count, np.zeros((len(mine), 1), np.int64)], axis=1)
+                self._free_count[~mine, self._size_col[size]] += 1
+                self._free_max = np.where(mine, self._free_max, np.maximum(self._free_max, size))
             self.held_bytes += size
             self.tier_bytes += taken
         self.bin_of[tid] = j
@@ -208,6 +219,7 @@ class HostArena:
         # there), and whether its tensor has its offset
         self._top = np.zeros(len(self.tid), np.int64)
         self._fixed = np.zeros(len(self.tid), bool)
+        self._by_offset: tuple[np.ndarray, ...] | None = None  # the placed ranges by offset, once asked
 
     def offsets(self, periods: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
         """Where each period's bytes would go, int64 ``[len(periods)]``: its tensor's offset
@@ -227,8 +239,10 @@ class HostArena:
     def _search(self, periods: np.ndarray, size: np.ndarray) -> np.ndarray:
         """:meth:`offsets` over the placed ranges (``size`` aligned)."""
         fixed = np.array([self.at.get(int(t), -1) for t in self.tid[periods]], dtype=np.int64)
-        order = np.argsort(self._off, kind="stable")  # placed ranges by offset
-        lo, hi, off, end = (x[order] for x in (self._lo, self._hi, self._off, self._end))
+        if self._by_offset is None:
+            order = np.argsort(self._off, kind="stable")
+            self._by_offset = tuple(x[order] for x in (self._lo, self._hi, self._off, self._end))
+        lo, hi, off, end = self._by_offset
         out = np.empty(len(periods), dtype=np.int64)
         rows = max(1, _BLOCK // max(1, len(off)))
         for s in range(0, len(periods), rows):
@@ -280,13 +294,14 @@ class HostArena:
             self._memo_size[mine] = -1
             self._fixed[mine] = True
         end = off + int(align_up(int(nbytes), self.align))
-        lo, hi = self.a[period], self.b[period]
-        meet = np.zeros(len(self.tid), dtype=bool)
-        for shift in (-self.n, 0, self.n):
-            meet |= (lo + shift < self.b) & (self.a < hi + shift)
-        kept = self._memo >= 0  # no range frees space: a -1 stays -1
-        self._memo_size[kept & meet & (self._memo < end) & (off < self._memo + self._memo_size)] = -1
+        lo, hi, n = int(self.a[period]), int(self.b[period]), self.n
+        meet = (((lo < self.b) & (self.a < hi)) | ((lo - n < self.b) & (self.a < hi - n)) |
+                ((lo + n < self.b) & (self.a < hi + n))).nonzero()[0]
+        memo, size = self._memo[meet], self._memo_size[meet]
+        # no range frees space: a -1 stays -1
+        self._memo_size[meet[(memo >= 0) & (memo < end) & (off < memo + size)]] = -1
         self._top[meet] = np.maximum(self._top[meet], end)
+        self._by_offset = None
         self._lo = np.append(self._lo, self.a[period])
         self._hi = np.append(self._hi, self.b[period])
         self._off = np.append(self._off, off)
