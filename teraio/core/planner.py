@@ -569,6 +569,19 @@ class _Planner:
         r = room.nonzero()[0]
         return lo + int(r[-1]) if r.size else -1
 
+    def _recompute_ats(self, idx: np.ndarray) -> np.ndarray:
+        """:meth:`_recompute_at` of recomputable candidates ``idx``: op b where there is
+        room there, else searched back from b."""
+        b = self.b[idx]
+        live = self.live2[b]
+        room = live + self.rc_extra[idx] <= self.capacity
+        if self.rc_room == "critical":
+            room |= live > self.capacity
+        r = b.copy()
+        for j in (~room).nonzero()[0].tolist():
+            r[j] = self._recompute_at(int(idx[j]))
+        return r
+
     @property
     def rc_index(self) -> int:
         """The choice index (:meth:`evaluate`) of the recompute option."""
@@ -603,7 +616,7 @@ class _Planner:
         if self.rc_on:
             ok = self.rc_ok[idx]
             p = np.full(len(idx), -1, dtype=np.int64)
-            p[ok] = [self._recompute_at(int(c)) for c in idx[ok]]
+            p[ok] = self._recompute_ats(idx[ok])
             fs.append(st), ps.append(p), oks.append(ok & (p > st))
             pers.append(self.rc_cost[idx] if self.benefit == "pressure" else s.astype(np.float64))
         m = len(fs)
