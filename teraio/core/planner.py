@@ -1228,12 +1228,19 @@ def _fastest_schedule(cands: _Candidates, trace: Trace, capacity_bytes: int, tie
     if plans["on"].recomputes:  # else it is the plan without the option
         plans["off"] = _plan(cands, trace, capacity_bytes, tiers, host_cap_bytes, time.perf_counter(), **options,
                              recompute=False)
-    seconds = {k: simulate(trace, plan, tiers, shared_ssd=options["shared_ssd"]).iteration_seconds
+    seconds = {k: _simulated(plan) or simulate(trace, plan, tiers, shared_ssd=options["shared_ssd"]).iteration_seconds
                for k, plan in plans.items()}
     on = "off" not in plans or seconds["on"] < seconds["off"] * (1 - REGION_MARGIN)
     kept = plans["on" if on else "off"]
     kept.meta.update(recompute_auto=seconds, compile_seconds=time.perf_counter() - t0)
     return kept
+
+
+def _simulated(plan: MigrationPlan) -> float | None:
+    """The simulated iteration seconds of a plan that ``host_arena="auto"`` kept (it
+    simulated it to choose), else None."""
+    auto = plan.meta.get("host_arena_auto")
+    return auto["arena" if plan.meta["host_arena"] else "slots"] if auto else None
 
 
 def _fastest_packing(cands: _Candidates, trace: Trace, capacity_bytes: int, tiers: TierBandwidth,

@@ -94,10 +94,9 @@ class SlotBins:
     def _busy_row(self, periods: np.ndarray) -> np.ndarray:
         """bool per tensor: one of its periods shares an op with one of ``periods``
         (cyclic)."""
-        meet = np.zeros(len(self._a), dtype=bool)
-        for lo, hi in zip(self._a[periods].tolist(), self._b[periods].tolist()):
-            for shift in (-self.n, 0, self.n):
-                meet |= (self._a < hi + shift) & (lo + shift < self._b)
+        lo, hi = self._a[periods, None], self._b[periods, None]
+        a, b, n = self._a, self._b, self.n
+        meet = (((a < hi) & (lo < b)) | ((a < hi - n) & (lo - n < b)) | ((a < hi + n) & (lo + n < b))).any(axis=0)
         row = np.zeros(len(self._tids), dtype=bool)
         row[self._tix[meet]] = True
         return row
