@@ -699,6 +699,9 @@ class _Planner:
                   self.rc_extra, self.rc_chain, self.rc_dependents, self.by_tid)
         memo = {id(x): x for x in shared}
         memo[id(self.bins["host"])] = None
+        for ms in ([self._greedy.migrations] if self._greedy else []) + \
+                  ([self._exposed.migrations] if self._exposed else []) + [self.recomputes]:
+            memo.update((id(m), m) for m in ms)  # never changed in place: replaced
         other = copy.deepcopy(self, memo)
         other.bins["host"], other.host_arena = twin, True
         lists = [other._greedy.migrations] if other._greedy else []
