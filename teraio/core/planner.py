@@ -664,10 +664,15 @@ class _Planner:
         extra = int(self.rc_extra[c])
         if extra:
             k = b % self.n
+            before = int(self.live[k]) - self.capacity
             self.live[k] += extra
             self.live2[k] += extra
             self.live2[k + self.n] += extra
-            self._valid = np.minimum(self._valid, k)
+            # rows whose density at op k rises: the excess was below the key and ends above 0
+            keys = self._keys if self.benefit == "pressure" else np.array([1])
+            if before + extra > 0:
+                hit = keys > before
+                self._valid[hit] = np.minimum(self._valid[hit], k)
         return a + 1, b
 
     # ---- choosing -----------------------------------------------------------------------
