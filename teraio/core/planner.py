@@ -464,6 +464,10 @@ class _Planner:
                      "ssd": SlotBins(self.n, self.p_tid, self.a, self.b, ssd_cap, footprint=ssd_file_bytes)}
         # Until the SSD files come within one largest slot of the cap, every candidate has room there.
         self._ssd_largest = int(ssd_file_bytes(int(self.s.max()))) if len(self.s) else 0
+        # per candidate: its bytes in each channel's units, and per tier what a score divides by
+        self._moved = {c: self.s * self.scale[c] for c in CHANNELS}
+        self._per = {t: self.s * self.cost_per_byte[t] if benefit == "pressure" else self.s.astype(np.float64)
+                     for t in TIER_CHANNELS}
         # Benefit density prefix sums over the doubled timeline, one row per key (a candidate
         # size for "pressure", one row for "formula"): row r is valid up to column _valid[r]
         # (its densities changed at that op, or it was summed that far), summed on from there
@@ -607,12 +611,15 @@ class _Planner:
         for tier in self.tiers:
             cw, cr = TIER_CHANNELS[tier]
             pw, pr = self.channels[cw].prefix, self.channels[cr].prefix
-            f = pw.searchsorted(pw[st] + s * self.scale[cw], side="left")
-            p = pr.searchsorted(pr[b] - s * self.scale[cr], side="right") - 1
+            f = pw.searchsorted(pw[st] + self._moved[cw][idx], side="left")
+            p = pr.searchsorted(pr[b] - self._moved[cr][idx], side="right") - 1
             ok = (f < b) & (p > f)
-            ok &= self.host_room(idx) if tier == "host" else self.ssd_room(idx)
+            if tier == "host":
+                ok &= self.host_room(idx)
+            elif self.bins["ssd"].cap is not None:
+                ok &= self.ssd_room(idx)
             fs.append(f), ps.append(p), oks.append(ok)
-            pers.append(s * self.cost_per_byte[tier] if self.benefit == "pressure" else s.astype(np.float64))
+            pers.append(self._per[tier][idx])
         if self.rc_on:
             ok = self.rc_ok[idx]
             p = np.full(len(idx), -1, dtype=np.int64)
@@ -939,6 +946,7 @@ class _Exposed:
         self.stale = np.ones(N, dtype=bool)
         self.migrations: list[Migration] = []
         self.n_widened, self.done = 0, False
+        self.crit: np.ndarray | None = None  # the critical ops of the doubled timeline
 
     def _evaluate(self, idx: np.ndarray, crit: np.ndarray) -> None:
         """Score candidates ``idx`` now (the full-rescoring rule of phase 2); ``crit``: the
@@ -985,7 +993,8 @@ class _Exposed:
     def best(self) -> int:
         """The candidate scoring every candidate now would pick (highest score, lowest index
         among equals), or -1 where none has a positive score."""
-        self.crit = (self.pl.live2 > self.pl.capacity).nonzero()[0]
+        if self.crit is None:
+            self.crit = (self.pl.live2 > self.pl.capacity).nonzero()[0]
         crit = np.append(self.crit, 2 * self.pl.n)
         stale = self.stale | self.pinned
         # a stale bound of 0 stays 0: scores only fall
@@ -1013,7 +1022,8 @@ class _Exposed:
         self.alive[c] = self.widenable[c] = self.pinned[c] = False
         self.score[c] = self.bound[c] = 0.0
         # windows change only where an op of the period stopped being critical
-        ended = self.crit[pl.live2[self.crit] <= pl.capacity]
+        still = pl.live2[self.crit] > pl.capacity
+        ended, self.crit = self.crit[~still], self.crit[still]
         if ended.size:
             count = np.zeros(2 * pl.n + 1, dtype=np.int64)
             count[ended + 1] = 1
