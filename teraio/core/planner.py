@@ -150,7 +150,6 @@ CHANNELS: tuple[str, ...] = ("ssd_write", "ssd_read", "host_d2h", "host_h2d")
 TIER_CHANNELS: dict[str, tuple[str, str]] = {"ssd": ("ssd_write", "ssd_read"),
                                              "host": ("host_d2h", "host_h2d")}
 _GB = 1e9
-_NEVER = np.iinfo(np.int64).max  # an excess no size reaches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -479,6 +478,7 @@ class _Planner:
         self._code = self._code.reshape(-1)
         self._q = np.zeros((len(self._keys), 2 * self.n + 1))
         self._valid = np.zeros(len(self._keys), dtype=np.int64)
+        self._one = np.array([1])  # the formula's key: its density changes where the excess falls to 0
         self._touched = np.zeros(len(self._keys), dtype=np.int64)  # first op changed since the exposed phase asked
         self._recompute_setup(trace, periods, recompute, recompute_table)
         self.recomputes: list[Recompute] = []
@@ -539,15 +539,17 @@ class _Planner:
         pieces = sorted(_cyclic_slices(lo, hi, self.n))
         if not pieces:
             return
+        keys = self._keys if self.benefit == "pressure" else self._one
         excess = np.concatenate([self.live[s:e] for s, e in pieces]) - self.capacity
-        after = np.where(excess > 0, excess - nbytes, _NEVER)
-        low = np.minimum.accumulate(after)  # non-increasing: first op where it falls below each key
-        keys = self._keys if self.benefit == "pressure" else np.array([1])
-        k = (-low).searchsorted(-keys, side="right")
-        hit = k < len(low)
-        if hit.any():
+        # ops where the excess was positive and falls below the largest key
+        at = ((excess > 0) & (excess < int(keys[-1]) + nbytes)).nonzero()[0]
+        if at.size:
+            low = np.minimum.accumulate(excess[at] - nbytes)  # non-increasing
+            k = (-low).searchsorted(-keys, side="right")  # the first that falls below each key
+            hit = k < len(low)
             first = len(range(*pieces[0]))
-            op = np.where(k < first, pieces[0][0] + k, pieces[-1][0] + k - first)
+            op = at[np.minimum(k, len(at) - 1)]
+            op = np.where(op < first, pieces[0][0] + op, pieces[-1][0] + op - first)
             self._valid[hit] = np.minimum(self._valid[hit], op[hit])
             self._touched[hit] = np.minimum(self._touched[hit], op[hit])
         for s, e in pieces:
@@ -676,7 +678,7 @@ class _Planner:
             self.live2[k] += extra
             self.live2[k + self.n] += extra
             # rows whose density at op k rises: the excess was below the key and ends above 0
-            keys = self._keys if self.benefit == "pressure" else np.array([1])
+            keys = self._keys if self.benefit == "pressure" else self._one
             if before + extra > 0:
                 hit = keys > before
                 self._valid[hit] = np.minimum(self._valid[hit], k)
