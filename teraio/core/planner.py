@@ -1083,9 +1083,7 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
             against the tiers (module docstring, "Recompute"); ``"auto"``: plan with and
             without it and keep the plan with recompute where it simulates more than
             :data:`REGION_MARGIN` shorter; ``meta["recompute_auto"]`` holds both simulated
-            iterations (``{"off": s, "on": s}``). With ``host_arena="auto"`` too, the plan
-            without recompute chooses the packing (its ``meta["host_arena_auto"]``) and the
-            plan with recompute uses it.
+            iterations (``{"off": s, "on": s}``).
 
     Returns:
         the plan, migrations in the order chosen. If the peak cannot be brought under
@@ -1239,26 +1237,21 @@ def _make_plan(planner: _Planner, trace: Trace, capacity_bytes: int, migrations:
 def _fastest_schedule(cands: _Candidates, trace: Trace, capacity_bytes: int, tiers: TierBandwidth,
                       host_cap_bytes: int, **options) -> MigrationPlan:
     """``plan_migrations(recompute="auto")``: plans without and with the recompute option,
-    the latter kept where it simulates more than :data:`REGION_MARGIN` faster. With
-    ``host_arena="auto"`` the plan without the option chooses the host packing (today's
-    plan, both packings planned) and the plan with it takes that packing. A plan with the
-    option that recomputes nothing is the plan without it (the option only adds choices),
-    so it is kept as it is; ``meta["recompute_auto"]`` then has ``"on"`` only."""
+    the latter kept where it simulates more than :data:`REGION_MARGIN` faster. A plan with
+    the option that recomputes nothing is the plan without it (the option only adds
+    choices), so it is kept without planning again; ``meta["recompute_auto"]`` then has
+    ``"on"`` only."""
     from teraio.core.simulator import simulate  # the simulator builds on this module
 
     t0 = time.perf_counter()
-    packing = options.pop("host_arena")
-    off = _plan(cands, trace, capacity_bytes, tiers, host_cap_bytes, t0, **options, host_arena=packing,
-                recompute=False)
-    if packing == "auto":
-        packing = off.meta["host_arena"]
-    on = _plan(cands, trace, capacity_bytes, tiers, host_cap_bytes, time.perf_counter(), **options,
-               host_arena=packing, recompute=True)
-    plans = {"on": on, "off": off} if on.recomputes else {"on": on}  # else it is the plan without
+    plans = {"on": _plan(cands, trace, capacity_bytes, tiers, host_cap_bytes, t0, **options, recompute=True)}
+    if plans["on"].recomputes:  # else it is the plan without the option
+        plans["off"] = _plan(cands, trace, capacity_bytes, tiers, host_cap_bytes, time.perf_counter(), **options,
+                             recompute=False)
     seconds = {k: _simulated(plan) or simulate(trace, plan, tiers, shared_ssd=options["shared_ssd"]).iteration_seconds
                for k, plan in plans.items()}
-    keep_on = "off" not in plans or seconds["on"] < seconds["off"] * (1 - REGION_MARGIN)
-    kept = plans["on" if keep_on else "off"]
+    on = "off" not in plans or seconds["on"] < seconds["off"] * (1 - REGION_MARGIN)
+    kept = plans["on" if on else "off"]
     kept.meta.update(recompute_auto=seconds, compile_seconds=time.perf_counter() - t0)
     return kept
 
