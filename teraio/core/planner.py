@@ -432,6 +432,7 @@ class _Greedy:
         self.fresh = np.ones(len(bound), dtype=bool)
         self.migrations: list[Migration] = []
         self.round: _Round | None = None
+        self.batches = 2  # batches the last round evaluated (2: more than one)
         self.stats: dict | None = None
 
 
@@ -795,7 +796,8 @@ class _Planner:
                     break
                 if rnd.ahead is None:  # the batches of this round (64, 128, 256) in one call
                     rnd.ahead = _Ahead(self, N)
-                    rnd.ahead.add(ids if ids.size <= _AHEAD else ids[(-bound[ids]).argpartition(_AHEAD)[:_AHEAD]])
+                    k = _AHEAD if g.batches > 1 else 64  # as many as the last round took
+                    rnd.ahead.add(ids if ids.size <= k else ids[(-bound[ids]).argpartition(k)[:k]])
                 if ids.size > rnd.batch:
                     ids = ids[(-bound[ids]).argpartition(rnd.batch)[:rnd.batch]]
                 bound[ids], choice[ids], fwin[ids], pwin[ids], score[ids] = rnd.ahead.take(ids)
@@ -805,6 +807,7 @@ class _Planner:
                 if (choice[ids] >= 0).any():
                     rnd.best = max(rnd.best, float(score[ids].max()))
                 rnd.batch *= 2
+            g.batches = {64: 0, 128: 1}.get(rnd.batch, 2)
             g.round = None
             usable = alive & fresh & (choice >= 0)
             if not usable.any():
