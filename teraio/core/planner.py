@@ -443,7 +443,7 @@ class _Planner:
     def __init__(self, trace: Trace, capacity: int, tiers: TierBandwidth, host_cap: int,
                  benefit: str, use_ssd: bool, periods: Periods, shared_ssd: bool, host_arena: bool = False,
                  ssd_cap: int | None = None, recompute: str | None = None,
-                 recompute_table: "RecomputeTable | None" = None):
+                 recompute_table: "RecomputeTable | None" = None, meets: dict | None = None):
         self.n = trace.n_ops
         self.capacity = capacity
         self.benefit = benefit
@@ -460,8 +460,11 @@ class _Planner:
         # With host_arena the host tier is one region, a byte offset per tensor instead.
         self.host_arena = host_arena
         host = HostArena if host_arena else SlotBins
-        self.bins = {"host": host(self.n, self.p_tid, self.a, self.b, host_cap, align=HOST_ALIGN),
-                     "ssd": SlotBins(self.n, self.p_tid, self.a, self.b, ssd_cap, footprint=ssd_file_bytes)}
+        self._tensor_meets: dict = {} if meets is None else meets
+        slots = {} if host_arena else {"meets": self._tensor_meets}
+        self.bins = {"host": host(self.n, self.p_tid, self.a, self.b, host_cap, align=HOST_ALIGN, **slots),
+                     "ssd": SlotBins(self.n, self.p_tid, self.a, self.b, ssd_cap, footprint=ssd_file_bytes,
+                                     meets=self._tensor_meets)}
         # Until the SSD files come within one largest slot of the cap, every candidate has room there.
         self._ssd_largest = int(ssd_file_bytes(int(self.s.max()))) if len(self.s) else 0
         # per candidate: its bytes in each channel's units, and per tier what a score divides by
@@ -711,7 +714,7 @@ class _Planner:
         keeps the slots and drops the twin. Both then carry on alone."""
         twin, self.twin = self.twin, None
         shared = (self.tau2, self.s, self.a, self.b, self.p_tid, self._keys, self._code, self.rc_cost,
-                  self.rc_extra, self.rc_chain, self.rc_dependents, self.by_tid)
+                  self.rc_extra, self.rc_chain, self.rc_dependents, self.by_tid, self._tensor_meets)
         memo = {id(x): x for x in shared}
         memo[id(self.bins["host"])] = None
         for ms in ([self._greedy.migrations] if self._greedy else []) + \
@@ -1129,6 +1132,7 @@ class _Candidates:
         self.trace, self.min_tensor_bytes = trace, min_tensor_bytes
         self.periods = inactive_periods(trace, min_tensor_bytes)
         self._table: RecomputeTable | None = None
+        self.meets: dict = {}  # the slots' rows of what each tensor's periods meet (SlotBins)
 
     @property
     def recompute_table(self) -> RecomputeTable:
@@ -1164,7 +1168,8 @@ def _plan_packings(cands: _Candidates, trace: Trace, capacity_bytes: int, tiers:
             break
         planner = _Planner(trace, capacity_bytes, tiers, host_cap_bytes, options["benefit"], options["use_ssd"],
                            cands.periods, options["shared_ssd"], todo == ("arena",), options["ssd_cap_bytes"],
-                           room, recompute_table=cands.recompute_table if recompute else None)
+                           room, recompute_table=cands.recompute_table if recompute else None,
+                           meets=cands.meets)
         meta = {"planner": "teraio.planner/1", "benefit": options["benefit"],
                 "tiers_gbps": dataclasses.asdict(tiers), "host_cap_bytes": host_cap_bytes,
                 "use_ssd": options["use_ssd"], "allow_stalls": options["allow_stalls"],

@@ -55,6 +55,9 @@ class SlotBins:
         footprint: bytes a bin of ``nbytes`` takes in the tier, for the cap (vectorized over
             an int array; default: its aligned size). The SSD tier's is
             :func:`ssd_file_bytes`: its files hold whole stripes.
+        meets: per tensor id, the tensors one of whose periods meets one of its own, bool
+            ``[tensors]`` (in the order of ``np.unique(tid)``); a dict that bins over the same
+            periods may share, filled as tensors are placed.
 
     Attributes:
         held_bytes: the sum of the bins' (aligned) sizes.
@@ -62,7 +65,7 @@ class SlotBins:
     """
 
     def __init__(self, n_ops: int, tid: np.ndarray, a: np.ndarray, b: np.ndarray,
-                 cap_bytes: int | None = None, align: int = 1, footprint=None):
+                 cap_bytes: int | None = None, align: int = 1, footprint=None, meets: dict | None = None):
         if cap_bytes is not None and cap_bytes < 0:
             raise ValueError(f"cap_bytes={cap_bytes!r}; must be >= 0 or None")
         self.n = n_ops
@@ -90,6 +93,7 @@ class SlotBins:
         self._free_count = np.zeros((T, 0), dtype=np.int64)
         self._size_col: dict[int, int] = {}   # bin size -> its column of _free_count
         self.bin_of: dict[int, int] = {}      # tensor id -> bin
+        self._meets = {} if meets is None else meets
 
     def _busy_row(self, periods: np.ndarray) -> np.ndarray:
         """bool per tensor: one of its periods shares an op with one of ``periods``
@@ -138,7 +142,9 @@ class SlotBins:
             raise ValueError(f"tensor {tid} has no candidate period")
         k = len(self.size)
         free = ((self._sizes[:k] >= nbytes) & ~self._busy[:k, col]).nonzero()[0]
-        mine = self._busy_row((self._tix == col).nonzero()[0])  # what its periods meet
+        mine = self._meets.get(tid)  # what its periods meet
+        if mine is None:
+            mine = self._meets[tid] = self._busy_row((self._tix == col).nonzero()[0])
         if free.size:
             j = int(free[np.argmin(self._sizes[free])])  # best fit, the lowest index among equals
             newly = mine & ~self._busy[j]
