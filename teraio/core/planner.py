@@ -114,9 +114,20 @@ bound. Accepting a migration changes state only inside
 its own inactive period, so only candidates whose periods overlap it go stale. Each round
 re-scores stale candidates in vectorized batches, highest bound first, until none can
 beat the best fresh score; ties go to the lowest candidate index, so the result is the
-same as re-scoring everything every round. Window ends come from ``searchsorted`` on
+same as re-scoring everything every round (the batches of a round are evaluated in one
+call where the last round needed more than one). Window ends come from ``searchsorted`` on
 prefix sums of free bandwidth over a doubled (cyclic) timeline, benefits from prefix sums
-of the benefit density. About 1-3 s for a 10k-op trace on one CPU core.
+of the benefit density, one row per candidate size. A change sums a row again only from
+its first op whose value changed, in the same order as summing it whole, so every score
+is the same to the last bit as summing afresh. The exposed phase is lazy the same way
+(``_Exposed``). The recompute chains are found once per ``plan_migrations`` call.
+
+``host_arena="auto"`` plans its two packings as twins: one run places each host migration
+in the slots and in the region alike and asks both for room; while they answer alike it is
+both plans, and at the first room test they answer differently it splits into two that carry
+on alone (``_run_twins``), so the shared part is planned once. Planning time on the
+committed traces, today's planner and ``recompute="auto"`` side by side:
+``benchmarks/results/plan_compile_cpu.json``.
 """
 from __future__ import annotations
 
@@ -1273,8 +1284,9 @@ def _simulated(plan: MigrationPlan) -> float | None:
 
 def _fastest_packing(cands: _Candidates, trace: Trace, capacity_bytes: int, tiers: TierBandwidth,
                      host_cap_bytes: int, **options) -> MigrationPlan:
-    """``plan_migrations(host_arena="auto")``: the host tier in slots and as one region,
-    the region's plan kept where it simulates more than :data:`REGION_MARGIN` faster."""
+    """``plan_migrations(host_arena="auto")``: the host tier in slots and as one region
+    (planned as twins, :func:`_run_twins`), the region's plan kept where it simulates more
+    than :data:`REGION_MARGIN` faster."""
     from teraio.core.simulator import simulate  # the simulator builds on this module
 
     t0 = time.perf_counter()
