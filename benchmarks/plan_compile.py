@@ -1,6 +1,8 @@
 """Plan compile time (paper camera-ready Table 1:
 31.2 s for Llama3-8B, 396.6 s for Llama3-70B): wall time of
-:func:`teraio.perf.choose.plan_fastest` (the planner, ``"auto"`` settings chosen by simulating) on a saved trace, on this machine's CPU.
+:func:`teraio.perf.choose.plan_fastest` (the planner, ``"auto"`` settings chosen by simulating) on a saved trace, on
+this machine's CPU, and the CPU time of the process over the same call (on a machine other
+work shares, the wall time includes waiting for a core).
 
     python -m benchmarks.plan_compile TRACE --label NAME --paper-m M_PERCENT \
         [--host-cap-gb 170] [--ssd-gbps 16] [--host-gbps 50] [--host-arena {false,true,auto}] \
@@ -11,10 +13,15 @@ un-offloaded peak / M; SSD tier ``--ssd-gbps`` GB/s each way (4 x 990 PRO per GP
 ~16 GB/s); host tier ``--host-gbps`` GB/s each way (the paper states none:
 ``conf/hardware/paper_h100nvl.yaml``'s assumption) capped at ``--host-cap-gb`` GB (170 GB
 for Llama3-8B, 770 GB for Llama3-70B: what ZeRO-Infinity uses), packed as ``--host-arena``
-says (default ``auto``, TeraIO's: the planner plans the host tier in slots and as one region
-and keeps the faster, so it plans twice); ``allow_stalls`` and the other options as
+says (default ``auto``, TeraIO's: the planner plans the host tier in slots and as one region,
+as twins that share their run until a room test tells them apart, and keeps the faster);
+``allow_stalls`` and the other options as
 ``conf/system/teraio_ssd.yaml``. ``--synthesize L:L2`` first turns an
 L-layer trace into an L2-layer one (:func:`teraio.perf.synth.synthesize_layers`).
+``--schedule`` also times the schedule search, ``recompute="auto"`` (each candidate moved
+to SSD, to host memory or dropped and recomputed; the plans with and without recompute
+simulated and the faster kept), right after today's planner in each repeat, and gives
+the ratios of their medians.
 
 The result is one entry, keyed by ``--label``, of the JSON file ``--out`` (other entries
 are kept; the file is replaced atomically).
@@ -40,6 +47,8 @@ from teraio.files import write_atomic
 from teraio.perf.choose import plan_fastest
 from teraio.perf.synth import synthesize_layers
 
+WHAT = ("teraio.perf.choose.plan_fastest on a saved trace, on the CPU: wall and CPU seconds of today's "
+        "planner (recompute off) and, with --schedule, of the schedule search (recompute=auto) right after it")
 # Camera-ready Table 1, for comparison only; the paper's machine and what its
 # time includes are not stated.
 PAPER_SECONDS = {"llama3_8b": 31.2, "granite_8b": 37.9, "llama3_70b": 396.6}
@@ -49,9 +58,10 @@ def time_plan(trace: Trace, paper_m: float, ssd_gbps: float = 16.0, host_gbps: f
               host_cap_bytes: int = 170 * 10**9, repeats: int = 3, min_tensor_bytes: int = 1 << 20,
               host_arena: bool | str = "auto", schedule: bool = False) -> dict:
     """Plan ``trace`` ``repeats`` times at capacity = peak / (``paper_m`` / 100) and report
-    wall times (s) and the plan's size; with ``schedule``, each time also with
-    ``recompute="auto"`` (TeraIO's schedule search: tiers or recompute per tensor), right
-    after today's plan, its times, their ratio to today's and its plan under ``"schedule"``.
+    wall times and the process's CPU times (s) and the plan's size; with ``schedule``, each
+    time also with ``recompute="auto"`` (TeraIO's schedule search: tiers or recompute per
+    tensor), right after today's plan, its times, their medians' ratios to today's and its
+    plan under ``"schedule"``.
 
     Raises:
         ValueError: ``paper_m`` <= 100 (nothing to plan) or ``repeats`` < 1.
@@ -63,25 +73,30 @@ def time_plan(trace: Trace, paper_m: float, ssd_gbps: float = 16.0, host_gbps: f
     peak = trace.peak_bytes()
     capacity = int(peak / (paper_m / 100))
     tiers = TierBandwidth(ssd_gbps, ssd_gbps, host_gbps, host_gbps)
-    seconds, plan, sched_seconds, sched = [], None, [], None
+    seconds, cpu, plan, sched_seconds, sched_cpu, sched = [], [], None, [], [], None
     for _ in range(repeats):
-        for recompute, times in ((False, seconds), ("auto", sched_seconds) if schedule else (None, None)):
+        for recompute, times, cpus in ((False, seconds, cpu),
+                                       ("auto", sched_seconds, sched_cpu) if schedule else (None, None, None)):
             if times is None:
                 continue
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             out = plan_fastest(trace, capacity, tiers, host_cap_bytes=host_cap_bytes, allow_stalls=True,
                                min_tensor_bytes=min_tensor_bytes, host_arena=host_arena, recompute=recompute)
             times.append(time.perf_counter() - t0)
+            cpus.append(time.process_time() - c0)
             plan, sched = (out, sched) if recompute is False else (plan, out)
     extra = {}
     if schedule:
         extra["schedule"] = {
             "seconds": sched_seconds, "median_seconds": statistics.median(sched_seconds),
+            "cpu_seconds": sched_cpu, "median_cpu_seconds": statistics.median(sched_cpu),
             "ratio_to_today": statistics.median(sched_seconds) / statistics.median(seconds),
+            "cpu_ratio_to_today": statistics.median(sched_cpu) / statistics.median(cpu),
             "recompute_auto": sched.meta.get("recompute_auto"), "recomputed_bytes": sched.recomputed_bytes(),
             "bytes_per_tier": sched.bytes_per_tier(), "shortfall_bytes": sched.shortfall_bytes}
     return {
         "seconds": seconds, "median_seconds": statistics.median(seconds),
+        "cpu_seconds": cpu, "median_cpu_seconds": statistics.median(cpu),
         "trace": {"n_ops": trace.n_ops, "n_tensors": len(trace.tensors), "peak_bytes": peak,
                   "ideal_seconds": float(trace.op_seconds.sum()),
                   **{k: trace.meta.get(k) for k in ("model", "batch_size", "micro_batch_size", "seq_len",
@@ -113,7 +128,7 @@ def machine() -> dict:
 def write_entry(out: Path, label: str, entry: dict) -> None:
     """Put ``entry`` under ``label`` in the JSON file ``out``, keeping the others."""
     doc = json.loads(out.read_text()) if out.exists() else {}
-    doc.setdefault("what", "teraio.perf.choose.plan_fastest wall time on a saved trace")
+    doc["what"] = WHAT
     doc.setdefault("entries", {})[label] = entry
     write_atomic(out, (json.dumps(doc, indent=1) + "\n").encode())
 
@@ -152,7 +167,8 @@ def main(argv: list[str] | None = None) -> dict:
     key = a.paper_key or (None if a.synthesize else trace.meta.get("model"))
     entry["paper_seconds"] = PAPER_SECONDS.get(key)
     write_entry(a.out, a.label, entry)
-    print(json.dumps({a.label: {k: entry[k] for k in ("median_seconds", "seconds", "paper_seconds")},
+    print(json.dumps({a.label: {k: entry[k] for k in ("median_seconds", "seconds", "median_cpu_seconds",
+                                                      "paper_seconds")},
                       "plan": entry["plan"], **{k: entry[k] for k in ("schedule",) if k in entry}}, indent=1))
     return entry
 

@@ -62,7 +62,7 @@ saturated around the period (its offload completes later / its prefetch must sta
 earlier), and only if the host copy fits: each tier's slots are shared by tensors whose
 periods never overlap (``teraio.core.slots``; each migration names its slot's owner in
 ``Migration.slot``), and the host slots, pinned buffers allocated once
-(``teraio.core.tiers.host.HostTier``), never hold more than ``host_cap_bytes`` in all.
+(``teraio.core.storage.HostTier``), never hold more than ``host_cap_bytes`` in all.
 The SSD tier's files, its slots in whole stripes, stay under ``ssd_cap_bytes`` when given
 (the drives' free room): a candidate whose new SSD slot would pass it may still go to host
 memory. TeraIO-SSD is ``host_cap_bytes=0``; TeraIO-Mixed a positive cap. ``use_ssd=False`` plans
@@ -94,9 +94,7 @@ tier the rule above picks. Recomputing a tensor keeps its chain's resident input
 GPU through op b: their periods that hold op b leave the candidates (a candidate whose chain
 would so pin a tensor larger than itself has no recompute option), and a candidate whose
 input is moved or recomputed there loses the option. Such an update can raise a score
-(op b's memory rises), so the lazy greedy's bounds are then only close to exact. Planning
-with and without the option and keeping the faster (``recompute="auto"``) is
-``teraio.perf.choose.plan_fastest``'s.
+(op b's memory rises), so the lazy greedy's bounds are then only close to exact.
 
 When memory cannot fit
 ----------------------
@@ -116,12 +114,25 @@ bound. Accepting a migration changes state only inside
 its own inactive period, so only candidates whose periods overlap it go stale. Each round
 re-scores stale candidates in vectorized batches, highest bound first, until none can
 beat the best fresh score; ties go to the lowest candidate index, so the result is the
-same as re-scoring everything every round. Window ends come from ``searchsorted`` on
+same as re-scoring everything every round (the batches of a round are evaluated in one
+call where the last round needed more than one). Window ends come from ``searchsorted`` on
 prefix sums of free bandwidth over a doubled (cyclic) timeline, benefits from prefix sums
-of the benefit density. About 1-3 s for a 10k-op trace on one CPU core.
+of the benefit density, one row per candidate size. A change sums a row again only from
+its first op whose value changed, in the same order as summing it whole, so every score
+is the same to the last bit as summing afresh. The exposed phase is lazy the same way
+(``_Exposed``). The recompute chains are found once per ``plan_migrations`` call.
+
+:func:`plan_packings` plans the two packings (for ``host_arena="auto"``) as twins: one run places each host migration
+in the slots and in the region alike and asks both for room; while they answer alike it is
+both plans, and at the first room test they answer differently it splits into two that carry
+on alone (``_run_twins``), so the shared part is planned once. :class:`Candidates` keeps
+what every plan of one trace shares (its periods, recompute chains and slot rows). Planning time on the
+committed traces, today's planner and ``recompute="auto"`` side by side:
+``benchmarks/results/plan_compile_cpu.json``.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 
@@ -176,51 +187,64 @@ def inactive_periods(trace: Trace, min_tensor_bytes: int = 1 << 20) -> Periods:
 
 class _Channel:
     """Free capacity (bytes) per op slot of one (tier, direction), with a prefix sum over
-    the doubled (cyclic) timeline: ``prefix[i] = free[0 mod n] + ... + free[(i-1) mod n]``."""
+    the doubled (cyclic) timeline: ``prefix[i] = free[0 mod n] + ... + free[(i-1) mod n]``,
+    summed in that order. A reservation changes a few slots; the prefix is summed again
+    from the first of them on (the same sums, in the same order), when next asked for."""
 
     def __init__(self, bytes_per_s: float, op_seconds: np.ndarray):
         self.n = len(op_seconds)
         self.capacity = bytes_per_s * op_seconds
-        self.free = self.capacity.copy()
-        self._prefix: np.ndarray | None = None
+        self._free2 = np.concatenate([self.capacity, self.capacity])
+        self.free = self._free2[:self.n]
+        self._prefix = np.zeros(2 * self.n + 1)
+        self._valid = 0  # prefix[:_valid + 1] is up to date
 
     @property
     def prefix(self) -> np.ndarray:
-        if self._prefix is None:
-            self._prefix = np.concatenate([[0.0], np.cumsum(np.concatenate([self.free, self.free]))])
+        v = self._valid
+        if v < 2 * self.n:
+            first = self._free2[v]
+            self._free2[v] = self._prefix[v] + first  # summed on from prefix[v], in order
+            self._free2[v:].cumsum(out=self._prefix[v + 1:])
+            self._free2[v] = first
+            self._valid = 2 * self.n
         return self._prefix
 
     def offload_end(self, start: int, nbytes: float) -> int:
         """Unrolled index of the slot after the one where ``nbytes`` launched at slot
         ``start`` completes (``free_before``); may exceed ``2n`` if it never completes."""
         p = self.prefix
-        return int(np.searchsorted(p, p[start] + nbytes, side="left"))
+        return int(p.searchsorted(p[start] + nbytes, side="left"))
 
     def prefetch_start(self, end: int, nbytes: float) -> int:
         """Unrolled slot where a transfer of ``nbytes`` that must finish by the start of
         slot ``end`` starts (``prefetch_before``); negative if it cannot fit."""
         p = self.prefix
-        return int(np.searchsorted(p, p[end] - nbytes, side="right")) - 1
+        return int(p.searchsorted(p[end] - nbytes, side="right")) - 1
 
-    def _take(self, lo: int, hi: int) -> None:
-        for s, e in _cyclic_slices(lo, hi, self.n):
-            self.free[s:e] = 0.0
+    def _take(self, lo: int, hi: int, last: int, rest: float) -> None:
+        """All of slots ``[lo, hi)`` (unrolled, cyclic) and ``rest`` bytes of slot ``last``;
+        the prefix is out of date from the first changed slot on."""
+        n = self.n
+        for s, e in _cyclic_slices(lo, hi, n):
+            self._free2[s:e] = 0.0
+            self._free2[s + n:e + n] = 0.0
+            self._valid = min(self._valid, s)
+        k = last % n
+        self._free2[k] = self._free2[k + n] = max(0.0, self._free2[k] - rest)
+        self._valid = min(self._valid, k)
 
     def reserve_offload(self, start: int, nbytes: float) -> int:
         end = self.offload_end(start, nbytes)
         last = end - 1
         used_before = self.prefix[last] - self.prefix[start]
-        self._take(start, last)
-        self.free[last % self.n] = max(0.0, self.free[last % self.n] - (nbytes - used_before))
-        self._prefix = None
+        self._take(start, last, last, nbytes - used_before)
         return end
 
     def reserve_prefetch(self, end: int, nbytes: float) -> int:
         start = self.prefetch_start(end, nbytes)
         used_after = self.prefix[end] - self.prefix[start + 1]
-        self._take(start + 1, end)
-        self.free[start % self.n] = max(0.0, self.free[start % self.n] - (nbytes - used_after))
-        self._prefix = None
+        self._take(start + 1, end, start, nbytes - used_after)
         return start
 
     @property
@@ -258,13 +282,132 @@ def _cyclic_slices(lo: int, hi: int, n: int) -> list[tuple[int, int]]:
     return [(s, e)] if s < e else [(s, n), (0, e)]
 
 
+@dataclasses.dataclass
+class RecomputeTable:
+    """The recompute option of each candidate period (``teraio.core.recompute``), the same for
+    every plan of one trace and candidate set, so made once for all of them.
+
+    Attributes:
+        ok: bool ``[n_periods]``: a chain exists and pins no larger tensor than it frees.
+        cost: its chain's seconds (at least 1 ns), 1.0 where none.
+        extra: its chain's bytes beyond the tensor, int64.
+        chain: its :class:`~teraio.core.recompute.Chain`, None where none.
+        dependents: per candidate, the recompute candidates whose chain keeps it on the GPU
+            (periods of a chain's resident input that hold op b, ``a' < b <= b'``).
+        by_tid: tensor id -> its candidates.
+    """
+
+    ok: np.ndarray
+    cost: np.ndarray
+    extra: np.ndarray
+    chain: list
+    dependents: list[list[int]]
+    by_tid: dict[int, list[int]]
+
+    @classmethod
+    def empty(cls, n_periods: int) -> "RecomputeTable":
+        """No candidate recomputable."""
+        return cls(np.zeros(n_periods, dtype=bool), np.ones(n_periods), np.zeros(n_periods, dtype=np.int64),
+                   [None] * n_periods, [[] for _ in range(n_periods)], {})
+
+    @classmethod
+    def of(cls, trace: Trace, periods: Periods) -> "RecomputeTable":
+        """The chains of ``periods``' activations and temporaries before their next use."""
+        n, N = trace.n_ops, len(periods.tid)
+        out = cls.empty(N)
+        chains = Chains(trace)
+        a, b_, s = periods.a.tolist(), periods.b.tolist(), periods.nbytes.tolist()
+        for c, t in enumerate(periods.tid.tolist()):
+            out.by_tid.setdefault(t, []).append(c)
+        for c, t in enumerate(periods.tid.tolist()):
+            rec = trace.tensors[t]
+            if rec.persistent or rec.kind not in ("activation", "temp"):
+                continue
+            b = b_[c]
+            ch = chains.chain(rec.tid, b)
+            if ch is None:
+                continue
+            anchors = [c2 for i in ch.inputs for c2 in out.by_tid.get(i, ())
+                       if a[c2] < b <= b_[c2] or a[c2] < b + n <= b_[c2]]
+            if any(s[c2] > s[c] for c2 in anchors):
+                continue  # it would pin a larger tensor than it frees
+            out.ok[c] = True
+            out.cost[c] = max(ch.seconds, 1e-9)
+            out.extra[c] = ch.extra_bytes
+            out.chain[c] = ch
+            for c2 in anchors:
+                out.dependents[c2].append(c)
+        return out
+
+
+_AHEAD = 64 + 128 + 256  # candidates a round of the lazy greedy evaluates in one call
+
+
+class _Ahead:
+    """Scores of candidates evaluated ahead of the batches of the lazy greedy that will ask
+    for them (:meth:`_Planner.evaluate` of each, in one call). Within a round nothing that
+    ``evaluate`` reads changes, and each candidate's result depends on nothing else in its
+    call, so a batch gets what evaluating it alone would give."""
+
+    def __init__(self, planner: "_Planner", n_candidates: int):
+        self.planner = planner
+        self.pos = np.full(n_candidates, -1, dtype=np.int64)
+        self.out: list[np.ndarray] | None = None
+
+    def add(self, ids: np.ndarray) -> None:
+        got = self.planner.evaluate(ids)
+        n = 0 if self.out is None else len(self.out[0])
+        self.pos[ids] = np.arange(n, n + len(ids))
+        self.out = list(got) if self.out is None else [np.concatenate([a, b]) for a, b in zip(self.out, got)]
+
+    def take(self, ids: np.ndarray) -> tuple[np.ndarray, ...]:
+        """``planner.evaluate(ids)``'s answer."""
+        missing = ids[self.pos[ids] < 0]
+        if missing.size:
+            self.add(missing)
+        pos = self.pos[ids]
+        return tuple(x[pos] for x in self.out)
+
+
+class _Diverged(Exception):
+    """A twinned planner's two host packings answered a room test differently: from here on
+    their plans differ (:meth:`_Planner.split`)."""
+
+
+@dataclasses.dataclass
+class _Round:
+    """A round of the lazy greedy: the best fresh score so far and the next batch size."""
+
+    best: float
+    batch: int = 64
+    ahead: _Ahead | None = None
+
+
+class _Greedy:
+    """Phase 1's state (:meth:`_Planner.run`): per candidate the last evaluation (bound,
+    choice, windows, score), whether it is still a candidate and whether that evaluation is
+    current; the migrations chosen, the round in progress, the statistics once done."""
+
+    def __init__(self, bound, choice, fwin, pwin, score):
+        self.bound, self.choice, self.fwin, self.pwin, self.score = bound, choice, fwin, pwin, score
+        self.evaluations = len(bound)
+        self.alive = bound > 0
+        self.fresh = np.ones(len(bound), dtype=bool)
+        self.migrations: list[Migration] = []
+        self.round: _Round | None = None
+        self.batches = 2  # batches the last round evaluated (2: more than one)
+        self.stats: dict | None = None
+
+
 class _Planner:
     """The greedy loop's state: bandwidth timelines, ``M'`` (over a doubled timeline so a
     window never needs splitting), host occupancy, and per-candidate cached scores."""
 
     def __init__(self, trace: Trace, capacity: int, tiers: TierBandwidth, host_cap: int,
                  benefit: str, use_ssd: bool, periods: Periods, shared_ssd: bool, host_arena: bool = False,
-                 ssd_cap: int | None = None, recompute: str | None = None, host_placement=None):
+                 ssd_cap: int | None = None, recompute: str | None = None,
+                 recompute_table: "RecomputeTable | None" = None, meets: dict | None = None,
+                 host_placement=None):
         self.n = trace.n_ops
         self.capacity = capacity
         self.benefit = benefit
@@ -283,113 +426,107 @@ class _Planner:
         self.host_arena = host_arena
         self.host_by_period = host_arena or host_placement is not None
         host = HostArena if host_arena else SlotBins
-        self.bins = {"host": host(self.n, self.p_tid, self.a, self.b, host_cap, align=HOST_ALIGN)
+        self._tensor_meets: dict = {} if meets is None else meets
+        slots = {} if host_arena else {"meets": self._tensor_meets}
+        self.bins = {"host": host(self.n, self.p_tid, self.a, self.b, host_cap, align=HOST_ALIGN, **slots)
                      if host_placement is None else host_placement(self.n, self.a, self.b, host_cap),
-                     "ssd": SlotBins(self.n, self.p_tid, self.a, self.b, ssd_cap, footprint=ssd_file_bytes)}
+                     "ssd": SlotBins(self.n, self.p_tid, self.a, self.b, ssd_cap, footprint=ssd_file_bytes,
+                                     meets=self._tensor_meets)}
         # Until the SSD files come within one largest slot of the cap, every candidate has room there.
         self._ssd_largest = int(ssd_file_bytes(int(self.s.max()))) if len(self.s) else 0
-        self._prefix_cache: dict[int, np.ndarray] = {}
-        self._recompute_setup(trace, recompute)
+        # per candidate: its bytes in each channel's units, and per tier what a score divides by
+        self._moved = {c: self.s * self.scale[c] for c in CHANNELS}
+        self._per = {t: self.s * self.cost_per_byte[t] if benefit == "pressure" else self.s.astype(np.float64)
+                     for t in TIER_CHANNELS}
+        # Benefit density prefix sums over the doubled timeline, one row per key (a candidate
+        # size for "pressure", one row for "formula"): row r is valid up to column _valid[r]
+        # (its densities changed at that op, or it was summed that far), summed on from there
+        # as far as a query needs.
+        if benefit == "pressure":
+            self._keys, self._code = np.unique(self.s, return_inverse=True)
+        else:
+            self._keys, self._code = np.array([-1], np.int64), np.zeros(len(self.s), np.int64)
+        self._code = self._code.reshape(-1)
+        self._q = np.zeros((len(self._keys), 2 * self.n + 1))
+        self._valid = np.zeros(len(self._keys), dtype=np.int64)
+        self._one = np.array([1])  # the formula's key: its density changes where the excess falls to 0
+        self._touched = np.zeros(len(self._keys), dtype=np.int64)  # first op changed since the exposed phase asked
+        self._recompute_setup(trace, periods, recompute, recompute_table)
         self.recomputes: list[Recompute] = []
         self.pinned: dict[int, list[int]] = {}  # candidate -> ops where a recompute reads it
+        self._greedy: _Greedy | None = None
+        self._exposed: _Exposed | None = None
+        # With a twin (host_arena="auto"), the host region planned alongside the slots: both
+        # are placed in and asked for room until they answer differently (_Diverged).
+        self.twin: HostArena | None = None
 
-    def _recompute_setup(self, trace: Trace, on: str | None) -> None:
-        """The recompute option's per-candidate state: ``rc_ok`` (a chain exists and its
-        resident inputs are still resident), ``rc_cost`` (its seconds), ``rc_extra`` (its
-        bytes beyond the tensor), ``rc_chain``; ``rc_anchors[c]``, the candidates (periods of
-        the chain's resident inputs that hold op b, ``a' < b <= b'``) that recomputing c
-        keeps on the GPU; ``rc_dependents[c]``, the recompute candidates for which c is one."""
-        N = len(self.s)
+    def _recompute_setup(self, trace: Trace, periods: Periods, on: str | None,
+                         table: "RecomputeTable | None") -> None:
+        """The recompute option's per-candidate state (:class:`RecomputeTable`; ``table`` if
+        given, else made here), ``rc_ok`` a copy, as the greedy clears it."""
         self.rc_on = on is not None
         self.rc_room = on
-        self.rc_ok = np.zeros(N, dtype=bool)
-        self.rc_cost = np.ones(N)
-        self.rc_extra = np.zeros(N, dtype=np.int64)
-        self.rc_chain: list = [None] * N
-        self.rc_anchors: list[list[int]] = [[] for _ in range(N)]
-        self.rc_dependents: list[list[int]] = [[] for _ in range(N)]
-        self.n_recomputable = 0
         if not self.rc_on:
-            return
-        chains = Chains(trace)
-        self.by_tid = by_tid = {}
-        for c, t in enumerate(self.p_tid.tolist()):
-            by_tid.setdefault(t, []).append(c)
-        for c in range(N):
-            rec = trace.tensors[int(self.p_tid[c])]
-            if rec.persistent or rec.kind not in ("activation", "temp"):
-                continue
-            b = int(self.b[c])
-            ch = chains.chain(rec.tid, b)
-            if ch is None:
-                continue
-            anchors = [c2 for i in ch.inputs for c2 in by_tid.get(i, ())
-                       if int(self.a[c2]) < b <= int(self.b[c2]) or int(self.a[c2]) < b + self.n <= int(self.b[c2])]
-            if any(self.s[c2] > self.s[c] for c2 in anchors):
-                continue  # it would pin a larger tensor than it frees
-            self.rc_ok[c] = True
-            self.rc_cost[c] = max(ch.seconds, 1e-9)
-            self.rc_extra[c] = ch.extra_bytes
-            self.rc_chain[c] = ch
-            self.rc_anchors[c] = anchors
-            for c2 in anchors:
-                self.rc_dependents[c2].append(c)
+            table = RecomputeTable.empty(len(self.s))
+        elif table is None:
+            table = RecomputeTable.of(trace, periods)
+        self.rc_ok = table.ok.copy()
+        self.rc_cost, self.rc_extra, self.rc_chain = table.cost, table.extra, table.chain
+        self.rc_dependents, self.by_tid = table.dependents, table.by_tid
         self.n_recomputable = int(self.rc_ok.sum())
 
     # ---- scoring (vectorized over candidates) -------------------------------------------
-    def _benefit_prefix(self, size: int) -> np.ndarray:
-        """Prefix sums over the doubled timeline of the per-op benefit density of a tensor
-        of ``size`` bytes (bytes*s for "pressure", s for "formula")."""
-        key = size if self.benefit == "pressure" else -1
-        q = self._prefix_cache.get(key)
-        if q is None:
-            excess = self.live2 - self.capacity
-            dens = (np.clip(excess, 0, size) if self.benefit == "pressure" else excess > 0) * self.tau2
-            q = self._prefix_cache[key] = np.concatenate([[0.0], np.cumsum(dens)])
-        return q
-
-    def _options(self, tier: str, idx: np.ndarray):
-        """Window ends (unrolled), benefit, score and viability of ``tier`` for candidates ``idx``."""
-        s, st, b = self.s[idx], self.a[idx] + 1, self.b[idx]
-        cw, cr = TIER_CHANNELS[tier]
-        pw, pr = self.channels[cw].prefix, self.channels[cr].prefix
-        f = np.searchsorted(pw, pw[st] + s * self.scale[cw], side="left")
-        p = np.searchsorted(pr, pr[b] - s * self.scale[cr], side="right") - 1
-        ok = (f < b) & (p > f)
-        if tier == "host":
-            ok &= self.host_room(idx)
-        else:
-            ok &= self.ssd_room(idx)
+    def _window_benefit(self, idx: np.ndarray, ok: np.ndarray, f: np.ndarray, p: np.ndarray) -> np.ndarray:
+        """The benefit density summed over the windows ``[f, p)`` (unrolled) of candidates
+        ``idx`` where ``ok`` (bytes*s for "pressure", s for "formula"; 0 elsewhere): a
+        difference of the prefix sums of their size's row."""
         ben = np.zeros(len(idx))
-        for size in np.unique(s[ok]):
-            m = ok & (s == size)
-            q = self._benefit_prefix(int(size))
-            ben[m] = q[p[m]] - q[f[m]]
-        if self.benefit == "formula":
-            ben *= s
-        ok &= ben > 0
-        per = s * self.cost_per_byte[tier] if self.benefit == "pressure" else s.astype(np.float64)
-        return ok, f, p, ben, _snap(np.where(ok, ben / per, 0.0))
+        i = ok.nonzero()[0]
+        if i.size:
+            rows, pi, fi = self._code[idx[i]], p[i], f[i]
+            need = np.zeros(len(self._keys), dtype=np.int64)
+            np.maximum.at(need, rows, pi)
+            self._extend(need)
+            ben[i] = self._q[rows, pi] - self._q[rows, fi]
+        return ben
 
-    def _recompute_option(self, idx: np.ndarray):
-        """As :meth:`_options`, for dropping candidates ``idx`` after their last use and
-        recomputing them before their next: the window is the whole period, the cost the
-        chain's seconds on the compute stream."""
-        s, f = self.s[idx], self.a[idx] + 1
-        ok = self.rc_ok[idx]
-        p = np.full(len(idx), -1, dtype=np.int64)
-        p[ok] = [self._recompute_at(int(c)) for c in idx[ok]]
-        ok &= p > f
-        ben = np.zeros(len(idx))
-        for size in np.unique(s[ok]):
-            m = ok & (s == size)
-            q = self._benefit_prefix(int(size))
-            ben[m] = q[p[m]] - q[f[m]]
-        if self.benefit == "formula":
-            ben *= s
-        ok &= ben > 0
-        per = self.rc_cost[idx] if self.benefit == "pressure" else s.astype(np.float64)
-        return ok, f, p, ben, _snap(np.where(ok, ben / per, 0.0))
+    def _extend(self, need: np.ndarray) -> None:
+        """Make prefix-sum row r valid up to column ``need[r]``, summing on from its last valid
+        column: the same sums, in the same order, as summing the row whole."""
+        for r in (need > self._valid).nonzero()[0].tolist():
+            d, m = int(self._valid[r]), int(need[r])
+            excess = self.live2[d:m] - self.capacity
+            key = int(self._keys[r])
+            dens = (np.minimum(np.maximum(excess, 0), key) if key >= 0 else excess > 0) * self.tau2[d:m]
+            dens[0] += self._q[r, d]
+            dens.cumsum(out=self._q[r, d + 1:m + 1])
+            self._valid[r] = m
+
+    def _lower(self, lo: int, hi: int, nbytes: int) -> None:
+        """Take ``nbytes`` off ``M'`` over the unrolled ops ``[lo, hi)`` (cyclic) and mark the
+        prefix-sum rows whose densities this changes, from the first op where one does: a
+        size ``key``'s density ``min(max(0, excess), key)`` changes where the excess was
+        positive and falls below ``key``; the formula's where it falls to 0 or below."""
+        pieces = sorted(_cyclic_slices(lo, hi, self.n))
+        if not pieces:
+            return
+        keys = self._keys if self.benefit == "pressure" else self._one
+        excess = np.concatenate([self.live[s:e] for s, e in pieces]) - self.capacity
+        # ops where the excess was positive and falls below the largest key
+        at = ((excess > 0) & (excess < int(keys[-1]) + nbytes)).nonzero()[0]
+        if at.size:
+            low = np.minimum.accumulate(excess[at] - nbytes)  # non-increasing
+            k = (-low).searchsorted(-keys, side="right")  # the first that falls below each key
+            hit = k < len(low)
+            first = len(range(*pieces[0]))
+            op = at[np.minimum(k, len(at) - 1)]
+            op = np.where(op < first, pieces[0][0] + op, pieces[-1][0] + op - first)
+            self._valid[hit] = np.minimum(self._valid[hit], op[hit])
+            self._touched[hit] = np.minimum(self._touched[hit], op[hit])
+        for s, e in pieces:
+            self.live[s:e] -= nbytes
+            self.live2[s:e] -= nbytes
+            self.live2[s + self.n:e + self.n] -= nbytes
 
     def _recompute_at(self, c: int) -> int:
         """The op before which candidate c is made again: the latest op r in ``(a + 1, b]``
@@ -406,8 +543,21 @@ class _Planner:
             room |= seg > self.capacity
         if room[-1]:
             return b
-        r = np.flatnonzero(room)
+        r = room.nonzero()[0]
         return lo + int(r[-1]) if r.size else -1
+
+    def _recompute_ats(self, idx: np.ndarray) -> np.ndarray:
+        """:meth:`_recompute_at` of recomputable candidates ``idx``: op b where there is
+        room there, else searched back from b."""
+        b = self.b[idx]
+        live = self.live2[b]
+        room = live + self.rc_extra[idx] <= self.capacity
+        if self.rc_room == "critical":
+            room |= live > self.capacity
+        r = b.copy()
+        for j in (~room).nonzero()[0].tolist():
+            r[j] = self._recompute_at(int(idx[j]))
+        return r
 
     @property
     def rc_index(self) -> int:
@@ -419,25 +569,58 @@ class _Planner:
         index into ``self.tiers``, :attr:`rc_index` for recompute, or -1, free_before,
         prefetch_before (unrolled), chosen score).
 
+        Each option's window: a tier's offload fills the free bandwidth from slot a + 1 on
+        and its prefetch backward from slot b - 1; recompute drops the tensor from op a + 1
+        to its remake (:meth:`_recompute_at`). Each is viable where its window is non-empty,
+        the tier has room and the benefit is positive; its score is the benefit per second
+        of cost (transfer seconds of the tier, the chain's seconds of recompute; per byte
+        for "formula"), snapped.
+
         Tier rule: SSD unless the host window's benefit is strictly larger; then recompute
         where its score (benefit per second of recompute) beats the tier's (benefit per
         second of transfer)."""
-        opts = [self._options(t, idx) for t in self.tiers]
-        bound = np.max([o[4] for o in opts], axis=0)
-        choice = np.where(opts[0][0], 0, -1)
-        if len(opts) == 2:
-            host_better = opts[1][0] & (~opts[0][0] | (opts[1][3] > opts[0][3]))
+        s, st, b = self.s[idx], self.a[idx] + 1, self.b[idx]
+        fs, ps, oks, pers = [], [], [], []
+        for tier in self.tiers:
+            cw, cr = TIER_CHANNELS[tier]
+            pw, pr = self.channels[cw].prefix, self.channels[cr].prefix
+            f = pw.searchsorted(pw[st] + self._moved[cw][idx], side="left")
+            p = pr.searchsorted(pr[b] - self._moved[cr][idx], side="right") - 1
+            ok = (f < b) & (p > f)
+            if tier == "host":
+                ok &= self.host_room(idx)
+            elif self.bins["ssd"].cap is not None:
+                ok &= self.ssd_room(idx)
+            fs.append(f), ps.append(p), oks.append(ok)
+            pers.append(self._per[tier][idx])
+        if self.rc_on:
+            ok = self.rc_ok[idx]
+            p = np.full(len(idx), -1, dtype=np.int64)
+            p[ok] = self._recompute_ats(idx[ok])
+            fs.append(st), ps.append(p), oks.append(ok & (p > st))
+            pers.append(self.rc_cost[idx] if self.benefit == "pressure" else s.astype(np.float64))
+        m = len(fs)
+        F, P, OK = np.concatenate(fs), np.concatenate(ps), np.concatenate(oks)
+        ben = self._window_benefit(np.concatenate([idx] * m), OK, F, P)
+        if self.benefit == "formula":
+            ben *= np.concatenate([s] * m)
+        OK &= ben > 0
+        SC = _snap(np.where(OK, ben / np.concatenate(pers), 0.0))
+        F, P, OK, ben, SC = (x.reshape(m, len(idx)) for x in (F, P, OK, ben, SC))
+        nt = len(self.tiers)
+        bound = SC.max(axis=0)
+        choice = np.where(OK[0], 0, -1)
+        if nt == 2:
+            host_better = OK[1] & (~OK[0] | (ben[1] > ben[0]))
             choice = np.where(host_better, 1, choice)
         host = choice == 1
-        f = np.where(host, opts[-1][1], opts[0][1])
-        p = np.where(host, opts[-1][2], opts[0][2])
-        score = np.where(choice >= 0, np.where(host, opts[-1][4], opts[0][4]), 0.0)
+        f = np.where(host, F[nt - 1], F[0])
+        p = np.where(host, P[nt - 1], P[0])
+        score = np.where(choice >= 0, np.where(host, SC[nt - 1], SC[0]), 0.0)
         if self.rc_on:
-            rok, rf, rp, _, rscore = self._recompute_option(idx)
-            bound = np.maximum(bound, rscore)
-            rc = rok & (rscore > score)
+            rc = OK[nt] & (SC[nt] > score)
             choice = np.where(rc, self.rc_index, choice)
-            f, p, score = np.where(rc, rf, f), np.where(rc, rp, p), np.where(rc, rscore, score)
+            f, p, score = np.where(rc, F[nt], f), np.where(rc, P[nt], p), np.where(rc, SC[nt], score)
         return bound, choice, f, p, score
 
     def _pins(self, c: int, r: int) -> list[int] | None:
@@ -457,17 +640,19 @@ class _Planner:
         """Drop candidate c from op a + 1 until it is made again before op b'
         (:meth:`_recompute_at`); its chain's intermediates add to op b'."""
         s, a, b = int(self.s[c]), int(self.a[c]), self._recompute_at(c)
-        for lo, hi in _cyclic_slices(a + 1, b, self.n):
-            self.live[lo:hi] -= s
-            self.live2[lo:hi] -= s
-            self.live2[lo + self.n:hi + self.n] -= s
+        self._lower(a + 1, b, s)
         extra = int(self.rc_extra[c])
         if extra:
             k = b % self.n
+            before = int(self.live[k]) - self.capacity
             self.live[k] += extra
             self.live2[k] += extra
             self.live2[k + self.n] += extra
-        self._prefix_cache.clear()
+            # rows whose density at op k rises: the excess was below the key and ends above 0
+            keys = self._keys if self.benefit == "pressure" else self._one
+            if before + extra > 0:
+                hit = keys > before
+                self._valid[hit] = np.minimum(self._valid[hit], k)
         return a + 1, b
 
     # ---- choosing -----------------------------------------------------------------------
@@ -476,12 +661,8 @@ class _Planner:
         cw, cr = TIER_CHANNELS[tier]
         f = self.channels[cw].reserve_offload(a + 1, s * self.scale[cw])
         p = self.channels[cr].reserve_prefetch(b, s * self.scale[cr])
-        for lo, hi in _cyclic_slices(f, p, self.n):
-            self.live[lo:hi] -= s
-            self.live2[lo:hi] -= s
-            self.live2[lo + self.n:hi + self.n] -= s
+        self._lower(f, p, s)
         self._place(c, tier)
-        self._prefix_cache.clear()
         return f, p
 
     def _by_period(self, tier: str) -> bool:
@@ -491,16 +672,44 @@ class _Planner:
         """Give candidate c's tensor its slot in ``tier`` (``teraio.core.slots``), or its
         period a range of the host region."""
         self.bins[tier].place(c if self._by_period(tier) else int(self.p_tid[c]), int(self.s[c]))
+        if tier == "host" and self.twin is not None:
+            self.twin.place(c, int(self.s[c]))
+
+    def split(self) -> "_Planner":
+        """A twinned planner's region half: a copy whose host tier is the twin (the region)
+        and whose host migrations so far name their tensor's offset in it; this planner
+        keeps the slots and drops the twin. Both then carry on alone."""
+        twin, self.twin = self.twin, None
+        shared = (self.tau2, self.s, self.a, self.b, self.p_tid, self._keys, self._code, self.rc_cost,
+                  self.rc_extra, self.rc_chain, self.rc_dependents, self.by_tid, self._tensor_meets)
+        memo = {id(x): x for x in shared}
+        memo[id(self.bins["host"])] = None
+        for ms in ([self._greedy.migrations] if self._greedy else []) + \
+                  ([self._exposed.migrations] if self._exposed else []) + [self.recomputes]:
+            memo.update((id(m), m) for m in ms)  # never changed in place: replaced
+        other = copy.deepcopy(self, memo)
+        other.bins["host"], other.host_arena, other.host_by_period = twin, True, True
+        lists = [other._greedy.migrations] if other._greedy else []
+        lists += [other._exposed.migrations] if other._exposed else []
+        for ms in lists:
+            ms[:] = [dataclasses.replace(m, slot=m.name, offset=twin.at[m.tid]) if m.tier == "host" else m
+                     for m in ms]
+        return other
 
     def host_room(self, idx: np.ndarray) -> np.ndarray:
         """bool per candidate: its tensor has a host slot already, shares a free one, or a
         new one still fits the cap (with ``host_arena``: its period finds a free range)."""
-        return self.bins["host"].room(idx if self.host_by_period else self.p_tid[idx], self.s[idx])
+        if self.host_by_period:
+            return self.bins["host"].room(idx, self.s[idx])
+        room = self.bins["host"].room_of_periods(idx, self.s[idx])
+        if self.twin is not None and (self.twin.room(idx, self.s[idx]) != room).any():
+            raise _Diverged
+        return room
 
     def ssd_room(self, idx: np.ndarray) -> np.ndarray:
         """bool per candidate: its tensor has an SSD slot already, shares a free one, or a
         new one's stripes still fit the SSD cap (always, without a cap)."""
-        return self.bins["ssd"].room(self.p_tid[idx], self.s[idx])
+        return self.bins["ssd"].room_of_periods(idx, self.s[idx])
 
     def ssd_room_may_shrink(self) -> bool:
         """Whether the SSD cap can refuse some candidate now: the files are within one
@@ -524,42 +733,56 @@ class _Planner:
         """Candidates whose inactive period shares an op with candidate c's: the only ones
         whose scores accepting c can change (all its effects lie inside its period, or up to
         and including op b with ``through_b``: a recompute's intermediates)."""
-        lo, hi = self.a[c] + 1, self.b[c] + int(through_b)
+        return self._meets(int(self.a[c]) + 1, int(self.b[c]) + int(through_b))
+
+    def _meets(self, lo: int, hi: int) -> np.ndarray:
+        """bool per candidate: its period's ops ``[a + 1, b)`` meet the unrolled ops
+        ``[lo, hi)`` (cyclic)."""
         clo, chi = self.a + 1, self.b
         return ((clo < hi) & (lo < chi)) | ((clo < hi - self.n) & (lo - self.n < chi)) | \
                ((clo < hi + self.n) & (lo + self.n < chi))
 
     def run(self, trace: Trace) -> tuple[list[Migration], dict]:
+        """Phase 1: the lazy greedy (module docstring, "Speed"). Its state lives in
+        ``self._greedy``, so that a call after :class:`_Diverged` carries on from the
+        batch it stopped at."""
         N = len(self.s)
-        everything = np.arange(N)
-        bound, choice, fwin, pwin, score = self.evaluate(everything)
-        evaluations = N
-        alive = bound > 0
-        fresh = np.ones(N, dtype=bool)
-        self.taken = np.zeros(N, dtype=bool)
-        self.hidden: dict[int, tuple[int, int, int]] = {}  # candidate -> (index, free, prefetch), unrolled
-        migrations: list[Migration] = []
+        if self._greedy is None:
+            self._greedy = _Greedy(*self.evaluate(np.arange(N)))
+            self.taken = np.zeros(N, dtype=bool)
+            self.hidden: dict[int, tuple[int, int, int]] = {}  # candidate -> (index, free, prefetch), unrolled
+        g = self._greedy
+        if g.stats is not None:
+            return g.migrations, g.stats
+        bound, choice, fwin, pwin, score = g.bound, g.choice, g.fwin, g.pwin, g.score
+        alive, fresh, migrations = g.alive, g.fresh, g.migrations
         while int(self.live.max()) > self.capacity:
-            usable = alive & fresh & (choice >= 0)
-            best = float(score[usable].max()) if usable.any() else 0.0
-            batch = 64
+            if g.round is None:
+                g.round = _Round(float(np.where(alive & fresh & (choice >= 0), score, 0.0).max(initial=0.0)))
+            rnd = g.round
             while True:
-                ids = np.flatnonzero(alive & ~fresh & (bound >= best))
+                ids = (alive & ~fresh & (bound >= rnd.best)).nonzero()[0]
                 if not ids.size:
                     break
-                if ids.size > batch:
-                    ids = ids[np.argpartition(-bound[ids], batch)[:batch]]
-                bound[ids], choice[ids], fwin[ids], pwin[ids], score[ids] = self.evaluate(ids)
-                evaluations += ids.size
+                if rnd.ahead is None:  # the batches of this round (64, 128, 256) in one call
+                    rnd.ahead = _Ahead(self, N)
+                    k = _AHEAD if g.batches > 1 else 64  # as many as the last round took
+                    rnd.ahead.add(ids if ids.size <= k else ids[(-bound[ids]).argpartition(k)[:k]])
+                if ids.size > rnd.batch:
+                    ids = ids[(-bound[ids]).argpartition(rnd.batch)[:rnd.batch]]
+                bound[ids], choice[ids], fwin[ids], pwin[ids], score[ids] = rnd.ahead.take(ids)
+                g.evaluations += ids.size
                 fresh[ids] = True
                 alive[ids] = bound[ids] > 0
                 if (choice[ids] >= 0).any():
-                    best = max(best, float(score[ids].max()))
-                batch *= 2
+                    rnd.best = max(rnd.best, float(score[ids].max()))
+                rnd.batch *= 2
+            g.batches = {64: 0, 128: 1}.get(rnd.batch, 2)
+            g.round = None
             usable = alive & fresh & (choice >= 0)
             if not usable.any():
                 break
-            c = int(np.flatnonzero(usable)[np.argmax(score[usable])])
+            c = int(np.where(usable, score, -np.inf).argmax())
             recompute = choice[c] == self.rc_index
             if recompute and self._recompute_at(c) != pwin[c]:
                 fresh[c] = False  # memory near op b changed since c was scored: score it again
@@ -606,8 +829,9 @@ class _Planner:
             self.taken[c] = True
             fresh &= ~self._overlapping(c)
         stop = "fits" if int(self.live.max()) <= self.capacity else "no_viable_candidate"
-        return migrations, {"n_candidates": N, "evaluations": int(evaluations), "stop_reason": stop,
-                            "n_recomputable": self.n_recomputable}
+        g.stats = {"n_candidates": N, "evaluations": int(g.evaluations), "stop_reason": stop,
+                   "n_recomputable": self.n_recomputable}
+        return migrations, g.stats
 
     def run_exposed(self, trace: Trace, hidden: list[Migration]) -> tuple[list[Migration], int]:
         """Phase 2 (``allow_stalls``): with no hidden migration left and memory still over
@@ -623,84 +847,170 @@ class _Planner:
         it (in place, same tier). Without this, a hidden prefetch that bandwidth made start
         early would pin the tensor on the GPU through a later peak nothing else can free.
 
+        Lazy, as phase 1: a score only falls as memory falls (windows shrink to the
+        critical ops left, densities fall, room only shrinks), so a score computed earlier
+        bounds it; each round scores again only the candidates that the last choice may
+        have changed (:meth:`_Exposed.stale`) and whose bound can still win, and picks what
+        scoring every candidate would pick.
+
         Returns:
             (the new exposed migrations, how many hidden ones were widened).
         """
-        n, N = self.n, len(self.s)
-        alive = ~self.taken
-        alive_pinned = np.zeros(N, dtype=bool)
-        alive_pinned[list(self.pinned)] = True
-        st, b, s = self.a + 1, self.b, self.s
-        hf, hp = np.full(N, -1), np.full(N, -1)  # hidden windows (unrolled), -1 where none
-        widenable = np.zeros(N, dtype=bool)
-        for c, (_, f_h, p_h) in self.hidden.items():
-            hf[c], hp[c], widenable[c] = f_h, p_h, True
-        hidden_tier = np.full(N, -1)
-        for c, (i, _, _) in self.hidden.items():
-            hidden_tier[c] = self.tiers.index(hidden[i].tier)
-        pos = np.arange(2 * n)
-        migrations, n_widened = [], 0
-        while int(self.live.max()) > self.capacity:
-            crit = self.live2 > self.capacity
-            nxt = np.minimum.accumulate(np.where(crit, pos, 2 * n)[::-1])[::-1]
-            prv = np.maximum.accumulate(np.where(crit, pos, -1))
-            f, p = nxt[st], prv[b - 1] + 1
-            has_crit = f < b
-            f = np.where(widenable & has_crit, np.minimum(f, hf), np.where(widenable, hf, f))
-            p = np.where(widenable & has_crit, np.maximum(p, hp), np.where(widenable, hp, p))
-            ok = (alive | widenable) & has_crit
-            for c2, ops in self.pinned.items():  # an input of a recompute may go where its window misses op r
-                if ok[c2] or not alive_pinned[c2] or not has_crit[c2]:
-                    continue
-                ok[c2] = not any(f[c2] <= r < p[c2] or f[c2] <= r + n < p[c2] for r in ops)
-            tier = np.where(widenable, hidden_tier, -1)
-            fresh = ok & ~widenable
-            if "host" in self.tiers and fresh.any():
-                i = np.flatnonzero(fresh)
-                tier[i[self.host_room(i)]] = 1
-            if "ssd" in self.tiers:
-                i = np.flatnonzero(fresh & (tier < 0))
-                tier[i[self.ssd_room(i)]] = 0
-            ok &= tier >= 0
-            ben = np.zeros(N)
-            for size in np.unique(s[ok]):
-                m = ok & (s == size)
-                q = self._benefit_prefix(int(size))
-                ben[m] = q[p[m]] - q[f[m]]
-                w = m & widenable  # only the ops the widening adds
-                ben[w] -= q[hp[w]] - q[hf[w]]
-            per = np.where(tier == 1, self.cost_per_byte["host"], self.cost_per_byte["ssd"]) * s
-            score = np.where(ok & (ben > 0), ben / (per if self.benefit == "pressure" else s), 0.0)
-            if score.max() <= 0:
+        n = self.n
+        if self._exposed is None:
+            self._exposed = _Exposed(self, hidden)
+        state = self._exposed
+        migrations = state.migrations
+        while not state.done and int(self.live.max()) > self.capacity:
+            c = state.best()
+            if c < 0:
                 break
-            c = int(np.argmax(score))
-            fc, pc = int(f[c]), int(p[c])
-            if widenable[c]:
-                new_ops = [(fc, int(hf[c])), (int(hp[c]), pc)]
-            else:
-                new_ops = [(fc, pc)]
+            fc, pc = int(state.f[c]), int(state.p[c])
+            widen = bool(state.widenable[c])
+            new_ops = [(fc, int(state.hf[c])), (int(state.hp[c]), pc)] if widen else [(fc, pc)]
+            self._touched[:] = 2 * n
             for lo_u, hi_u in new_ops:
-                for lo, hi in _cyclic_slices(lo_u, hi_u, n):
-                    self.live[lo:hi] -= s[c]
-                    self.live2[lo:hi] -= s[c]
-                    self.live2[lo + n:hi + n] -= s[c]
-            self._prefix_cache.clear()
-            if widenable[c]:
+                self._lower(lo_u, hi_u, int(self.s[c]))
+            if widen:
                 i = self.hidden[c][0]
                 hidden[i] = dataclasses.replace(hidden[i], free_before=fc % n, prefetch_before=pc % n)
-                widenable[c] = False
-                n_widened += 1
+                state.chosen(c, new_ops, None)
+                state.n_widened += 1
                 continue
-            name = "host" if tier[c] == 1 else "ssd"
+            name = "host" if state.tier[c] == 1 else "ssd"
             self._place(c, name)
-            alive[c] = False
-            alive_pinned[c] = False
+            state.chosen(c, new_ops, name)
             t = trace.tensors[int(self.p_tid[c])]
             migrations.append(Migration(tid=t.tid, name=t.name, nbytes=t.nbytes, tier=name,
                                         offload_after=int(self.a[c]), free_before=fc % n,
-                                        prefetch_before=pc % n, needed_by=int(b[c]) % n,
+                                        prefetch_before=pc % n, needed_by=int(self.b[c]) % n,
                                         slot=self.slot_of(c, name, trace), offset=self.offset_of(c, name)))
-        return migrations, n_widened
+        state.done = True
+        return migrations, state.n_widened
+
+
+_SLACK = 1e-6  # relative: a bound this close to the best is scored again (rounding of the prefix sums)
+
+
+class _Exposed:
+    """Per-candidate state of the exposed phase (:meth:`_Planner.run_exposed`): the window,
+    tier and score each candidate had when last scored, and which may have changed since.
+
+    A candidate's exposed window is its period's critical ops, first to last (for a hidden
+    migration, widened: the hull of those and its hidden window), so it changes only where
+    memory fell inside its period; its benefit sums prefix rows that change only from the
+    first op whose density changed (``_Planner._touched``); host room shrinks with each
+    host placement, SSD room near its cap with each SSD one. A tensor pinned for a
+    recompute's chain is scored every round: its option opens as its window shrinks."""
+
+    def __init__(self, planner: _Planner, hidden: list[Migration]):
+        self.pl = pl = planner
+        N, n = len(pl.s), pl.n
+        self.alive = ~pl.taken
+        self.pinned = np.zeros(N, dtype=bool)
+        self.pinned[list(pl.pinned)] = True
+        self.hf, self.hp = np.full(N, -1), np.full(N, -1)  # hidden windows (unrolled), -1 where none
+        self.widenable = np.zeros(N, dtype=bool)
+        self.hidden_tier = np.full(N, -1)
+        for c, (i, f_h, p_h) in pl.hidden.items():
+            self.hf[c], self.hp[c], self.widenable[c] = f_h, p_h, True
+            self.hidden_tier[c] = pl.tiers.index(hidden[i].tier)
+        self.f, self.p = np.zeros(N, np.int64), np.zeros(N, np.int64)
+        self.tier = np.full(N, -1)
+        self.score, self.bound = np.zeros(N), np.full(N, np.inf)  # nothing scored yet
+        self.stale = np.ones(N, dtype=bool)
+        self.migrations: list[Migration] = []
+        self.n_widened, self.done = 0, False
+        self.crit: np.ndarray | None = None  # the critical ops of the doubled timeline
+
+    def _evaluate(self, idx: np.ndarray, crit: np.ndarray) -> None:
+        """Score candidates ``idx`` now (the full-rescoring rule of phase 2); ``crit``: the
+        critical ops of the doubled timeline, ascending, and ``2n`` after them."""
+        pl, n = self.pl, self.pl.n
+        st, b, s = pl.a[idx] + 1, pl.b[idx], pl.s[idx]
+        hf, hp, widenable = self.hf[idx], self.hp[idx], self.widenable[idx]
+        # the first critical op from st on (2n if none) and one past the last before b
+        f = crit[crit.searchsorted(st)]
+        last = crit.searchsorted(b) - 1
+        p = np.where(last >= 0, crit[np.maximum(last, 0)], -1) + 1
+        has_crit = f < b
+        f = np.where(widenable & has_crit, np.minimum(f, hf), np.where(widenable, hf, f))
+        p = np.where(widenable & has_crit, np.maximum(p, hp), np.where(widenable, hp, p))
+        ok = (self.alive[idx] | widenable) & has_crit
+        for j in (self.pinned[idx] & has_crit & ~ok).nonzero()[0].tolist():
+            # an input of a recompute may go where its window misses op r
+            ops = pl.pinned[int(idx[j])]
+            ok[j] = not any(f[j] <= r < p[j] or f[j] <= r + n < p[j] for r in ops)
+        tier = np.where(widenable, self.hidden_tier[idx], -1)
+        fresh = ok & ~widenable
+        cost = {"host": np.inf, "ssd": np.inf}
+        if "host" in pl.tiers and fresh.any():
+            i = fresh.nonzero()[0]
+            tier[i[pl.host_room(idx[i])]] = 1
+        if "ssd" in pl.tiers:
+            i = (fresh & (tier < 0)).nonzero()[0]
+            tier[i[pl.ssd_room(idx[i])]] = 0
+            cost["ssd"] = pl.cost_per_byte["ssd"]
+        ok &= tier >= 0
+        ben = pl._window_benefit(idx, ok, f, p)
+        w = ok & widenable  # only the ops the widening adds
+        ben[w] -= pl._window_benefit(idx, w, hf, hp)[w]
+        per = np.where(tier == 1, pl.cost_per_byte["host"], pl.cost_per_byte["ssd"]) * s
+        pressure = pl.benefit == "pressure"
+        score = np.where(ok & (ben > 0), ben / (per if pressure else s), 0.0)
+        bound = score
+        if pressure:  # a host candidate that loses its room may go to a cheaper SSD
+            cheaper = (tier == 1) & ~widenable & (cost["ssd"] < pl.cost_per_byte["host"])
+            bound = np.where(cheaper, score * pl.cost_per_byte["host"] / cost["ssd"], score)
+        self.f[idx], self.p[idx], self.tier[idx], self.score[idx], self.bound[idx] = f, p, tier, score, bound
+        self.stale[idx] = False
+
+    def best(self) -> int:
+        """The candidate scoring every candidate now would pick (highest score, lowest index
+        among equals), or -1 where none has a positive score."""
+        if self.crit is None:
+            self.crit = (self.pl.live2 > self.pl.capacity).nonzero()[0]
+        crit = np.append(self.crit, 2 * self.pl.n)
+        stale = self.stale | self.pinned
+        # a stale bound of 0 stays 0: scores only fall
+        self.stale &= self.bound > 0
+        self.score[stale & ~self.stale & ~self.pinned] = 0.0
+        if self.pinned.any():
+            self._evaluate(self.pinned.nonzero()[0], crit)
+        best, batch = float(self.score[~self.stale].max(initial=0.0)), 64
+        while True:  # highest bounds first, until none left can reach the best
+            ids = (self.stale & (self.bound * (1 + _SLACK) >= best)).nonzero()[0]
+            if not ids.size:
+                break
+            if ids.size > batch:
+                ids = ids[(-self.bound[ids]).argpartition(batch)[:batch]]
+            self._evaluate(ids, crit)
+            best = max(best, float(self.score[ids].max()))
+            batch *= 2
+        c = int(self.score.argmax())
+        return c if self.score[c] > 0 else -1
+
+    def chosen(self, c: int, lowered: list[tuple[int, int]], tier: str | None) -> None:
+        """Candidate c was widened (``tier`` None) or placed in ``tier`` after memory fell over
+        the unrolled ranges ``lowered``: mark what that may have changed."""
+        pl = self.pl
+        self.alive[c] = self.widenable[c] = self.pinned[c] = False
+        self.score[c] = self.bound[c] = 0.0
+        # windows change only where an op of the period stopped being critical
+        still = pl.live2[self.crit] > pl.capacity
+        ended, self.crit = self.crit[~still], self.crit[still]
+        if ended.size:
+            count = np.zeros(2 * pl.n + 1, dtype=np.int64)
+            count[ended + 1] = 1
+            count.cumsum(out=count)
+            self.stale |= count[pl.b] > count[pl.a + 1]
+        # prefix rows summed again from their first changed op: the windows reaching past it
+        self.stale |= np.maximum(self.p, self.hp) > pl._touched[pl._code]
+        if tier == "host":
+            self.stale |= (self.tier == 1) & ~self.widenable
+        elif tier == "ssd" and pl.ssd_room_may_shrink():
+            self.stale |= (self.tier == 0) & ~self.widenable
+        self.stale[c] = False
 
 
 def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
@@ -768,6 +1078,26 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
     if host_placement is not None and (host_arena or not callable(host_placement)):
         raise ValueError(f"host_placement={host_placement!r} with host_arena={host_arena}; valid: a callable, "
                          "with host_arena=False")
+    packing = "arena" if host_arena else "slots"
+    return plan_packings(trace, capacity_bytes, tiers, host_cap_bytes, (packing,), benefit=benefit,
+                         min_tensor_bytes=min_tensor_bytes, use_ssd=use_ssd, allow_stalls=allow_stalls,
+                         shared_ssd=shared_ssd, ssd_cap_bytes=ssd_cap_bytes, recompute=recompute,
+                         host_placement=host_placement)[packing]
+
+
+def plan_packings(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
+                  packings: tuple[str, ...] = ("slots", "arena"), benefit: str = "pressure",
+                  min_tensor_bytes: int = 1 << 20, use_ssd: bool = True, allow_stalls: bool = False,
+                  shared_ssd: bool = True, ssd_cap_bytes: int | None = None, recompute: bool = False,
+                  host_placement=None, candidates: "Candidates | None" = None) -> dict[str, MigrationPlan]:
+    """:func:`plan_migrations` for each host packing of ``packings`` (``"slots"``,
+    ``"arena"``: ``host_arena`` false, true), two planned as twins (module docstring): the
+    plans ``host_arena="auto"`` chooses from (``teraio.perf.choose``). ``candidates``: what
+    an earlier call on the same trace and ``min_tensor_bytes`` found (:class:`Candidates`),
+    reused. Arguments and errors as :func:`plan_migrations`; ``packings`` must be one or
+    both of ``"slots"``, ``"arena"``."""
+    if not packings or not set(packings) <= {"slots", "arena"} or len(set(packings)) != len(packings):
+        raise ValueError(f"packings={packings!r}; valid: one or both of 'slots', 'arena'")
     if not isinstance(capacity_bytes, (int, np.integer)) or capacity_bytes <= 0:
         raise ValueError(f"capacity_bytes={capacity_bytes!r}; must be a positive int (bytes)")
     if host_cap_bytes < 0:
@@ -780,42 +1110,106 @@ def plan_migrations(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, hos
         raise ValueError("use_ssd=False with host_cap_bytes=0 leaves no tier to migrate to")
     if min_tensor_bytes < 0:
         raise ValueError(f"min_tensor_bytes={min_tensor_bytes!r}; must be >= 0")
-    t0 = time.perf_counter()
-    capacity_bytes = int(capacity_bytes)
-    baseline = trace.peak_bytes()
-    periods = inactive_periods(trace, min_tensor_bytes)
-    plan = None
+    if candidates is None or candidates.trace is not trace or candidates.min_tensor_bytes != int(min_tensor_bytes):
+        candidates = Candidates(trace, int(min_tensor_bytes))
+    return _plan_packings(candidates, trace, int(capacity_bytes), tiers, int(host_cap_bytes), time.perf_counter(),
+                          tuple(packings), recompute, benefit=benefit, use_ssd=use_ssd, allow_stalls=allow_stalls,
+                          shared_ssd=shared_ssd, ssd_cap_bytes=None if ssd_cap_bytes is None else int(ssd_cap_bytes),
+                          host_placement=host_placement)
+
+
+class Candidates:
+    """The candidate periods of a trace (:func:`inactive_periods`) and, once asked for, their
+    :class:`RecomputeTable`: made once for all the plans of one trace (:func:`plan_packings`'
+    ``candidates``)."""
+
+    def __init__(self, trace: Trace, min_tensor_bytes: int):
+        self.trace, self.min_tensor_bytes = trace, min_tensor_bytes
+        self.periods = inactive_periods(trace, min_tensor_bytes)
+        self._table: RecomputeTable | None = None
+        self.meets: dict = {}  # the slots' rows of what each tensor's periods meet (SlotBins)
+
+    @property
+    def recompute_table(self) -> RecomputeTable:
+        if self._table is None:
+            self._table = RecomputeTable.of(self.trace, self.periods)
+        return self._table
+
+
+def _plan_packings(cands: Candidates, trace: Trace, capacity_bytes: int, tiers: TierBandwidth,
+                   host_cap_bytes: int, t0: float, packings: tuple[str, ...], recompute: bool,
+                   **options) -> dict[str, MigrationPlan]:
+    """One plan per host packing of ``packings`` (``"slots"``, ``"arena"``: ``host_arena``
+    false, true). With recompute, a plan whose memory does not fit is planned again with the
+    other room rule and the smaller shortfall kept. Two packings are planned as twins
+    (:func:`_run_twins`): their greedy runs are one until a room test tells them apart."""
+    plans: dict[str, MigrationPlan] = {}
     for room in (("critical", "fits") if recompute else (None,)):
-        planner = _Planner(trace, capacity_bytes, tiers, int(host_cap_bytes), benefit, use_ssd, periods, shared_ssd,
-                           host_arena, None if ssd_cap_bytes is None else int(ssd_cap_bytes), room, host_placement)
-        other = _plan_with(planner, trace, capacity_bytes, baseline, periods, allow_stalls, t0, meta={
-            "planner": "teraio.planner/1", "benefit": benefit,
-            "tiers_gbps": dataclasses.asdict(tiers), "host_cap_bytes": int(host_cap_bytes),
-            "use_ssd": use_ssd, "allow_stalls": allow_stalls, "min_tensor_bytes": int(min_tensor_bytes),
-            "shared_ssd": shared_ssd, "host_arena": host_arena,
-            "ssd_cap_bytes": None if ssd_cap_bytes is None else int(ssd_cap_bytes),
-            "recompute": bool(recompute), "recompute_room": room})
-        if plan is None or other.shortfall_bytes < plan.shortfall_bytes:
-            plan = other
-        if plan.feasible:
+        todo = tuple(k for k in packings if k not in plans or not plans[k].feasible)
+        if not todo:
             break
-    return plan
+        planner = _Planner(trace, capacity_bytes, tiers, host_cap_bytes, options["benefit"], options["use_ssd"],
+                           cands.periods, options["shared_ssd"], todo == ("arena",), options["ssd_cap_bytes"],
+                           room, recompute_table=cands.recompute_table if recompute else None,
+                           meets=cands.meets, host_placement=options["host_placement"])
+        meta = {"planner": "teraio.planner/1", "benefit": options["benefit"],
+                "tiers_gbps": dataclasses.asdict(tiers), "host_cap_bytes": host_cap_bytes,
+                "use_ssd": options["use_ssd"], "allow_stalls": options["allow_stalls"],
+                "min_tensor_bytes": cands.min_tensor_bytes, "shared_ssd": options["shared_ssd"],
+                "ssd_cap_bytes": options["ssd_cap_bytes"], "recompute": bool(recompute), "recompute_room": room}
+        for k, (pl, migrations, stats) in _run_twins(planner, todo, trace, options["allow_stalls"]).items():
+            other = _make_plan(pl, trace, capacity_bytes, migrations, stats, t0,
+                               meta={**meta, "host_arena": k == "arena"})
+            if k not in plans or other.shortfall_bytes < plans[k].shortfall_bytes:
+                plans[k] = other
+    return plans
 
 
-def _plan_with(planner: _Planner, trace: Trace, capacity_bytes: int, baseline: int, periods: Periods,
-               allow_stalls: bool, t0: float, meta: dict) -> MigrationPlan:
-    """Run ``planner``'s phases (the second with ``allow_stalls``) and make the plan; ``meta``
-    holds the settings, to which the run's statistics are added."""
-    if baseline > capacity_bytes:
-        migrations, stats = planner.run(trace)
-        if allow_stalls and stats["stop_reason"] != "fits":
-            exposed, widened = planner.run_exposed(trace, migrations)
-            migrations += exposed
-            stats["n_exposed"], stats["n_widened"] = len(exposed), widened
-            stats["stop_reason"] = "fits_with_stalls" if int(planner.live.max()) <= capacity_bytes else \
-                "no_candidate_left"
-    else:
-        migrations, stats = [], {"n_candidates": len(periods.tid), "evaluations": 0, "stop_reason": "fits"}
+def _run_twins(planner: _Planner, packings: tuple[str, ...], trace: Trace,
+               allow_stalls: bool) -> dict[str, tuple[_Planner, list[Migration], dict]]:
+    """Run ``planner`` (made for ``packings[0]``) and, with two packings, its region twin:
+    one greedy run places in the slots and in the region alike while each answers every
+    room test as the other, which makes it both packings' run so far; at the first test
+    they answer differently it splits in two that carry on alone.
+
+    Returns:
+        packing -> (its planner, migrations, statistics).
+    """
+    if len(packings) == 2:
+        planner.twin = HostArena(planner.n, planner.p_tid, planner.a, planner.b, planner.bins["host"].cap,
+                                 align=HOST_ALIGN)
+    try:
+        ran = {packings[0]: (planner, *_phases(planner, trace, allow_stalls))}
+    except _Diverged:
+        arena = planner.split()
+        return {"slots": (planner, *_phases(planner, trace, allow_stalls)),
+                "arena": (arena, *_phases(arena, trace, allow_stalls))}
+    if len(packings) == 2:  # never told apart: the region's plan is the slots' with its own places
+        arena = planner.split()
+        ran["arena"] = (arena, *_phases(arena, trace, allow_stalls))
+    return ran
+
+
+def _phases(planner: _Planner, trace: Trace, allow_stalls: bool) -> tuple[list[Migration], dict]:
+    """Run ``planner``'s phases (the second with ``allow_stalls``), or carry them on after a
+    :class:`_Diverged`: the migrations and the run's statistics."""
+    if trace.peak_bytes() <= planner.capacity:
+        return [], {"n_candidates": len(planner.s), "evaluations": 0, "stop_reason": "fits"}
+    migrations, stats = planner.run(trace)
+    stats = dict(stats)
+    if allow_stalls and stats["stop_reason"] != "fits":
+        exposed, widened = planner.run_exposed(trace, migrations)
+        migrations = migrations + exposed
+        stats["n_exposed"], stats["n_widened"] = len(exposed), widened
+        stats["stop_reason"] = "fits_with_stalls" if int(planner.live.max()) <= planner.capacity else \
+            "no_candidate_left"
+    return migrations, stats
+
+
+def _make_plan(planner: _Planner, trace: Trace, capacity_bytes: int, migrations: list[Migration], stats: dict,
+               t0: float, meta: dict) -> MigrationPlan:
+    """The plan of a planner that ran (:func:`_phases`); ``meta`` holds the settings, to which
+    the run's statistics are added."""
     predicted = int(planner.live.max()) if trace.n_ops else 0
     meta = {
         **meta, "n_exposed": 0, "n_widened": 0,
@@ -825,9 +1219,9 @@ def _plan_with(planner: _Planner, trace: Trace, capacity_bytes: int, baseline: i
         "ssd_file_bytes": planner.bins["ssd"].tier_bytes,
         "compile_seconds": time.perf_counter() - t0,
     }
-    return MigrationPlan(n_ops=trace.n_ops, capacity_bytes=capacity_bytes, baseline_peak_bytes=baseline,
+    return MigrationPlan(n_ops=trace.n_ops, capacity_bytes=capacity_bytes, baseline_peak_bytes=trace.peak_bytes(),
                          predicted_peak_bytes=predicted, migrations=migrations, meta=meta,
-                         recomputes=planner.recomputes)
+                         recomputes=list(planner.recomputes))
 
 
 def predicted_live_bytes(trace: Trace, plan: MigrationPlan) -> np.ndarray:

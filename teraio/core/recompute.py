@@ -18,6 +18,7 @@ one or a resident input) is written in place by another op between its producer 
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import re
 
@@ -105,14 +106,23 @@ class Chains:
             made_here = not t.persistent and t.kind != "input"
             for j, u in enumerate(t.uses):
                 (self.outputs if made_here and j == 0 else self.inputs)[u].append(t.tid)
-        self.pure = np.array([is_pure(o) for o in trace.op_names], dtype=bool)
-        self.inplace = np.array([is_inplace(o) for o in trace.op_names], dtype=bool)
+        kinds = {o: (is_pure(o), is_inplace(o)) for o in set(trace.op_names)}
+        self.pure = np.array([kinds[o][0] for o in trace.op_names], dtype=bool)
+        self.inplace = np.array([kinds[o][1] for o in trace.op_names], dtype=bool)
+        # per tensor, its uses by in-place ops, ascending
+        self._written: dict[int, list[int]] = {}
+        for t in trace.tensors:
+            w = [u for u in t.uses if self.inplace[u]]
+            if w:
+                self._written[t.tid] = sorted(w)
 
     def _written_between(self, tid: int, lo: int, hi: int) -> bool:
         """Whether an in-place op touches tensor ``tid`` at an op in ``(lo, hi)``."""
-        u = np.asarray(self.trace.tensors[tid].uses)
-        u = u[(u > lo) & (u < hi)]
-        return bool(self.inplace[u].any()) if u.size else False
+        w = self._written.get(tid)
+        if not w:
+            return False
+        i = bisect.bisect_right(w, lo)
+        return i < len(w) and w[i] < hi
 
     def chain(self, tid: int, needed_by: int) -> Chain | None:
         """The chain that makes tensor ``tid`` again just before op ``needed_by``; None if it

@@ -55,6 +55,9 @@ class SlotBins:
         footprint: bytes a bin of ``nbytes`` takes in the tier, for the cap (vectorized over
             an int array; default: its aligned size). The SSD tier's is
             :func:`ssd_file_bytes`: its files hold whole stripes.
+        meets: per tensor id, the tensors one of whose periods meets one of its own, bool
+            ``[tensors]`` (in the order of ``np.unique(tid)``); a dict that bins over the same
+            periods may share, filled as tensors are placed.
 
     Attributes:
         held_bytes: the sum of the bins' (aligned) sizes.
@@ -62,7 +65,7 @@ class SlotBins:
     """
 
     def __init__(self, n_ops: int, tid: np.ndarray, a: np.ndarray, b: np.ndarray,
-                 cap_bytes: int | None = None, align: int = 1, footprint=None):
+                 cap_bytes: int | None = None, align: int = 1, footprint=None, meets: dict | None = None):
         if cap_bytes is not None and cap_bytes < 0:
             raise ValueError(f"cap_bytes={cap_bytes!r}; must be >= 0 or None")
         self.n = n_ops
@@ -74,26 +77,33 @@ class SlotBins:
         # Tensor ids compacted to 0..T-1, so that per-tensor sums are one bincount.
         self._tids, self._tix = np.unique(np.asarray(tid, np.int64), return_inverse=True)
         self._tix = self._tix.reshape(-1)
+        T = len(self._tids)
         self.held_bytes = 0
         self.size: list[int] = []             # per bin, aligned bytes
         self.owner: list[int] = []            # per bin, the owner's tensor id
-        self._occ: list[np.ndarray] = []      # per bin, bool [n]: ops of periods held there
-        self._busy = np.zeros((0, len(self._tids)), dtype=bool)  # [bins, tensors]: a period meets the bin's
+        # [bins, tensors]: a period of the tensor meets the bin's; rows beyond len(size) are
+        # spare (the array grows by doubling)
+        self._busy = np.zeros((8, T), dtype=bool)
+        self._sizes = np.zeros(8, dtype=np.int64)  # self.size as an array, same spare rows
+        self._placed = np.zeros(T, dtype=bool)     # per tensor: it has a bin
+        # per tensor: the largest bin none of whose periods meets the tensor's, -1 if none
+        # (bins only get busier, so it only falls), from per tensor and bin size the number
+        # of such bins (kept with a cap only: room asks for it)
+        self._free_max = np.full(T, -1, dtype=np.int64)
+        self._free_count = np.zeros((T, 0), dtype=np.int64)
+        self._size_col: dict[int, int] = {}   # bin size -> its column of _free_count
         self.bin_of: dict[int, int] = {}      # tensor id -> bin
+        self._meets = {} if meets is None else meets
 
-    def _mask(self, periods: np.ndarray) -> np.ndarray:
-        occ = np.zeros(self.n, dtype=bool)
-        for lo, hi in zip(self._a[periods], self._b[periods]):
-            occ[lo:min(hi, self.n)] = True
-            if hi > self.n:
-                occ[:hi - self.n] = True
-        return occ
-
-    def _busy_row(self, occ: np.ndarray) -> np.ndarray:
-        """bool per tensor: one of its periods meets an op of ``occ``."""
-        prefix = np.concatenate([[0], np.cumsum(np.concatenate([occ, occ]), dtype=np.int64)])
-        hits = prefix[self._b] - prefix[self._a]
-        return np.bincount(self._tix, weights=hits, minlength=len(self._tids)) > 0
+    def _busy_row(self, periods: np.ndarray) -> np.ndarray:
+        """bool per tensor: one of its periods shares an op with one of ``periods``
+        (cyclic)."""
+        lo, hi = self._a[periods, None], self._b[periods, None]
+        a, b, n = self._a, self._b, self.n
+        meet = (((a < hi) & (lo < b)) | ((a < hi - n) & (lo - n < b)) | ((a < hi + n) & (lo + n < b))).any(axis=0)
+        row = np.zeros(len(self._tids), dtype=bool)
+        row[self._tix[meet]] = True
+        return row
 
     def room(self, tid: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
         """bool per candidate (tensor ids ``tid``, sizes ``nbytes``): its tensor has a bin
@@ -101,13 +111,21 @@ class SlotBins:
         tid, nbytes = np.asarray(tid, np.int64), np.asarray(nbytes, np.int64)
         if self.cap is None:
             return np.ones(len(tid), dtype=bool)
-        placed = np.fromiter(self.bin_of, dtype=np.int64, count=len(self.bin_of))
-        ok = np.isin(tid, placed) | (self.tier_bytes + self.footprint(nbytes) <= self.cap)
-        if self.size:
-            col = np.searchsorted(self._tids, tid)
-            fits = (np.asarray(self.size)[:, None] >= nbytes[None, :]) & ~self._busy[:, col]
-            ok |= fits.any(axis=0)
-        return ok
+        ok = self.tier_bytes + self.footprint(nbytes) <= self.cap
+        if not len(self._tids):
+            return ok
+        col = np.minimum(np.searchsorted(self._tids, tid), len(self._tids) - 1)
+        known = self._tids[col] == tid
+        return ok | (known & (self._placed[col] | (self._free_max[col] >= nbytes)))
+
+    def room_of_periods(self, periods: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        """:meth:`room` for the tensors of candidate periods ``periods`` (indices into the
+        periods this was made with)."""
+        if self.cap is None:
+            return np.ones(len(periods), dtype=bool)
+        col = self._tix[periods]
+        ok = self.tier_bytes + self.footprint(nbytes) <= self.cap
+        return ok | self._placed[col] | (self._free_max[col] >= nbytes)
 
     def place(self, tid: int, nbytes: int) -> int:
         """Put tensor ``tid`` (``nbytes``) in a bin, reserving all its periods there, and
@@ -122,26 +140,45 @@ class SlotBins:
         col = int(np.searchsorted(self._tids, tid))
         if col >= len(self._tids) or self._tids[col] != tid:
             raise ValueError(f"tensor {tid} has no candidate period")
-        free = [j for j, s in enumerate(self.size) if s >= nbytes and not self._busy[j, col]]
-        occ = self._mask(np.flatnonzero(self._tix == col))
-        if free:
-            j = min(free, key=lambda j: (self.size[j], j))
-            self._occ[j] |= occ
-            self._busy[j] = self._busy_row(self._occ[j])
+        k = len(self.size)
+        free = ((self._sizes[:k] >= nbytes) & ~self._busy[:k, col]).nonzero()[0]
+        mine = self._meets.get(tid)  # what its periods meet
+        if mine is None:
+            mine = self._meets[tid] = self._busy_row((self._tix == col).nonzero()[0])
+        if free.size:
+            j = int(free[np.argmin(self._sizes[free])])  # best fit, the lowest index among equals
+            newly = mine & ~self._busy[j]
+            self._busy[j] |= mine
+            if self.cap is not None:  # tensors that lost bin j as a free one
+                u = self._size_col[int(self._sizes[j])]
+                self._free_count[newly, u] -= 1
+                lost = (newly & (self._free_count[:, u] == 0) & (self._free_max == self._sizes[j])).nonzero()[0]
+                if lost.size:
+                    sizes = np.array(list(self._size_col), dtype=np.int64)
+                    self._free_max[lost] = np.where(self._free_count[lost] > 0, sizes, -1).max(axis=1)
         else:
             size = align_up(int(nbytes), self.align)
             taken = int(self.footprint(int(nbytes)))
             if self.cap is not None and self.tier_bytes + taken > self.cap:
                 raise ValueError(f"no bin of >= {nbytes} B is free over tensor {tid}'s periods and a new "
                                  f"one would take {self.tier_bytes + taken} B, above the cap of {self.cap} B")
-            j = len(self.size)
+            j = k
+            if j == len(self._sizes):
+                self._busy = np.concatenate([self._busy, np.zeros_like(self._busy)])
+                self._sizes = np.concatenate([self._sizes, np.zeros_like(self._sizes)])
             self.size.append(size)
             self.owner.append(tid)
-            self._occ.append(occ)
-            self._busy = np.vstack([self._busy, self._busy_row(occ)[None, :]])
+            self._busy[j], self._sizes[j] = mine, size
+            if self.cap is not None:
+                if size not in self._size_col:
+                    self._size_col[size] = self._free_count.shape[1]
+                    self._free_count = np.concatenate([self._free_count, np.zeros((len(mine), 1), np.int64)], axis=1)
+                self._free_count[~mine, self._size_col[size]] += 1
+                self._free_max = np.where(mine, self._free_max, np.maximum(self._free_max, size))
             self.held_bytes += size
             self.tier_bytes += taken
         self.bin_of[tid] = j
+        self._placed[col] = True
         return self.owner[j]
 
 
@@ -183,6 +220,11 @@ class HostArena:
         # forgets exactly those.
         self._memo = np.full(len(self.tid), -1, np.int64)
         self._memo_size = np.full(len(self.tid), -1, np.int64)
+        # per period: the highest end of the ranges placed over it (the region above is free
+        # there), and whether its tensor has its offset
+        self._top = np.zeros(len(self.tid), np.int64)
+        self._fixed = np.zeros(len(self.tid), bool)
+        self._by_offset: tuple[np.ndarray, ...] | None = None  # the placed ranges by offset, once asked
 
     def offsets(self, periods: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
         """Where each period's bytes would go, int64 ``[len(periods)]``: its tensor's offset
@@ -202,8 +244,10 @@ class HostArena:
     def _search(self, periods: np.ndarray, size: np.ndarray) -> np.ndarray:
         """:meth:`offsets` over the placed ranges (``size`` aligned)."""
         fixed = np.array([self.at.get(int(t), -1) for t in self.tid[periods]], dtype=np.int64)
-        order = np.argsort(self._off, kind="stable")  # placed ranges by offset
-        lo, hi, off, end = (x[order] for x in (self._lo, self._hi, self._off, self._end))
+        if self._by_offset is None:
+            order = np.argsort(self._off, kind="stable")
+            self._by_offset = tuple(x[order] for x in (self._lo, self._hi, self._off, self._end))
+        lo, hi, off, end = self._by_offset
         out = np.empty(len(periods), dtype=np.int64)
         rows = max(1, _BLOCK // max(1, len(off)))
         for s in range(0, len(periods), rows):
@@ -228,8 +272,15 @@ class HostArena:
         return int(self.offsets(np.array([period]), np.array([nbytes]))[0])
 
     def room(self, periods: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
-        """bool per candidate period: :meth:`offsets` finds a place for it."""
-        return self.offsets(periods, nbytes) >= 0
+        """bool per candidate period: :meth:`offsets` finds a place for it. A period of a
+        tensor without an offset whose bytes fit above every range placed over it has one
+        without a search."""
+        periods, nbytes = np.asarray(periods, np.int64), np.asarray(nbytes, np.int64)
+        ok = ~self._fixed[periods] & (self._top[periods] + align_up(nbytes, self.align) <= self.cap)
+        rest = (~ok).nonzero()[0]
+        if rest.size:
+            ok[rest] = self.offsets(periods[rest], nbytes[rest]) >= 0
+        return ok
 
     def place(self, period: int, nbytes: int) -> int:
         """Reserve ``period``'s range and return its offset.
@@ -244,14 +295,18 @@ class HostArena:
         t = int(self.tid[period])
         if t not in self.at:
             self.at[t] = off
-            self._memo_size[self.tid == t] = -1
+            mine = self.tid == t
+            self._memo_size[mine] = -1
+            self._fixed[mine] = True
         end = off + int(align_up(int(nbytes), self.align))
-        lo, hi = self.a[period], self.b[period]
-        meet = np.zeros(len(self.tid), dtype=bool)
-        for shift in (-self.n, 0, self.n):
-            meet |= (lo + shift < self.b) & (self.a < hi + shift)
-        kept = self._memo >= 0  # no range frees space: a -1 stays -1
-        self._memo_size[kept & meet & (self._memo < end) & (off < self._memo + self._memo_size)] = -1
+        lo, hi, n = int(self.a[period]), int(self.b[period]), self.n
+        meet = (((lo < self.b) & (self.a < hi)) | ((lo - n < self.b) & (self.a < hi - n)) |
+                ((lo + n < self.b) & (self.a < hi + n))).nonzero()[0]
+        memo, size = self._memo[meet], self._memo_size[meet]
+        # no range frees space: a -1 stays -1
+        self._memo_size[meet[(memo >= 0) & (memo < end) & (off < memo + size)]] = -1
+        self._top[meet] = np.maximum(self._top[meet], end)
+        self._by_offset = None
         self._lo = np.append(self._lo, self.a[period])
         self._hi = np.append(self._hi, self.b[period])
         self._off = np.append(self._off, off)
