@@ -610,10 +610,13 @@ def c18(ev: Evidence) -> Finding:
         return Finding("no plan compile timings given (--plan-compile)", NOT_MEASURED)
     data = json.loads(Path(ev.plan_compile).read_text())
     paper = {"llama3_8b": 31.2, "granite_8b": 37.9, "llama3_70b": 396.6}
-    got = {k: e.get("median_seconds") for k, e in data.get("entries", {}).items() if k in paper}
+    # TeraIO's default plans with recompute="auto": the schedule search's time where measured
+    got = {k: (e.get("schedule") or e).get("median_seconds") for k, e in data.get("entries", {}).items() if k in paper}
     if not got:
         return Finding(f"{ev.plan_compile}: no entry of {', '.join(paper)}", NOT_MEASURED, (str(ev.plan_compile),))
-    ours = ", ".join(f"{k} {fmt(v)} s" for k, v in got.items()) + " (median, CPU)"
+    searched = all("schedule" in data["entries"][k] for k in got)
+    ours = ", ".join(f"{k} {fmt(v)} s" for k, v in got.items()) + (
+        " (median, CPU, recompute=auto)" if searched else " (median, CPU)")
     holds = [v <= paper[k] for k, v in got.items()]
     return Finding(ours, SUPPORTED if all(holds) and len(got) == 3
                    else PARTLY if any(holds) else NOT_SUPPORTED, (str(ev.plan_compile),))

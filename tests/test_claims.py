@@ -251,3 +251,20 @@ def test_ae_readme_blocks_are_the_generated_files(regenerated):
     for name in cl.BLOCKS:
         if cl.block(readme, name) is not None:
             assert cl.block(readme, name) == (regenerated / f"{name}.md").read_text().strip(), name
+
+
+def test_c18_reads_the_schedule_search_teraio_runs_by_default(tmp_path):
+    """TeraIO plans with recompute=auto by default: where an entry timed the schedule search,
+    C18 compares that time with the paper's, not the planner's without recompute."""
+    entries = {k: {"median_seconds": 1.0, "schedule": {"median_seconds": t}}
+               for k, t in (("llama3_8b", 2.0), ("granite_8b", 50.0), ("llama3_70b", 3.0))}
+    path = tmp_path / "plan_compile.json"
+    path.write_text(json.dumps({"entries": entries}))
+    f = cl.c18(cl.Evidence([], plan_compile=path))
+    assert "granite_8b 50" in f.ours and "recompute=auto" in f.ours
+    assert f.verdict == cl.PARTLY  # 50 s > the paper's 37.9 s for Granite-8B
+    for e in entries.values():
+        del e["schedule"]
+    path.write_text(json.dumps({"entries": entries}))
+    f = cl.c18(cl.Evidence([], plan_compile=path))
+    assert f.verdict == cl.SUPPORTED and "recompute=auto" not in f.ours
