@@ -19,13 +19,16 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
     those made so far travel with the exception, ``teraio.result.kept_on_failure``: the
     plan that fell short, the capacity, the paged and measured steps).
 
-    Steps 2 .. are run by the shared loop (``teraio.systems.loop.measure_steps``); each one's timed
-    region covers making its batch and the engine's step. Extras of the row: ``plan`` (the
-    first plan's summary), ``final_params_sha256`` and, on CUDA, ``audits`` (each engine's first
-    step's ``teraio.core.engine.StepStats.audit`` with its ``step``: that step is usually a
-    warm-up one, which has no iteration row); each iteration adds ``urgent_count``,
-    ``max_accounted_bytes``, ``oom_retries``, ``dropped_bytes``, ``deferred_prefetches`` and
-    ``spilled_bytes``.
+    Steps 2 .. (after the candidates' steps with ``workload.micro_batch_size=auto``) are run by
+    the shared loop (``teraio.systems.loop.measure_steps``); each one's timed region covers
+    making its batch and the engine's step. Extras of the row: ``plan`` (the first plan's
+    summary, its recomputes included), ``micro_batch`` (with ``auto``: every candidate's
+    simulated iteration and the choice, ``teraio.systems.microbatch``),
+    ``final_params_sha256`` and, on CUDA, ``audits`` (each engine's first step's
+    ``teraio.core.engine.StepStats.audit`` with its ``step``: that step is usually a warm-up
+    one, which has no iteration row); each iteration adds ``urgent_count``,
+    ``max_accounted_bytes``, ``recomputed_bytes``, ``recompute_seconds``, ``oom_retries``,
+    ``dropped_bytes``, ``deferred_prefetches`` and ``spilled_bytes``.
 
     With ``workload.pipeline_stages`` > 1 each process profiles, plans and migrates its own
     stage (``teraio.workload.pipeline``; paper §4.1: one plan per GPU) and writes its side
