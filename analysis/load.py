@@ -4,7 +4,8 @@ into two tidy pandas frames.
 ``runs``: one row per run (one ``result.json``). Columns:
 
 - identity: ``sweep``, ``job_dir`` (relative to the sweep dir), ``model``, ``system``,
-  ``hardware``, ``batch_size``, ``micro_batch_size``, ``seq_len``, ``trial``, ``config``
+  ``hardware``, ``batch_size``, ``micro_batch_size`` (where the point says ``auto``, TeraIO's
+  choice, the row's ``micro_batch.chosen``), ``seq_len``, ``trial``, ``config``
   (the paper's label, ``bs{batch_size}_seq{seq_len}``, ``_pp<S>`` added for a pipeline),
   ``host_mem_cap_bytes`` and ``n_ssd`` (``len(hardware.ssd_dirs)``), both from the run
   config (the Fig. 9 axes), and ``pipeline_stages`` (``workload.pipeline_stages``, 1 for
@@ -181,6 +182,8 @@ def _rows(result: dict, root: Path, job_rel: Path) -> tuple[dict, list[dict]]:
     stages = workload.get("pipeline_stages") or 1
     ssd_dirs = hw.get("ssd_dirs")
     ident = {k: point.get(k) for k in POINT_KEYS}
+    if ident["micro_batch_size"] == "auto":  # TeraIO chose it: the row is the choice's point
+        ident["micro_batch_size"] = (result.get("micro_batch") or {}).get("chosen")
     status, error = result.get("status"), result.get("error")
     if status == "ok" and not _finite_row(result):
         status, error = NON_FINITE, "an ok row with a loss or tokens/s that is not finite"

@@ -771,3 +771,16 @@ def test_a_row_whose_cap_was_not_enforced_is_marked_in_the_throughput_table(swee
     analyze(sweep_dir, tmp_path / "out")
     text = " ".join((tmp_path / "out" / "tables" / "throughput.md").read_text().split())
     assert "cap not enforced: ZeRO-Offload ran where nothing held it" in text
+
+
+def test_a_row_whose_micro_batch_teraio_chose_reads_as_the_choice(tmp_path):
+    job = write_run(tmp_path, "auto", system="teraio_mixed", batch=4, seq=64, micro=2, trial=0, tps=100.0)
+    r = json.loads((job / "result.json").read_text())
+    r["point"]["micro_batch_size"] = "auto"
+    r["micro_batch"] = {"candidates": [], "chosen": 2}
+    (job / "result.json").write_text(json.dumps(r))
+    write_run(tmp_path, "ideal", system="ideal", batch=4, seq=64, micro=2, trial=0, tps=200.0)
+    runs = load_sweep(tmp_path).runs
+    assert runs.set_index("system").loc["teraio_mixed", "micro_batch_size"] == 2
+    assert runs.set_index("system").loc["teraio_mixed", "ran_micro_batch_size"] == 2
+    analyze(tmp_path, tmp_path / "out")  # the tables and figures of such a sweep are made
