@@ -87,7 +87,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from teraio.core.plan import Migration, MigrationPlan, cyclic_between
-from teraio.core.profiler import fresh_outputs, iter_tensors, storage_id, storage_key
+from teraio.core.profiler import fresh_outputs, iter_tensors, parse_intermediate, storage_id, storage_key
 from teraio.core.rerun import Reruns
 from teraio.core.tiers.base import Transfer, byte_view
 from teraio.core.trace import Trace
@@ -261,7 +261,7 @@ class MigrationEngine(TorchDispatchMode):
         for tid, t in self.tensors.items():
             if t.persistent:
                 continue
-            k, j = _parse_intermediate(t.name)
+            k, j = parse_intermediate(t.name)
             self.produced_at.setdefault(k, []).append((j, tid))
             last = max([m.needed_by for m in plan.migrations if m.tid == tid]
                        + [r.needed_by for r in plan.recomputes if r.tid == tid])
@@ -275,7 +275,7 @@ class MigrationEngine(TorchDispatchMode):
         if release_grads:
             for rec in trace.tensors:
                 if rec.kind == "grad":
-                    k, j = _parse_intermediate(rec.name)
+                    k, j = parse_intermediate(rec.name)
                     self.grad_produced_at.setdefault(k, []).append((j, rec.tid))
                     self.grad_free_after.setdefault(rec.uses[-1], []).append(rec.tid)
 
@@ -900,14 +900,6 @@ def free_blocks_note(snapshot: list[dict]) -> str:
     pools = Counter(seg.get("segment_type", "unknown") for seg in snapshot)
     return (f"free blocks: {sum(free)} B in {len(free)}, the largest {max(free, default=0)} B, over "
             + ", ".join(f"{n} {pool}-pool segments" for pool, n in sorted(pools.items())))
-
-
-def _parse_intermediate(name: str) -> tuple[int, int]:
-    """``"op<k>:out<j>"`` -> (k, j)."""
-    op, out = name.split(":")
-    if not (op.startswith("op") and out.startswith("out")):
-        raise ValueError(f"{name!r} is not an intermediate tensor name (op<k>:out<j>)")
-    return int(op[2:]), int(out[3:])
 
 
 def _done_future() -> Future:

@@ -35,7 +35,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_map_only
 
 from teraio.core.plan import Recompute
-from teraio.core.profiler import fresh_outputs, iter_tensors, storage_key
+from teraio.core.profiler import fresh_outputs, iter_tensors, parse_intermediate, storage_key
 from teraio.core.recompute import out_variant
 
 
@@ -58,12 +58,6 @@ class Made:
         base = made[(self.op, self.slot)]
         return torch.empty(0, dtype=self.dtype, device=base.device).set_(
             base.untyped_storage(), self.offset, self.size, self.stride)
-
-
-def _slot(name: str) -> tuple[int, int]:
-    """``"op<k>:out<j>"`` -> (k, j)."""
-    op, out = name.split(":")
-    return int(op[2:]), int(out[3:])
 
 
 class Reruns:
@@ -120,7 +114,7 @@ class Reruns:
             self._outputs[storage_key(y)] = (k, j)
             self._refs.append(StorageWeakRef(s))
         for i in self.by_op[k]:
-            op, slot = _slot(self.recomputes[i].name)
+            op, slot = parse_intermediate(self.recomputes[i].name)
             if op == k and slot < len(fresh):
                 y = fresh[slot]
                 self._geometry[i] = (tuple(y.size()), tuple(y.stride()), y.storage_offset(), y.dtype)
@@ -149,7 +143,7 @@ class Reruns:
             RuntimeError: a chain op was not recorded in this step (its forward did not run).
         """
         r = self.recomputes[i]
-        target = _slot(r.name)
+        target = parse_intermediate(r.name)
         last_read: dict[tuple[int, int], int] = {}
         for k in r.ops:
             for m in _placeholders(self._record(i, k)):
