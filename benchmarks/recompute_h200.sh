@@ -19,22 +19,15 @@ TRIALS=${TRIALS:-0}
 BUDGET_S=${BUDGET_S:-540}
 TIMEOUT_S=${TIMEOUT_S:-240}
 WHICH=${WHICH:-sweep}
-mkdir -p "$OUT" "$RUNS"
-OUT=$(cd "$OUT" && pwd)
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-start=$SECONDS
-left() { echo $((BUDGET_S - (SECONDS - start))); }
+# shellcheck source=scripts/device_call.sh
+source scripts/device_call.sh
 if [ "$WHICH" != sweep ]; then
   timeout -k 10 "$(( $(left) < 200 ? $(left) : 200 ))" python -m pytest -m gpu -q -p no:cacheprovider \
     tests/test_teraio_train.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 15
 fi
 sweep() {  # $1: sweep name; the rest: overrides
   local name=$1; shift
-  local l; l=$(left)
-  [ "$l" -gt 20 ] || { echo "no budget left for $name" | tee -a "$OUT/$name.log"; return; }
-  timeout -k 20 "$l" python -m teraio.sweep -m +experiment=fig7_h200 model=granite_8b_8l "fig7.point=$POINT" \
-    system=teraio_mixed "trial=$TRIALS" "$@" "sweep.name=$name" "sweep.runs_dir=$RUNS" sweep.make_ssd_dirs=true \
-    sweep.analyze=false "timeout_s=$TIMEOUT_S" "sweep.deadline=$(($(date +%s) + l))" 2>&1 | tee "$OUT/$name.log"
+  fig7_sweep "$name" model=granite_8b_8l "fig7.point=$POINT" system=teraio_mixed "trial=$TRIALS" "$@"
 }
 if [ "$WHICH" != tests ]; then
   sweep recompute_off system.options.recompute=off
@@ -45,8 +38,7 @@ if [ "$WHICH" != tests ]; then
 'model=granite_8b_8l', 'fig7.point=$POINT', 'system=teraio_mixed']).hardware.gpu_capacity_bytes)")
   sweep micro_batch_auto workload.micro_batch_size=auto workload.warmup_steps=4 "hardware.gpu_capacity_bytes=$cap"
 fi
-(cd "$RUNS" && find . -name 'result*.json' -o -name '*.log' -o -name 'resolved.yaml' | tar czf "$OUT/rows.tar.gz" -T -)
-(cd "$RUNS" && find . -name 'result.json' | while read -r f; do mkdir -p "$OUT/$(dirname "$f")"; cp "$f" "$OUT/$f"; done)
+collect_rows
 python - "$RUNS" <<'PY' | tee "$OUT/summary.txt"
 import json, pathlib, sys
 for f in sorted(pathlib.Path(sys.argv[1]).glob("*/*/result.json")):

@@ -21,11 +21,8 @@ TRIALS=${TRIALS:-0}
 BUDGET_S=${BUDGET_S:-540}
 TIMEOUT_S=${TIMEOUT_S:-240}
 WHICH=${WHICH:-both}
-mkdir -p "$OUT" "$RUNS"
-OUT=$(cd "$OUT" && pwd)
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-start=$SECONDS
-left() { echo $((BUDGET_S - (SECONDS - start))); }
+# shellcheck source=scripts/device_call.sh
+source scripts/device_call.sh
 if [ "$WHICH" != sweep ]; then
   tests=$(ls tests/test_users_baselines.py tests/test_fsdp_offload.py 2>/dev/null)
   # shellcheck disable=SC2086
@@ -33,21 +30,15 @@ if [ "$WHICH" != sweep ]; then
     2>&1 | tee "$OUT/gpu_tests.log" | tail -n 15
 fi
 sweep() {  # $1: sweep name; the rest: overrides
-  local name=$1; shift
-  local l; l=$(left)
-  [ "$l" -gt 20 ] || { echo "no budget left for $name" | tee -a "$OUT/$name.log"; return; }
   # shellcheck disable=SC2086  # STEPS holds several overrides
-  timeout -k 20 "$l" python -m teraio.sweep -m +experiment=fig7_h200 "$@" $STEPS "system=$SYSTEMS" "trial=$TRIALS" \
-    "sweep.name=$name" "sweep.runs_dir=$RUNS" sweep.make_ssd_dirs=true sweep.analyze=false \
-    "timeout_s=$TIMEOUT_S" "sweep.deadline=$(($(date +%s) + l))" 2>&1 | tee "$OUT/$name.log"
+  fig7_sweep "$@" $STEPS "system=$SYSTEMS" "trial=$TRIALS"
 }
 if [ "$WHICH" != tests ]; then
   # point full first: its fsdp_offload and torchao_offload rows are refused up front (host memory)
   sweep users_l8_full model=llama3_8b fig7.point=full
   sweep users_l8cut_seq_short model=llama3_8b_4l fig7.point=seq_short
 fi
-(cd "$RUNS" && find . -name 'result*.json' -o -name '*.log' -o -name 'resolved.yaml' | tar czf "$OUT/rows.tar.gz" -T -)
-(cd "$RUNS" && find . -name 'result.json' | while read -r f; do mkdir -p "$OUT/$(dirname "$f")"; cp "$f" "$OUT/$f"; done)
+collect_rows
 python - "$RUNS" <<'PY' | tee "$OUT/summary.txt"
 import json, pathlib, sys
 for f in sorted(pathlib.Path(sys.argv[1]).glob("users_*/*/result.json")):

@@ -1,0 +1,27 @@
+# Sourced by the GPU scripts of benchmarks/ that run fig7_h200 sweeps within one device call
+# (users_baselines_h200.sh, recompute_h200.sh), from the repository root, with OUT, RUNS,
+# BUDGET_S and TIMEOUT_S set: makes OUT and RUNS (OUT made absolute), puts the checkout on
+# PYTHONPATH and starts the budget of BUDGET_S seconds. Then:
+#   left                        seconds of the budget left
+#   fig7_sweep NAME OVERRIDE... one fig7_h200 sweep named NAME under RUNS with the overrides,
+#                               stopped with the budget (its runs' deadline too; none started
+#                               with 20 s or less left), its log in OUT/NAME.log
+#   collect_rows                RUNS' rows, logs and configs into OUT/rows.tar.gz, and each
+#                               result.json at the same path under OUT
+mkdir -p "$OUT" "$RUNS"
+OUT=$(cd "$OUT" && pwd)
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+start=$SECONDS
+left() { echo $((BUDGET_S - (SECONDS - start))); }
+fig7_sweep() {
+  local name=$1; shift
+  local l; l=$(left)
+  [ "$l" -gt 20 ] || { echo "no budget left for $name" | tee -a "$OUT/$name.log"; return; }
+  timeout -k 20 "$l" python -m teraio.sweep -m +experiment=fig7_h200 "$@" "sweep.name=$name" "sweep.runs_dir=$RUNS" \
+    sweep.make_ssd_dirs=true sweep.analyze=false "timeout_s=$TIMEOUT_S" "sweep.deadline=$(($(date +%s) + l))" \
+    2>&1 | tee "$OUT/$name.log"
+}
+collect_rows() {
+  (cd "$RUNS" && find . -name 'result*.json' -o -name '*.log' -o -name 'resolved.yaml' | tar czf "$OUT/rows.tar.gz" -T -)
+  (cd "$RUNS" && find . -name 'result.json' | while read -r f; do mkdir -p "$OUT/$(dirname "$f")"; cp "$f" "$OUT/$f"; done)
+}
