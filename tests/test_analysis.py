@@ -181,7 +181,7 @@ def test_load_rejects_empty_dir(tmp_path):
         load_sweep(tmp_path)
 
 
-# ---- tables: acceptance 1 --------------------------------------------------------------
+# ---- tables --------------------------------------------------------------------------
 
 def test_throughput_numbers_exact(sweep_dir):
     sweep = load_sweep(sweep_dir)
@@ -391,7 +391,7 @@ def test_prices_fallback_and_validation():
         resolve_prices({"ssd_each": -1})
 
 
-# ---- figures: acceptance 2 -------------------------------------------------------------
+# ---- figures -------------------------------------------------------------------------
 
 def gids(ax, gid, kind="patches"):
     return [a for a in getattr(ax, kind) if a.get_gid() == gid]
@@ -548,7 +548,7 @@ def test_analyze_writes_everything_and_names_skips(sweep_dir, capsys):
     assert len(pd.read_parquet(paths["runs.parquet"])) == 20
 
 
-# ---- acceptance 4: pandas 3 + seaborn 0.13 ---------------------------------------------
+# ---- pandas 3 + seaborn 0.13 -----------------------------------------------------------
 
 def test_pinned_versions():
     assert int(pd.__version__.split(".")[0]) == 3
