@@ -74,7 +74,7 @@ from teraio.harness.checks import validate
 from teraio.harness.compose import job_overrides, register_resolvers, run_config
 from teraio.config import RunConfig
 from teraio.harness.drive_lock import OWNER_LOCK, hold_drives, hold_point
-from teraio.harness.interrupt import Interrupted, raise_on_signals
+from teraio.interrupt import Interrupted, raise_on_signals
 from teraio.files import SCRATCH, remove_orphans
 from teraio.harness.launch import console, launch_worker
 from teraio.harness.tune import tune_settings, tuned_run, write_job_tuning

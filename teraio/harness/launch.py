@@ -99,7 +99,7 @@ def launch_worker(run: RunConfig, job_dir: Path, resolved: Path) -> tuple[int | 
             rc = None
         finally:
             # A timeout, the sweep interrupted (the worker then writes its interrupted row,
-            # teraio.harness.interrupt), or children left behind by a finished worker (they
+            # teraio.interrupt), or children left behind by a finished worker (they
             # would hold its output pipe open).
             if proc.poll() is None:
                 ending.set()

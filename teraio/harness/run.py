@@ -15,7 +15,7 @@ or missing one fails its own points and nothing else. The row is made here, by
 had measured by then: ``teraio.result.kept_on_failure``).
 
 SIGTERM or SIGINT ends the run through the runner's ``finally`` blocks (its tiers closed,
-their files deleted; ``teraio.harness.interrupt``) and the row is ``interrupted``.
+their files deleted; ``teraio.interrupt``) and the row is ``interrupted``.
 
 Under torchrun (``hardware.n_gpus`` > 1, or ``workload.pipeline_stages`` > 1: one rank per
 stage) every rank trains on ``cuda:<LOCAL_RANK>`` (or the CPU) and rank 0 alone writes the
@@ -41,7 +41,7 @@ import torch  # noqa: E402
 from teraio import systems
 from teraio.config import RunConfig, load_run_config
 from teraio.systems.measure import environment_facts, peak_host_rss_bytes
-from teraio.harness.interrupt import Interrupted, raise_on_signals
+from teraio.interrupt import Interrupted, raise_on_signals
 from teraio.result import Measurements, check_finite, measured_before, result_row, write_result
 from teraio.harness.tune import row_tuning
 
@@ -88,7 +88,7 @@ def note_time_limit(cfg: RunConfig, measured: Measurements) -> None:
 
 def run_point(cfg: RunConfig, job_dir: Path, runner: Runner | None = None) -> dict:
     """Train ``cfg`` and return its result row (never raises for a failed run: the failure
-    is the row's status and message; :class:`~teraio.harness.interrupt.Interrupted` makes an
+    is the row's status and message; :class:`~teraio.interrupt.Interrupted` makes an
     ``interrupted`` row)."""
     device = run_device(cfg)
     started_at = iso_time()

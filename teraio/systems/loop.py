@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 
 from teraio.config import WorkloadConfig
+from teraio.interrupt import raise_if_interrupted
 from teraio.systems.measure import timed
 from teraio.result import check_loss, iteration_row, progress_line
 
@@ -110,11 +111,14 @@ def measure_steps(step_fn: StepFn, workload: WorkloadConfig, device: torch.devic
 
     Raises:
         FloatingPointError: a step's loss is not finite (naming the step; before its line).
+        teraio.interrupt.Interrupted: at a step's start, where a SIGTERM or SIGINT arrived
+            whose exception Python dropped (``teraio.interrupt``).
     """
     out = Steps() if out is None else out
     deadline = deadline_from_env() if deadline is None else deadline
     last = workload.warmup_steps + workload.measure_steps - 1
     for step in range(first_step, last + 1):
+        raise_if_interrupted()  # a SIGTERM or SIGINT whose exception Python dropped (teraio.interrupt)
         this = step_fn(step)
         if this is None:
             continue
