@@ -6,7 +6,9 @@ composes its runs from ``conf/``."""
 from __future__ import annotations
 
 import ast
+import json
 import re
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -152,3 +154,25 @@ def test_a_host_placement_comes_without_host_arena():
     host = [m for m in plan.migrations if m.tier == "host"]
     assert host and len(placed) == len(host)
     assert all(m.slot == m.name and m.offset == -1 for m in host)
+
+
+def test_the_committed_recompute_replay_regenerates_from_its_rows(tmp_path, monkeypatch):
+    """``benchmarks/results/recompute_h100.json`` is what its command computes from the
+    committed rows (measured means, plans, simulated iterations)."""
+    from benchmarks import replay_runs
+
+    committed = json.loads((BENCH / "results" / "recompute_h100.json").read_text())
+    argv = shlex.split(committed["command"])[3:]
+    out = tmp_path / "replay.json"
+    argv[argv.index("--out") + 1] = str(out)
+    monkeypatch.chdir(REPO)
+    replay_runs.main(argv)
+    fresh = json.loads(out.read_text())["jobs"]
+    assert [j["job"] for j in fresh] == [j["job"] for j in committed["jobs"]]
+    for new, old in zip(fresh, committed["jobs"]):
+        assert new.keys() == old.keys()
+        for key, value in old.items():
+            if isinstance(value, float):
+                assert new[key] == pytest.approx(value, rel=1e-9), (new["job"], key)
+            else:
+                assert new[key] == value, (new["job"], key)

@@ -1,0 +1,63 @@
+"""TeraIO runs against the performance model: each job's own plan replayed through the
+simulator (``teraio.perf.replay.replay_run``, FIFO, the drive shared as the plan says) at the
+rates it was planned at, beside the iterations the run measured.
+
+    python -m benchmarks.replay_runs JOB_DIR [JOB_DIR ...] --out FILE.json
+
+Per job: the row's ``status`` (an ``interrupted`` or time-limited row keeps the iterations it
+measured, which are used), ``gpu_name``, the plan's ``recompute`` setting, its recomputes
+and recomputed bytes per iteration, ``tiers_gbps`` (the planned rates), the measured mean
+iteration seconds over ``measured_steps`` iterations, the simulated ones, their ratio
+``simulated_over_measured`` and the profiled op sum ``op_seconds``. ``--out`` is replaced
+atomically.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from benchmarks import command
+from teraio.files import write_atomic
+from teraio.perf import jobdir
+from teraio.perf.replay import plan_tiers, replay_run
+
+
+def replay(job: Path) -> dict:
+    """One TeraIO run's plan simulated beside its measured iterations.
+
+    Raises:
+        ValueError: ``job`` lacks its row, trace or plan, or its row measured no iteration.
+    """
+    row, trace, plan = jobdir.result(job), jobdir.trace(job), jobdir.plan(job)
+    r = replay_run(trace, plan, plan_tiers(plan), row.get("iterations") or [], shared_ssd=plan.meta["shared_ssd"])
+    return {"job": str(job), "system": row["point"]["system"], "status": row["status"],
+            "gpu_name": row.get("gpu_name"), "recompute": plan.meta.get("recompute"),
+            "recomputes": len(plan.recomputes), "recomputed_bytes": plan.recomputed_bytes(),
+            "tiers_gbps": plan.meta["tiers_gbps"], "measured_steps": len(r.iterations),
+            "measured_iteration_seconds": r.measured_iteration_seconds,
+            "simulated_iteration_seconds": r.simulated.iteration_seconds,
+            "simulated_over_measured": r.predicted_over_measured,
+            "op_seconds": float(trace.op_seconds.sum())}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("jobs", nargs="+", type=Path, help="TeraIO job directories (row, trace and plan)")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    jobs = []
+    for job in args.jobs:
+        j = replay(job)
+        print(f"{job}: {j['status']}, recompute {j['recompute']} ({j['recomputes']} chains), measured "
+              f"{j['measured_iteration_seconds']:.2f} s over {j['measured_steps']} steps, simulated "
+              f"{j['simulated_iteration_seconds']:.2f} s ({j['simulated_over_measured']:.3f})")
+        jobs.append(j)
+    out = {"command": command("benchmarks.replay_runs", argv), "jobs": jobs}
+    write_atomic(args.out, (json.dumps(out, indent=1) + "\n").encode())
+
+
+if __name__ == "__main__":
+    main()
