@@ -636,10 +636,10 @@ def test_figure_titles_break_between_phrases_not_inside_one():
     assert _wrap_phrases("short", 60) == "short"
 
 
-@pytest.mark.parametrize("sweep", ["fig7_h200_slice", "fig7_h200"])
-def test_the_committed_h200_sweeps_regenerate_their_tables_exactly(tmp_path, sweep):
+@pytest.mark.parametrize("sweep", ["h200/fig7_h200_slice", "h200/fig7_h200", "h100/side_by_side"])
+def test_the_committed_gpu_sweeps_regenerate_their_tables_exactly(tmp_path, sweep):
     from pathlib import Path
-    slice_dir = Path(__file__).resolve().parents[1] / "runs" / "reference" / "h200" / sweep
+    slice_dir = Path(__file__).resolve().parents[1] / "runs" / "reference" / sweep
     paths = analyze(slice_dir, tmp_path / "out")
     committed = sorted((slice_dir / "analysis" / "tables").iterdir())
     assert committed and {p.name for p in committed} <= {Path(k).name for k in paths if k.startswith("tables/")}
