@@ -22,10 +22,28 @@ import time
 from pathlib import Path
 
 from benchmarks import command
+from teraio.core.plan import MigrationPlan
+from teraio.core.recompute import is_inplace
+from teraio.core.trace import Trace
 from teraio.files import write_atomic
 from teraio.perf import jobdir
 from teraio.perf.replay import plan_as_committed, plan_tiers
 from teraio.perf.simulator import simulate
+
+
+def ssd_bytes_by_kind(trace: Trace, plan: MigrationPlan) -> dict[str, int]:
+    """Bytes per iteration ``plan`` moves to the drive, by kind of tensor (module docstring)."""
+    out: dict[str, int] = {}
+    for m in plan.migrations:
+        if m.tier != "ssd":
+            continue
+        t = trace.tensors[m.tid]
+        if t.persistent:
+            kind = t.name.split(":", 1)[0]
+        else:
+            kind = "accumulated" if any(is_inplace(trace.op_names[u]) for u in t.uses[1:]) else "activation"
+        out[kind] = out.get(kind, 0) + m.nbytes
+    return dict(sorted(out.items()))
 
 
 def schedule(job: Path) -> dict:
@@ -50,7 +68,7 @@ def schedule(job: Path) -> dict:
     tiers_bytes = plan.bytes_per_tier()
     out.update(recomputed_bytes=plan.recomputed_bytes(), ssd_bytes=tiers_bytes["ssd"],
                host_bytes=tiers_bytes["host"], recompute=plan.meta["recompute"],
-               recompute_auto=plan.meta.get("recompute_auto"))
+               recompute_auto=plan.meta.get("recompute_auto"), ssd_bytes_by_kind=ssd_bytes_by_kind(trace, plan))
     return out
 
 

@@ -134,6 +134,10 @@ def test_schedule_of_a_committed_h200_trace_fits_keeps_chain_inputs_and_beats_to
     assert row["host_cap_bytes"] == 16 * 10**9
     assert row["recomputed_bytes"] > 0
     assert row["ideal_s"] < row["schedule_simulated_s"] < row["today_simulated_s"]
+    # what stays on the drive, by kind: it adds up, and gradient accumulators (written in place
+    # by add_, which no recompute can make again) are among it
+    kinds = row["ssd_bytes_by_kind"]
+    assert sum(kinds.values()) == row["ssd_bytes"] and kinds["accumulated"] > 0 and kinds["param"] > 0
 
 
 def test_the_engine_refuses_a_recompute_the_trace_does_not_describe():
