@@ -75,7 +75,8 @@ class TeraIOOptions:
     simulates more than 2 % faster (``teraio.perf.choose``). The default is ``"auto"``, chosen
     by simulation of the committed H200 traces: it shortens the Granite-8B cut's iterations
     and keeps the plan without recompute at the Llama3-8B cut's points
-    (``benchmarks/results/schedule_h200_traces.json``; measured on the GPU when one is lent)."""
+    (``benchmarks/results/schedule_h200_traces.json``); and by measurement beside ``"off"``
+    on an H100 at the Granite-8B cut (``benchmarks/results/recompute_h100.json``)."""
 
     def __post_init__(self) -> None:
         bad = []
