@@ -201,25 +201,34 @@ class _Channel:
 
     @property
     def prefix(self) -> np.ndarray:
+        """The whole prefix, ``[2n + 1]``."""
+        return self.prefix_to(2 * self.n)
+
+    def prefix_to(self, m: int) -> np.ndarray:
+        """The prefix up to column ``m`` (``prefix[:m + 1]``, a view), summed on from its last
+        valid column as far as ``m`` only: the same sums, in the same order, as summing it
+        whole."""
         v = self._valid
-        if v < 2 * self.n:
+        if v < m:
             first = self._free2[v]
             self._free2[v] = self._prefix[v] + first  # summed on from prefix[v], in order
-            self._free2[v:].cumsum(out=self._prefix[v + 1:])
+            self._free2[v:m].cumsum(out=self._prefix[v + 1:m + 1])
             self._free2[v] = first
-            self._valid = 2 * self.n
-        return self._prefix
+            self._valid = m
+        return self._prefix[:m + 1]
 
-    def offload_end(self, start: int, nbytes: float) -> int:
+    def offload_end(self, start: int, nbytes: float, within: int | None = None) -> int:
         """Unrolled index of the slot after the one where ``nbytes`` launched at slot
-        ``start`` completes (``free_before``); may exceed ``2n`` if it never completes."""
-        p = self.prefix
+        ``start`` completes (``free_before``); may exceed ``2n`` if it never completes.
+        With ``within``, one that would end after slot ``within`` gives ``within + 1``
+        (only the prefix up to ``within`` is summed)."""
+        p = self.prefix_to(2 * self.n if within is None else within)
         return int(p.searchsorted(p[start] + nbytes, side="left"))
 
     def prefetch_start(self, end: int, nbytes: float) -> int:
         """Unrolled slot where a transfer of ``nbytes`` that must finish by the start of
         slot ``end`` starts (``prefetch_before``); negative if it cannot fit."""
-        p = self.prefix
+        p = self.prefix_to(end)
         return int(p.searchsorted(p[end] - nbytes, side="right")) - 1
 
     def _take(self, lo: int, hi: int, last: int, rest: float) -> None:
@@ -234,17 +243,21 @@ class _Channel:
         self._free2[k] = self._free2[k + n] = max(0.0, self._free2[k] - rest)
         self._valid = min(self._valid, k)
 
-    def reserve_offload(self, start: int, nbytes: float) -> int:
-        end = self.offload_end(start, nbytes)
+    def reserve_offload(self, start: int, nbytes: float, within: int | None = None) -> int:
+        """Reserve an offload of ``nbytes`` from slot ``start`` on; its ``free_before``.
+        ``within``: as :meth:`offload_end`'s, for a caller that knows it ends by then."""
+        end = self.offload_end(start, nbytes, within)
         last = end - 1
-        used_before = self.prefix[last] - self.prefix[start]
-        self._take(start, last, last, nbytes - used_before)
+        p = self.prefix_to(last)
+        self._take(start, last, last, nbytes - (p[last] - p[start]))
         return end
 
     def reserve_prefetch(self, end: int, nbytes: float) -> int:
+        """Reserve a prefetch of ``nbytes`` that must end by slot ``end``; its
+        ``prefetch_before``."""
         start = self.prefetch_start(end, nbytes)
-        used_after = self.prefix[end] - self.prefix[start + 1]
-        self._take(start + 1, end, start, nbytes - used_after)
+        p = self.prefix_to(end)
+        self._take(start + 1, end, start, nbytes - (p[end] - p[start + 1]))
         return start
 
     @property
@@ -292,8 +305,9 @@ class RecomputeTable:
         cost: its chain's seconds (at least 1 ns), 1.0 where none.
         extra: its chain's bytes beyond the tensor, int64.
         chain: its :class:`~teraio.core.recompute.Chain`, None where none.
-        dependents: per candidate, the recompute candidates whose chain keeps it on the GPU
-            (periods of a chain's resident input that hold op b, ``a' < b <= b'``).
+        dependents: candidate -> the recompute candidates whose chain keeps it on the GPU
+            (periods of a chain's resident input that hold op b, ``a' < b <= b'``); only
+            candidates that have some.
         by_tid: tensor id -> its candidates.
     """
 
@@ -301,14 +315,14 @@ class RecomputeTable:
     cost: np.ndarray
     extra: np.ndarray
     chain: list
-    dependents: list[list[int]]
+    dependents: dict[int, list[int]]
     by_tid: dict[int, list[int]]
 
     @classmethod
     def empty(cls, n_periods: int) -> "RecomputeTable":
         """No candidate recomputable."""
         return cls(np.zeros(n_periods, dtype=bool), np.ones(n_periods), np.zeros(n_periods, dtype=np.int64),
-                   [None] * n_periods, [[] for _ in range(n_periods)], {})
+                   [None] * n_periods, {}, {})
 
     @classmethod
     def of(cls, trace: Trace, periods: Periods) -> "RecomputeTable":
@@ -336,7 +350,7 @@ class RecomputeTable:
             out.extra[c] = ch.extra_bytes
             out.chain[c] = ch
             for c2 in anchors:
-                out.dependents[c2].append(c)
+                out.dependents.setdefault(c2, []).append(c)
         return out
 
 
@@ -381,6 +395,7 @@ class _Round:
     best: float
     batch: int = 64
     ahead: _Ahead | None = None
+    stale: np.ndarray | None = None  # the candidates alive and stale when it began, ascending
 
 
 class _Greedy:
@@ -580,10 +595,11 @@ class _Planner:
         where its score (benefit per second of recompute) beats the tier's (benefit per
         second of transfer)."""
         s, st, b = self.s[idx], self.a[idx] + 1, self.b[idx]
+        top = int(b.max(initial=0))  # no window reaches past it: the prefixes are summed that far
         fs, ps, oks, pers = [], [], [], []
         for tier in self.tiers:
             cw, cr = TIER_CHANNELS[tier]
-            pw, pr = self.channels[cw].prefix, self.channels[cr].prefix
+            pw, pr = self.channels[cw].prefix_to(top), self.channels[cr].prefix_to(top)
             f = pw.searchsorted(pw[st] + self._moved[cw][idx], side="left")
             p = pr.searchsorted(pr[b] - self._moved[cr][idx], side="right") - 1
             ok = (f < b) & (p > f)
@@ -659,7 +675,7 @@ class _Planner:
     def accept(self, c: int, tier: str) -> tuple[int, int]:
         s, a, b = int(self.s[c]), int(self.a[c]), int(self.b[c])
         cw, cr = TIER_CHANNELS[tier]
-        f = self.channels[cw].reserve_offload(a + 1, s * self.scale[cw])
+        f = self.channels[cw].reserve_offload(a + 1, s * self.scale[cw], within=b)
         p = self.channels[cr].reserve_prefetch(b, s * self.scale[cr])
         self._lower(f, p, s)
         self._place(c, tier)
@@ -760,8 +776,12 @@ class _Planner:
             if g.round is None:
                 g.round = _Round(float(np.where(alive & fresh & (choice >= 0), score, 0.0).max(initial=0.0)))
             rnd = g.round
+            if rnd.stale is None:
+                rnd.stale = (alive & ~fresh).nonzero()[0]
             while True:
-                ids = (alive & ~fresh & (bound >= rnd.best)).nonzero()[0]
+                # within a round only the batches' candidates change: they turn fresh
+                rnd.stale = rnd.stale[~fresh[rnd.stale]]
+                ids = rnd.stale[bound[rnd.stale] >= rnd.best]
                 if not ids.size:
                     break
                 if rnd.ahead is None:  # the batches of this round (64, 128, 256) in one call
@@ -791,7 +811,7 @@ class _Planner:
             if pins is None:  # an input of its chain is off the GPU at op r
                 self.rc_ok[c] = fresh[c] = False
                 continue
-            for r in self.rc_dependents[c]:  # c no longer stays resident through their op b
+            for r in self.rc_dependents.get(c, ()):  # c no longer stays resident through their op b
                 self.rc_ok[r] = False
                 fresh[r] = False
             if recompute:

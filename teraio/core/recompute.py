@@ -109,12 +109,19 @@ class Chains:
         kinds = {o: (is_pure(o), is_inplace(o)) for o in set(trace.op_names)}
         self.pure = np.array([kinds[o][0] for o in trace.op_names], dtype=bool)
         self.inplace = np.array([kinds[o][1] for o in trace.op_names], dtype=bool)
+        self._out: dict[str, bool] = {}  # op name -> it has an out= variant
         # per tensor, its uses by in-place ops, ascending
         self._written: dict[int, list[int]] = {}
         for t in trace.tensors:
             w = [u for u in t.uses if self.inplace[u]]
             if w:
                 self._written[t.tid] = sorted(w)
+
+    def _has_out_variant(self, op_name: str) -> bool:
+        """Whether :func:`out_variant` finds one for ``op_name``, asked once per op name."""
+        if op_name not in self._out:
+            self._out[op_name] = out_variant(op_name) is not None
+        return self._out[op_name]
 
     def _written_between(self, tid: int, lo: int, hi: int) -> bool:
         """Whether an in-place op touches tensor ``tid`` at an op in ``(lo, hi)``."""
@@ -184,7 +191,7 @@ class Chains:
         # has an out= variant; else into fresh memory, then copies (``teraio.core.rerun``):
         # the tensor's bytes twice at the copy.
         last = x.uses[0]
-        copies = len(self.outputs[last]) != 1 or out_variant(self.trace.op_names[last]) is None
+        copies = len(self.outputs[last]) != 1 or not self._has_out_variant(self.trace.op_names[last])
         return Chain(ops=order, inputs=sorted(resident),
                      seconds=float(self.trace.op_seconds[order].sum()),
                      extra_bytes=max(peak - x.nbytes, x.nbytes if copies else 0))

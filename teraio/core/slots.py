@@ -244,10 +244,7 @@ class HostArena:
     def _search(self, periods: np.ndarray, size: np.ndarray) -> np.ndarray:
         """:meth:`offsets` over the placed ranges (``size`` aligned)."""
         fixed = np.array([self.at.get(int(t), -1) for t in self.tid[periods]], dtype=np.int64)
-        if self._by_offset is None:
-            order = np.argsort(self._off, kind="stable")
-            self._by_offset = tuple(x[order] for x in (self._lo, self._hi, self._off, self._end))
-        lo, hi, off, end = self._by_offset
+        lo, hi, off, end = self._sorted_ranges()
         out = np.empty(len(periods), dtype=np.int64)
         rows = max(1, _BLOCK // max(1, len(off)))
         for s in range(0, len(periods), rows):
@@ -269,7 +266,33 @@ class HostArena:
 
     def offset(self, period: int, nbytes: int) -> int:
         """:meth:`offsets` of one period."""
-        return int(self.offsets(np.array([period]), np.array([nbytes]))[0])
+        size = int(align_up(int(nbytes), self.align))
+        if self._memo_size[period] != size:
+            self._memo[period], self._memo_size[period] = self._search_one(period, size), size
+        return int(self._memo[period])
+
+    def _search_one(self, period: int, size: int) -> int:
+        """:meth:`_search` of one period (``size`` aligned), over the placed ranges that meet
+        it only: the free space below each of them, in offset order, is what the highest end
+        below it leaves."""
+        fixed = self.at.get(int(self.tid[period]), -1)
+        lo, hi, off, end = self._sorted_ranges()
+        a, b, n = self.a[period], self.b[period], self.n
+        meet = ((lo - n < b) & (a < hi - n)) | ((lo < b) & (a < hi)) | ((lo + n < b) & (a < hi + n))
+        if fixed >= 0:
+            return -1 if (meet & (off < fixed + size) & (fixed < end)).any() else fixed
+        j = meet.nonzero()[0]
+        before = np.zeros(len(j) + 1, np.int64)  # per meeting range and the region's end: the highest end below
+        np.maximum.accumulate(end[j], out=before[1:])
+        gap = (np.append(off[j], self.cap) - before >= size).nonzero()[0]
+        return int(before[gap[0]]) if gap.size else -1
+
+    def _sorted_ranges(self) -> tuple[np.ndarray, ...]:
+        """The placed ranges' (lo, hi, off, end), by offset (stable)."""
+        if self._by_offset is None:
+            order = np.argsort(self._off, kind="stable")
+            self._by_offset = tuple(x[order] for x in (self._lo, self._hi, self._off, self._end))
+        return self._by_offset
 
     def room(self, periods: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
         """bool per candidate period: :meth:`offsets` finds a place for it. A period of a
