@@ -137,6 +137,7 @@ import dataclasses
 import time
 
 import numpy as np
+import torch
 
 from teraio.core.bandwidth import CHANNELS, TIER_CHANNELS, TierBandwidth
 from teraio.core.plan import Migration, MigrationPlan, Recompute
@@ -185,6 +186,14 @@ def inactive_periods(trace: Trace, min_tensor_bytes: int = 1 << 20) -> Periods:
     return Periods(cat(tid), cat(nb), cat(a), cat(b))
 
 
+def _cumsum(x: np.ndarray, out: np.ndarray) -> None:
+    """``np.cumsum(x, out=out)`` of a float64 1-D array into another: the same sums in the
+    same order, summed by ``torch.cumsum`` on the same memory, a few times faster on the CPU
+    (ATen's CPU cumsum adds the elements one after another, from the first, in float64, as
+    numpy's does; ``tests/test_planner.py`` checks that they agree to the last bit)."""
+    torch.cumsum(torch.from_numpy(x), 0, out=torch.from_numpy(out))
+
+
 class _Channel:
     """Free capacity (bytes) per op slot of one (tier, direction), with a prefix sum over
     the doubled (cyclic) timeline: ``prefix[i] = free[0 mod n] + ... + free[(i-1) mod n]``,
@@ -212,7 +221,7 @@ class _Channel:
         if v < m:
             first = self._free2[v]
             self._free2[v] = self._prefix[v] + first  # summed on from prefix[v], in order
-            self._free2[v:m].cumsum(out=self._prefix[v + 1:m + 1])
+            _cumsum(self._free2[v:m], self._prefix[v + 1:m + 1])
             self._free2[v] = first
             self._valid = m
         return self._prefix[:m + 1]
@@ -434,6 +443,7 @@ class _Planner:
         self.live2 = np.concatenate([self.live, self.live])
         self.tau2 = np.concatenate([trace.op_seconds, trace.op_seconds])
         self.s, self.a, self.b, self.p_tid = periods.nbytes, periods.a, periods.b, periods.tid
+        self._st = self.a + 1  # each period's first op off the GPU at the earliest
         # Slots shared by tensors whose periods never overlap (teraio.core.slots): the host
         # tier's bins stay under the cap, the SSD tier's files under the drives' room.
         # With host_arena the host tier is one region, a byte offset per tensor instead.
@@ -491,18 +501,20 @@ class _Planner:
         self.n_recomputable = int(self.rc_ok.sum())
 
     # ---- scoring (vectorized over candidates) -------------------------------------------
-    def _window_benefit(self, idx: np.ndarray, ok: np.ndarray, f: np.ndarray, p: np.ndarray) -> np.ndarray:
-        """The benefit density summed over the windows ``[f, p)`` (unrolled) of candidates
-        ``idx`` where ``ok`` (bytes*s for "pressure", s for "formula"; 0 elsewhere): a
-        difference of the prefix sums of their size's row."""
-        ben = np.zeros(len(idx))
+    def _window_benefit(self, rows: np.ndarray, ok: np.ndarray, f: np.ndarray, p: np.ndarray) -> np.ndarray:
+        """The benefit density summed over the windows ``[f, p)`` (unrolled) of candidates of
+        prefix-sum rows ``rows`` (their size's, ``self._code``) where ``ok`` (bytes*s for
+        "pressure", s for "formula"; 0 elsewhere): a difference of the prefix sums of their
+        row."""
+        ben = np.zeros(len(rows))
         i = ok.nonzero()[0]
         if i.size:
-            rows, pi, fi = self._code[idx[i]], p[i], f[i]
+            rows, pi, fi = rows[i], p[i], f[i]
             need = np.zeros(len(self._keys), dtype=np.int64)
             np.maximum.at(need, rows, pi)
             self._extend(need)
-            ben[i] = self._q[rows, pi] - self._q[rows, fi]
+            q, at = self._q.ravel(), rows * self._q.shape[1]
+            ben[i] = q.take(at + pi) - q.take(at + fi)
         return ben
 
     def _extend(self, need: np.ndarray) -> None:
@@ -514,7 +526,7 @@ class _Planner:
             key = int(self._keys[r])
             dens = (np.minimum(np.maximum(excess, 0), key) if key >= 0 else excess > 0) * self.tau2[d:m]
             dens[0] += self._q[r, d]
-            dens.cumsum(out=self._q[r, d + 1:m + 1])
+            _cumsum(dens, self._q[r, d + 1:m + 1])
             self._valid[r] = m
 
     def _lower(self, lo: int, hi: int, nbytes: int) -> None:
@@ -574,6 +586,19 @@ class _Planner:
             r[j] = self._recompute_at(int(idx[j]))
         return r
 
+    def _recompute_option(self, idx: np.ndarray, st: np.ndarray, f: np.ndarray, p: np.ndarray, ok: np.ndarray,
+                          per: np.ndarray) -> None:
+        """The recompute option of candidates ``idx`` (:meth:`evaluate`), written into its
+        rows: window ``[st, p)`` (p -1 where there is no option), viable where non-empty, and
+        what its score divides by (the chain's seconds; bytes for "formula")."""
+        rc = self.rc_ok[idx]
+        f[:] = st
+        p[:] = -1
+        p[rc] = self._recompute_ats(idx[rc])
+        np.greater(p, st, out=ok)
+        ok &= rc
+        per[:] = self.rc_cost[idx] if self.benefit == "pressure" else self.s[idx]
+
     @property
     def rc_index(self) -> int:
         """The choice index (:meth:`evaluate`) of the recompute option."""
@@ -594,36 +619,32 @@ class _Planner:
         Tier rule: SSD unless the host window's benefit is strictly larger; then recompute
         where its score (benefit per second of recompute) beats the tier's (benefit per
         second of transfer)."""
-        s, st, b = self.s[idx], self.a[idx] + 1, self.b[idx]
+        st, b = self._st[idx], self.b[idx]
         top = int(b.max(initial=0))  # no window reaches past it: the prefixes are summed that far
-        fs, ps, oks, pers = [], [], [], []
-        for tier in self.tiers:
+        nt, k = len(self.tiers), len(idx)
+        m = nt + self.rc_on
+        F, P = np.empty((m, k), np.int64), np.empty((m, k), np.int64)
+        OK, per = np.empty((m, k), bool), np.empty((m, k))
+        for j, tier in enumerate(self.tiers):
             cw, cr = TIER_CHANNELS[tier]
             pw, pr = self.channels[cw].prefix_to(top), self.channels[cr].prefix_to(top)
-            f = pw.searchsorted(pw[st] + self._moved[cw][idx], side="left")
-            p = pr.searchsorted(pr[b] - self._moved[cr][idx], side="right") - 1
-            ok = (f < b) & (p > f)
+            F[j] = pw.searchsorted(pw[st] + self._moved[cw][idx], side="left")
+            P[j] = pr.searchsorted(pr[b] - self._moved[cr][idx], side="right")
+            P[j] -= 1
+            np.less(F[j], b, out=OK[j])
+            OK[j] &= P[j] > F[j]
             if tier == "host":
-                ok &= self.host_room(idx)
+                OK[j] &= self.host_room(idx)
             elif self.bins["ssd"].cap is not None:
-                ok &= self.ssd_room(idx)
-            fs.append(f), ps.append(p), oks.append(ok)
-            pers.append(self._per[tier][idx])
+                OK[j] &= self.ssd_room(idx)
+            per[j] = self._per[tier][idx]
         if self.rc_on:
-            ok = self.rc_ok[idx]
-            p = np.full(len(idx), -1, dtype=np.int64)
-            p[ok] = self._recompute_ats(idx[ok])
-            fs.append(st), ps.append(p), oks.append(ok & (p > st))
-            pers.append(self.rc_cost[idx] if self.benefit == "pressure" else s.astype(np.float64))
-        m = len(fs)
-        F, P, OK = np.concatenate(fs), np.concatenate(ps), np.concatenate(oks)
-        ben = self._window_benefit(np.concatenate([idx] * m), OK, F, P)
+            self._recompute_option(idx, st, F[nt], P[nt], OK[nt], per[nt])
+        ben = self._window_benefit(np.tile(self._code[idx], m), OK.ravel(), F.ravel(), P.ravel()).reshape(m, k)
         if self.benefit == "formula":
-            ben *= np.concatenate([s] * m)
+            ben *= self.s[idx]
         OK &= ben > 0
-        SC = _snap(np.where(OK, ben / np.concatenate(pers), 0.0))
-        F, P, OK, ben, SC = (x.reshape(m, len(idx)) for x in (F, P, OK, ben, SC))
-        nt = len(self.tiers)
+        SC = _snap(np.where(OK, ben / per, 0.0))
         bound = SC.max(axis=0)
         choice = np.where(OK[0], 0, -1)
         if nt == 2:
@@ -696,7 +717,7 @@ class _Planner:
         and whose host migrations so far name their tensor's offset in it; this planner
         keeps the slots and drops the twin. Both then carry on alone."""
         twin, self.twin = self.twin, None
-        shared = (self.tau2, self.s, self.a, self.b, self.p_tid, self._keys, self._code, self.rc_cost,
+        shared = (self.tau2, self.s, self.a, self.b, self._st, self.p_tid, self._keys, self._code, self.rc_cost,
                   self.rc_extra, self.rc_chain, self.rc_dependents, self.by_tid, self._tensor_meets)
         memo = {id(x): x for x in shared}
         memo[id(self.bins["host"])] = None
@@ -972,9 +993,10 @@ class _Exposed:
             tier[i[pl.ssd_room(idx[i])]] = 0
             cost["ssd"] = pl.cost_per_byte["ssd"]
         ok &= tier >= 0
-        ben = pl._window_benefit(idx, ok, f, p)
+        rows = pl._code[idx]
+        ben = pl._window_benefit(rows, ok, f, p)
         w = ok & widenable  # only the ops the widening adds
-        ben[w] -= pl._window_benefit(idx, w, hf, hp)[w]
+        ben[w] -= pl._window_benefit(rows, w, hf, hp)[w]
         per = np.where(tier == 1, pl.cost_per_byte["host"], pl.cost_per_byte["ssd"]) * s
         pressure = pl.benefit == "pressure"
         score = np.where(ok & (ben > 0), ben / (per if pressure else s), 0.0)
