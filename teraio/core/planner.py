@@ -405,6 +405,7 @@ class _Round:
     batch: int = 64
     ahead: _Ahead | None = None
     stale: np.ndarray | None = None  # the candidates alive and stale when it began, ascending
+    taken: int = 0  # candidates its batches evaluated
 
 
 class _Greedy:
@@ -419,7 +420,7 @@ class _Greedy:
         self.fresh = np.ones(len(bound), dtype=bool)
         self.migrations: list[Migration] = []
         self.round: _Round | None = None
-        self.batches = 2  # batches the last round evaluated (2: more than one)
+        self.ahead = _AHEAD  # candidates the next round evaluates in its first call
         self.stats: dict | None = None
 
 
@@ -807,18 +808,19 @@ class _Planner:
                     break
                 if rnd.ahead is None:  # the batches of this round (64, 128, 256) in one call
                     rnd.ahead = _Ahead(self, N)
-                    k = _AHEAD if g.batches > 1 else 64  # as many as the last round took
+                    k = g.ahead  # as many as the last round took
                     rnd.ahead.add(ids if ids.size <= k else ids[(-bound[ids]).argpartition(k)[:k]])
                 if ids.size > rnd.batch:
                     ids = ids[(-bound[ids]).argpartition(rnd.batch)[:rnd.batch]]
                 bound[ids], choice[ids], fwin[ids], pwin[ids], score[ids] = rnd.ahead.take(ids)
                 g.evaluations += ids.size
+                rnd.taken += ids.size
                 fresh[ids] = True
                 alive[ids] = bound[ids] > 0
                 if (choice[ids] >= 0).any():
                     rnd.best = max(rnd.best, float(score[ids].max()))
                 rnd.batch *= 2
-            g.batches = {64: 0, 128: 1}.get(rnd.batch, 2)
+            g.ahead = max(_AHEAD, rnd.taken) if rnd.batch > 128 else 64
             g.round = None
             usable = alive & fresh & (choice >= 0)
             if not usable.any():
@@ -942,7 +944,8 @@ class _Exposed:
     memory fell inside its period; its benefit sums prefix rows that change only from the
     first op whose density changed (``_Planner._touched``); host room shrinks with each
     host placement, SSD room near its cap with each SSD one. A tensor pinned for a
-    recompute's chain is scored every round: its option opens as its window shrinks."""
+    recompute's chain is scored again whenever its window may have changed, whatever its
+    bound: its option opens as its window shrinks."""
 
     def __init__(self, planner: _Planner, hidden: list[Migration]):
         self.pl = pl = planner
@@ -1013,12 +1016,13 @@ class _Exposed:
         if self.crit is None:
             self.crit = (self.pl.live2 > self.pl.capacity).nonzero()[0]
         crit = np.append(self.crit, 2 * self.pl.n)
-        stale = self.stale | self.pinned
-        # a stale bound of 0 stays 0: scores only fall
+        stale = self.stale.copy()
+        # a stale bound of 0 stays 0: scores only fall; but not a pinned tensor's
         self.stale &= self.bound > 0
         self.score[stale & ~self.stale & ~self.pinned] = 0.0
-        if self.pinned.any():
-            self._evaluate(self.pinned.nonzero()[0], crit)
+        again = stale & self.pinned
+        if again.any():
+            self._evaluate(again.nonzero()[0], crit)
         best, batch = float(self.score[~self.stale].max(initial=0.0)), 64
         while True:  # highest bounds first, until none left can reach the best
             ids = (self.stale & (self.bound * (1 + _SLACK) >= best)).nonzero()[0]
