@@ -775,10 +775,10 @@ class _Planner:
 
     def _meets(self, lo: int, hi: int) -> np.ndarray:
         """bool per candidate: its period's ops ``[a + 1, b)`` meet the unrolled ops
-        ``[lo, hi)`` (cyclic)."""
-        clo, chi = self.a + 1, self.b
-        return ((clo < hi) & (lo < chi)) | ((clo < hi - self.n) & (lo - self.n < chi)) | \
-               ((clo < hi + self.n) & (lo + self.n < chi))
+        ``[lo, hi)`` (cyclic; ``1 <= lo <= n``, ``lo < hi``). Of the three shifts of the
+        window against a period, the one by ``-n`` needs only ``a + 1 < hi - n`` and the one
+        by ``+n`` only ``lo + n < b``: their other halves always hold there."""
+        return ((self._st < hi) & (lo < self.b)) | (self._st < hi - self.n) | (lo + self.n < self.b)
 
     def run(self, trace: Trace) -> tuple[list[Migration], dict]:
         """Phase 1: the lazy greedy (module docstring, "Speed"). Its state lives in

@@ -33,6 +33,15 @@ def align_up(n, a: int):
     return (n + a - 1) // a * a
 
 
+def _meets(a, b, lo, hi, n: int):
+    """Whether periods ``[a, b)`` and ``[lo, hi)`` share an op, cyclic (either side scalars or
+    arrays that broadcast), for periods as :class:`SlotBins` takes them: ``0 <= a < n`` and
+    ``a < b <= a + n`` (likewise ``lo``, ``hi``). Of the three shifts of one period against
+    the other, the one by ``-n`` needs only ``a < hi - n`` and the one by ``+n`` only
+    ``lo + n < b``: their other halves always hold there."""
+    return ((a < hi) & (lo < b)) | (a < hi - n) | (lo + n < b)
+
+
 def ssd_file_bytes(nbytes, stripe: int = SSD_STRIPE):
     """Bytes the SSD tier's files take for a slot of ``nbytes`` (an int or an int array):
     one 4 KiB-aligned stripe when it fits one, else whole stripes
@@ -100,7 +109,7 @@ class SlotBins:
         (cyclic)."""
         lo, hi = self._a[periods, None], self._b[periods, None]
         a, b, n = self._a, self._b, self.n
-        meet = (((a < hi) & (lo < b)) | ((a < hi - n) & (lo - n < b)) | ((a < hi + n) & (lo + n < b))).any(axis=0)
+        meet = _meets(a, b, lo, hi, n).any(axis=0)
         row = np.zeros(len(self._tids), dtype=bool)
         row[self._tix[meet]] = True
         return row
@@ -250,9 +259,7 @@ class HostArena:
         for s in range(0, len(periods), rows):
             p, sz, fx = periods[s:s + rows], size[s:s + rows, None], fixed[s:s + rows, None]
             a, b = self.a[p, None], self.b[p, None]
-            meet = np.zeros((len(p), len(off)), dtype=bool)
-            for shift in (-self.n, 0, self.n):  # cyclic: the period meets a range's ops
-                meet |= (lo + shift < b) & (a < hi + shift)
+            meet = _meets(lo, hi, a, b, self.n)  # the period meets a range's ops
             clash = (meet & (off < fx + sz) & (fx < end)).any(axis=1)
             # the region's end as one more range that every period meets: the gap below it
             # is the free space above the highest meeting range
@@ -278,7 +285,7 @@ class HostArena:
         fixed = self.at.get(int(self.tid[period]), -1)
         lo, hi, off, end = self._sorted_ranges()
         a, b, n = self.a[period], self.b[period], self.n
-        meet = ((lo - n < b) & (a < hi - n)) | ((lo < b) & (a < hi)) | ((lo + n < b) & (a < hi + n))
+        meet = _meets(lo, hi, a, b, n)
         if fixed >= 0:
             return -1 if (meet & (off < fixed + size) & (fixed < end)).any() else fixed
         j = meet.nonzero()[0]
@@ -323,8 +330,7 @@ class HostArena:
             self._fixed[mine] = True
         end = off + int(align_up(int(nbytes), self.align))
         lo, hi, n = int(self.a[period]), int(self.b[period]), self.n
-        meet = (((lo < self.b) & (self.a < hi)) | ((lo - n < self.b) & (self.a < hi - n)) |
-                ((lo + n < self.b) & (self.a < hi + n))).nonzero()[0]
+        meet = _meets(self.a, self.b, lo, hi, n).nonzero()[0]
         memo, size = self._memo[meet], self._memo_size[meet]
         # no range frees space: a -1 stays -1
         self._memo_size[meet[(memo >= 0) & (memo < end) & (off < memo + size)]] = -1
