@@ -426,13 +426,14 @@ class _Greedy:
 
 class _Planner:
     """The greedy loop's state: bandwidth timelines, ``M'`` (over a doubled timeline so a
-    window never needs splitting), host occupancy, and per-candidate cached scores."""
+    window never needs splitting), host occupancy, and per-candidate cached scores.
+    ``required``: ``trace.required_bytes()`` where the caller has it (:class:`Candidates`)."""
 
     def __init__(self, trace: Trace, capacity: int, tiers: TierBandwidth, host_cap: int,
                  benefit: str, use_ssd: bool, periods: Periods, shared_ssd: bool, host_arena: bool = False,
                  ssd_cap: int | None = None, recompute: str | None = None,
                  recompute_table: "RecomputeTable | None" = None, meets: dict | None = None,
-                 host_placement=None):
+                 host_placement=None, required: np.ndarray | None = None):
         self.n = trace.n_ops
         self.capacity = capacity
         self.benefit = benefit
@@ -440,7 +441,8 @@ class _Planner:
         self.channels, self.scale = _channels(tiers, trace.op_seconds, shared_ssd)
         self.cost_per_byte = {t: sum(1.0 / tiers.bytes_per_second(c) for c in TIER_CHANNELS[t])
                               for t in TIER_CHANNELS}
-        self.live = trace.required_bytes().astype(np.int64)
+        self.live = (trace.required_bytes() if required is None else required).astype(np.int64)
+        self.baseline_peak = int(self.live.max()) if self.n else 0  # trace.peak_bytes()
         self.live2 = np.concatenate([self.live, self.live])
         self.tau2 = np.concatenate([trace.op_seconds, trace.op_seconds])
         self.s, self.a, self.b, self.p_tid = periods.nbytes, periods.a, periods.b, periods.tid
@@ -969,14 +971,13 @@ class _Exposed:
 
     def _evaluate(self, idx: np.ndarray, crit: np.ndarray) -> None:
         """Score candidates ``idx`` now (the full-rescoring rule of phase 2); ``crit``: the
-        critical ops of the doubled timeline, ascending, and ``2n`` after them."""
+        critical ops of the doubled timeline, ascending, with -1 before them and ``2n`` after."""
         pl, n = self.pl, self.pl.n
-        st, b, s = pl.a[idx] + 1, pl.b[idx], pl.s[idx]
+        st, b, s = pl._st[idx], pl.b[idx], pl.s[idx]
         hf, hp, widenable = self.hf[idx], self.hp[idx], self.widenable[idx]
-        # the first critical op from st on (2n if none) and one past the last before b
+        # the first critical op from st on (2n if none) and one past the last before b (0 if none)
         f = crit[crit.searchsorted(st)]
-        last = crit.searchsorted(b) - 1
-        p = np.where(last >= 0, crit[np.maximum(last, 0)], -1) + 1
+        p = crit[crit.searchsorted(b) - 1] + 1
         has_crit = f < b
         f = np.where(widenable & has_crit, np.minimum(f, hf), np.where(widenable, hf, f))
         p = np.where(widenable & has_crit, np.maximum(p, hp), np.where(widenable, hp, p))
@@ -999,7 +1000,8 @@ class _Exposed:
         rows = pl._code[idx]
         ben = pl._window_benefit(rows, ok, f, p)
         w = ok & widenable  # only the ops the widening adds
-        ben[w] -= pl._window_benefit(rows, w, hf, hp)[w]
+        if w.any():
+            ben[w] -= pl._window_benefit(rows, w, hf, hp)[w]
         per = np.where(tier == 1, pl.cost_per_byte["host"], pl.cost_per_byte["ssd"]) * s
         pressure = pl.benefit == "pressure"
         score = np.where(ok & (ben > 0), ben / (per if pressure else s), 0.0)
@@ -1015,7 +1017,7 @@ class _Exposed:
         among equals), or -1 where none has a positive score."""
         if self.crit is None:
             self.crit = (self.pl.live2 > self.pl.capacity).nonzero()[0]
-        crit = np.append(self.crit, 2 * self.pl.n)
+        crit = np.concatenate([[-1], self.crit, [2 * self.pl.n]])
         stale = self.stale.copy()
         # a stale bound of 0 stays 0: scores only fall; but not a pinned tensor's
         self.stale &= self.bound > 0
@@ -1174,6 +1176,7 @@ class Candidates:
         self.periods = inactive_periods(trace, min_tensor_bytes)
         self._table: RecomputeTable | None = None
         self.meets: dict = {}  # the slots' rows of what each tensor's periods meet (SlotBins)
+        self.required = trace.required_bytes()  # each op's bytes before any plan (M)
 
     @property
     def recompute_table(self) -> RecomputeTable:
@@ -1197,7 +1200,7 @@ def _plan_packings(cands: Candidates, trace: Trace, capacity_bytes: int, tiers: 
         planner = _Planner(trace, capacity_bytes, tiers, host_cap_bytes, options["benefit"], options["use_ssd"],
                            cands.periods, options["shared_ssd"], todo == ("arena",), options["ssd_cap_bytes"],
                            room, recompute_table=cands.recompute_table if recompute else None,
-                           meets=cands.meets, host_placement=options["host_placement"])
+                           meets=cands.meets, host_placement=options["host_placement"], required=cands.required)
         meta = {"planner": "teraio.planner/1", "benefit": options["benefit"],
                 "tiers_gbps": dataclasses.asdict(tiers), "host_cap_bytes": host_cap_bytes,
                 "use_ssd": options["use_ssd"], "allow_stalls": options["allow_stalls"],
@@ -1239,7 +1242,7 @@ def _run_twins(planner: _Planner, packings: tuple[str, ...], trace: Trace,
 def _phases(planner: _Planner, trace: Trace, allow_stalls: bool) -> tuple[list[Migration], dict]:
     """Run ``planner``'s phases (the second with ``allow_stalls``), or carry them on after a
     :class:`_Diverged`: the migrations and the run's statistics."""
-    if trace.peak_bytes() <= planner.capacity:
+    if planner.baseline_peak <= planner.capacity:
         return [], {"n_candidates": len(planner.s), "evaluations": 0, "stop_reason": "fits"}
     migrations, stats = planner.run(trace)
     stats = dict(stats)
@@ -1265,7 +1268,7 @@ def _make_plan(planner: _Planner, trace: Trace, capacity_bytes: int, migrations:
         "ssd_file_bytes": planner.bins["ssd"].tier_bytes,
         "compile_seconds": time.perf_counter() - t0,
     }
-    return MigrationPlan(n_ops=trace.n_ops, capacity_bytes=capacity_bytes, baseline_peak_bytes=trace.peak_bytes(),
+    return MigrationPlan(n_ops=trace.n_ops, capacity_bytes=capacity_bytes, baseline_peak_bytes=planner.baseline_peak,
                          predicted_peak_bytes=predicted, migrations=migrations, meta=meta,
                          recomputes=list(planner.recomputes))
 
