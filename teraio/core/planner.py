@@ -134,6 +134,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import time
 
 import numpy as np
@@ -161,29 +162,29 @@ class Periods:
 
 
 def inactive_periods(trace: Trace, min_tensor_bytes: int = 1 << 20) -> Periods:
-    """The candidate inactive periods of ``trace`` (see the module docstring).
+    """The candidate inactive periods of ``trace`` (see the module docstring), in tensor
+    order and, per tensor, in the order of their last uses.
 
     A gap needs at least one op strictly between the two uses (``b - a >= 2``).
     """
     n = trace.n_ops
-    tid, nb, a, b = [], [], [], []
-    for t in trace.tensors:
-        if t.nbytes < max(1, min_tensor_bytes) or t.kind == "input":
-            continue
-        u = np.asarray(t.uses, dtype=np.int64)
-        lo, hi = u[:-1], u[1:]
-        if t.persistent:
-            lo = np.append(lo, u[-1])
-            hi = np.append(hi, u[0] + n)
-        keep = hi - lo >= 2
-        k = int(keep.sum())
-        if k:
-            tid.append(np.full(k, t.tid))
-            nb.append(np.full(k, t.nbytes))
-            a.append(lo[keep])
-            b.append(hi[keep])
-    cat = (lambda xs: np.concatenate(xs).astype(np.int64)) if tid else (lambda xs: np.zeros(0, np.int64))
-    return Periods(cat(tid), cat(nb), cat(a), cat(b))
+    tensors = [t for t in trace.tensors if t.nbytes >= max(1, min_tensor_bytes) and t.kind != "input"]
+    count = np.fromiter((len(t.uses) for t in tensors), np.int64, len(tensors))
+    uses = np.fromiter(itertools.chain.from_iterable(t.uses for t in tensors), np.int64, int(count.sum()))
+    end = np.cumsum(count)  # per tensor, one past its last use in ``uses``
+    of = np.repeat(np.arange(len(tensors)), count)  # per use, its tensor
+    # a period starts at each use: up to the next use of its tensor, or from the last use
+    # of a persistent one to its first use of the next iteration
+    last = np.zeros(len(uses), dtype=bool)
+    last[end - 1] = True
+    b = np.empty_like(uses)
+    b[:-1] = uses[1:]
+    b[end - 1] = uses[end - count] + n
+    persistent = np.fromiter((t.persistent for t in tensors), bool, len(tensors))
+    keep = (~last | persistent[of]) & (b - uses >= 2)
+    tid = np.fromiter((t.tid for t in tensors), np.int64, len(tensors))
+    nbytes = np.fromiter((t.nbytes for t in tensors), np.int64, len(tensors))
+    return Periods(tid[of][keep], nbytes[of][keep], uses[keep], b[keep])
 
 
 def _cumsum(x: np.ndarray, out: np.ndarray) -> None:
