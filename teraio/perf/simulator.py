@@ -159,36 +159,34 @@ class _Transfers:
     KINDS = ("offload", "free", "prefetch", "need")
 
     def __init__(self, plan: MigrationPlan, n: int, total: int):
-        self.channel: list[str] = []
-        self.nbytes: list[int] = []
-        self.deadline: list[int] = []
-        ops: dict[str, list[int]] = {k: [] for k in self.KINDS}
-        keys: dict[str, list[int]] = {k: [] for k in self.KINDS}
-        for mi, m in enumerate(plan.migrations):
-            a = m.offload_after
-            df, dp, db = (m.free_before - a) % n, (m.prefetch_before - a) % n, (m.needed_by - a) % n or n
-            if not 0 < df <= dp <= db:
-                raise ValueError(f"migration {mi} of {m.name!r}: ops offload_after={a}, free_before="
-                                 f"{m.free_before}, prefetch_before={m.prefetch_before}, needed_by="
-                                 f"{m.needed_by} are not in cyclic order")
-            for it in range(-1, _ITERATIONS):
-                anchor = a + it * n
-                if anchor + db < 0:
-                    continue
-                key = len(self.nbytes)
-                self.channel += TIER_CHANNELS[m.tier]
-                self.nbytes += (m.nbytes, m.nbytes)
-                self.deadline += (anchor + df, anchor + db)
-                for kind, g, k in (("offload", anchor, key), ("free", anchor + df, key),
-                                   ("prefetch", anchor + dp, key + 1), ("need", anchor + db, key + 1)):
-                    if 0 <= g < total:
-                        ops[kind].append(g)
-                        keys[kind].append(k)
+        ms = plan.migrations
+        a, f, p, b, nbytes = (np.fromiter((getattr(m, x) for m in ms), np.int64, len(ms))
+                              for x in ("offload_after", "free_before", "prefetch_before", "needed_by", "nbytes"))
+        df, dp, db = (f - a) % n, (p - a) % n, (b - a) % n
+        db[db == 0] = n
+        bad = (~((0 < df) & (df <= dp) & (dp <= db))).nonzero()[0]
+        if bad.size:
+            mi = int(bad[0])
+            m = ms[mi]
+            raise ValueError(f"migration {mi} of {m.name!r}: ops offload_after={m.offload_after}, free_before="
+                             f"{m.free_before}, prefetch_before={m.prefetch_before}, needed_by="
+                             f"{m.needed_by} are not in cyclic order")
+        anchor = a[:, None] + np.arange(-1, _ITERATIONS) * n  # [migration, iteration]
+        keep = anchor + db[:, None] >= 0
+        mi = np.broadcast_to(np.arange(len(ms))[:, None], anchor.shape)[keep]  # per instance, in order
+        anchor = anchor[keep]
+        names = np.array([TIER_CHANNELS[m.tier] for m in ms], dtype=object).reshape(-1, 2)
+        self.channel: list[str] = names[mi].ravel().tolist()
+        self.nbytes: list[int] = np.repeat(nbytes[mi], 2).tolist()
+        self.deadline: list[int] = np.stack([anchor + df[mi], anchor + db[mi]], axis=1).ravel().tolist()
+        key = 2 * np.arange(len(anchor))
         self.events: dict[str, tuple[list[int], list[int]]] = {}
-        for kind in self.KINDS:
-            order = np.argsort(np.asarray(ops[kind], dtype=np.int64), kind="stable")
-            self.events[kind] = (np.asarray(ops[kind], dtype=np.int64)[order].tolist() + [-1],
-                                 np.asarray(keys[kind], dtype=np.int64)[order].tolist())
+        for kind, g, k in (("offload", anchor, key), ("free", anchor + df[mi], key),
+                           ("prefetch", anchor + dp[mi], key + 1), ("need", anchor + db[mi], key + 1)):
+            inside = (0 <= g) & (g < total)
+            g, k = g[inside], k[inside]
+            order = np.argsort(g, kind="stable")
+            self.events[kind] = (g[order].tolist() + [-1], k[order].tolist())
 
 
 def _replay(run: list[float], transfers: _Transfers, chans: dict[str, "_Channel"]):
