@@ -644,7 +644,7 @@ class _Planner:
             per[j] = self._per[tier][idx]
         if self.rc_on:
             self._recompute_option(idx, st, F[nt], P[nt], OK[nt], per[nt])
-        ben = self._window_benefit(np.tile(self._code[idx], m), OK.ravel(), F.ravel(), P.ravel()).reshape(m, k)
+        ben = self._window_benefit(np.concatenate([self._code[idx]] * m), OK.ravel(), F.ravel(), P.ravel()).reshape(m, k)
         if self.benefit == "formula":
             ben *= self.s[idx]
         OK &= ben > 0

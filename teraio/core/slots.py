@@ -220,8 +220,9 @@ class HostArena:
         self.n, self.cap, self.align = n_ops, int(cap_bytes), align
         self.tid = np.asarray(tid, np.int64)
         self.a, self.b = np.asarray(a, np.int64), np.asarray(b, np.int64)
-        # per placed period: its ops [lo, hi) (unrolled) and its byte range [off, end)
-        self._lo, self._hi, self._off, self._end = (np.zeros(0, np.int64) for _ in range(4))
+        # per placed period, by offset (in placing order among equal offsets): its ops [lo, hi)
+        # (unrolled) and its byte range [off, end)
+        self._ranges: tuple[np.ndarray, ...] = tuple(np.zeros(0, np.int64) for _ in range(4))
         self.at: dict[int, int] = {}
         # per period: its last answer and the (aligned) size asked, -1 where none is kept.
         # Ranges are only ever added, so an answer stays right until a new range meets the
@@ -233,7 +234,6 @@ class HostArena:
         # there), and whether its tensor has its offset
         self._top = np.zeros(len(self.tid), np.int64)
         self._fixed = np.zeros(len(self.tid), bool)
-        self._by_offset: tuple[np.ndarray, ...] | None = None  # the placed ranges by offset, once asked
 
     def offsets(self, periods: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
         """Where each period's bytes would go, int64 ``[len(periods)]``: its tensor's offset
@@ -253,7 +253,7 @@ class HostArena:
     def _search(self, periods: np.ndarray, size: np.ndarray) -> np.ndarray:
         """:meth:`offsets` over the placed ranges (``size`` aligned)."""
         fixed = np.array([self.at.get(int(t), -1) for t in self.tid[periods]], dtype=np.int64)
-        lo, hi, off, end = self._sorted_ranges()
+        lo, hi, off, end = self._ranges
         out = np.empty(len(periods), dtype=np.int64)
         rows = max(1, _BLOCK // max(1, len(off)))
         for s in range(0, len(periods), rows):
@@ -283,7 +283,7 @@ class HostArena:
         it only: the free space below each of them, in offset order, is what the highest end
         below it leaves."""
         fixed = self.at.get(int(self.tid[period]), -1)
-        lo, hi, off, end = self._sorted_ranges()
+        lo, hi, off, end = self._ranges
         a, b, n = self.a[period], self.b[period], self.n
         meet = _meets(lo, hi, a, b, n)
         if fixed >= 0:
@@ -293,13 +293,6 @@ class HostArena:
         np.maximum.accumulate(end[j], out=before[1:])
         gap = (np.append(off[j], self.cap) - before >= size).nonzero()[0]
         return int(before[gap[0]]) if gap.size else -1
-
-    def _sorted_ranges(self) -> tuple[np.ndarray, ...]:
-        """The placed ranges' (lo, hi, off, end), by offset (stable)."""
-        if self._by_offset is None:
-            order = np.argsort(self._off, kind="stable")
-            self._by_offset = tuple(x[order] for x in (self._lo, self._hi, self._off, self._end))
-        return self._by_offset
 
     def room(self, periods: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
         """bool per candidate period: :meth:`offsets` finds a place for it. A period of a
@@ -335,14 +328,11 @@ class HostArena:
         # no range frees space: a -1 stays -1
         self._memo_size[meet[(memo >= 0) & (memo < end) & (off < memo + size)]] = -1
         self._top[meet] = np.maximum(self._top[meet], end)
-        self._by_offset = None
-        self._lo = np.append(self._lo, self.a[period])
-        self._hi = np.append(self._hi, self.b[period])
-        self._off = np.append(self._off, off)
-        self._end = np.append(self._end, end)
+        at = int(self._ranges[2].searchsorted(off, side="right"))  # after those placed before it
+        self._ranges = tuple(np.insert(x, at, v) for x, v in zip(self._ranges, (lo, hi, off, end)))
         return off
 
     @property
     def held_bytes(self) -> int:
         """The region's bytes in use: the highest range end placed."""
-        return int(self._end.max(initial=0))
+        return int(self._ranges[3].max(initial=0))
