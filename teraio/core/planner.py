@@ -405,7 +405,7 @@ class _Round:
     best: float
     batch: int = 64
     ahead: _Ahead | None = None
-    stale: np.ndarray | None = None  # the candidates alive and stale when it began, ascending
+    stale: np.ndarray | None = None  # the candidates alive and stale that may reach the best, ascending
     taken: int = 0  # candidates its batches evaluated
 
 
@@ -804,9 +804,9 @@ class _Planner:
             if rnd.stale is None:
                 rnd.stale = (alive & ~fresh).nonzero()[0]
             while True:
-                # within a round only the batches' candidates change: they turn fresh
-                rnd.stale = rnd.stale[~fresh[rnd.stale]]
-                ids = rnd.stale[bound[rnd.stale] >= rnd.best]
+                # within a round only the batches' candidates change (they turn fresh) and the
+                # best only rises: those left stale that can reach it are among the last ones
+                rnd.stale = ids = rnd.stale[~fresh[rnd.stale] & (bound[rnd.stale] >= rnd.best)]
                 if not ids.size:
                     break
                 if rnd.ahead is None:  # the batches of this round (64, 128, 256) in one call
@@ -995,7 +995,7 @@ class _Exposed:
             tier[i[pl.host_room(idx[i])]] = 1
         if "ssd" in pl.tiers:
             i = (fresh & (tier < 0)).nonzero()[0]
-            tier[i[pl.ssd_room(idx[i])]] = 0
+            tier[i[pl.ssd_room(idx[i])] if pl.bins["ssd"].cap is not None else i] = 0  # no cap: room for all
             cost["ssd"] = pl.cost_per_byte["ssd"]
         ok &= tier >= 0
         rows = pl._code[idx]
