@@ -1020,10 +1020,11 @@ class _Exposed:
             self.crit = (self.pl.live2 > self.pl.capacity).nonzero()[0]
         crit = np.concatenate([[-1], self.crit, [2 * self.pl.n]])
         stale = self.stale.copy()
-        # a stale bound of 0 stays 0: scores only fall; but not a pinned tensor's
-        self.stale &= self.bound > 0
-        self.score[stale & ~self.stale & ~self.pinned] = 0.0
-        again = stale & self.pinned
+        # a stale bound of 0 stays 0: scores only fall; but not a pinned tensor's, stale
+        # until scored (also when a _Diverged cut the last call short)
+        self.stale &= (self.bound > 0) | self.pinned
+        self.score[stale & ~self.stale] = 0.0
+        again = self.stale & self.pinned
         if again.any():
             self._evaluate(again.nonzero()[0], crit)
         best, batch = float(self.score[~self.stale].max(initial=0.0)), 64
