@@ -386,10 +386,11 @@ class _Ahead:
 
     def take(self, ids: np.ndarray) -> tuple[np.ndarray, ...]:
         """``planner.evaluate(ids)``'s answer."""
-        missing = ids[self.pos[ids] < 0]
-        if missing.size:
-            self.add(missing)
         pos = self.pos[ids]
+        missing = pos < 0
+        if missing.any():
+            self.add(ids[missing])
+            pos = self.pos[ids]
         return tuple(x[pos] for x in self.out)
 
 
@@ -815,13 +816,14 @@ class _Planner:
                     rnd.ahead.add(ids if ids.size <= k else ids[(-bound[ids]).argpartition(k)[:k]])
                 if ids.size > rnd.batch:
                     ids = ids[(-bound[ids]).argpartition(rnd.batch)[:rnd.batch]]
-                bound[ids], choice[ids], fwin[ids], pwin[ids], score[ids] = rnd.ahead.take(ids)
+                got = rnd.ahead.take(ids)
+                bound[ids], choice[ids], fwin[ids], pwin[ids], score[ids] = got
                 g.evaluations += ids.size
                 rnd.taken += ids.size
                 fresh[ids] = True
-                alive[ids] = bound[ids] > 0
-                if (choice[ids] >= 0).any():
-                    rnd.best = max(rnd.best, float(score[ids].max()))
+                alive[ids] = got[0] > 0
+                if (got[1] >= 0).any():
+                    rnd.best = max(rnd.best, float(got[4].max()))
                 rnd.batch *= 2
             g.ahead = max(_AHEAD, rnd.taken) if rnd.batch > 128 else 64
             g.round = None
@@ -1007,8 +1009,9 @@ class _Exposed:
         pressure = pl.benefit == "pressure"
         score = np.where(ok & (ben > 0), ben / (per if pressure else s), 0.0)
         bound = score
-        if pressure:  # a host candidate that loses its room may go to a cheaper SSD
-            cheaper = (tier == 1) & ~widenable & (cost["ssd"] < pl.cost_per_byte["host"])
+        if pressure and cost["ssd"] < pl.cost_per_byte["host"]:
+            # a host candidate that loses its room may go to a cheaper SSD
+            cheaper = (tier == 1) & ~widenable
             bound = np.where(cheaper, score * pl.cost_per_byte["host"] / cost["ssd"], score)
         self.f[idx], self.p[idx], self.tier[idx], self.score[idx], self.bound[idx] = f, p, tier, score, bound
         self.stale[idx] = False
