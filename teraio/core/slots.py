@@ -46,6 +46,8 @@ def ssd_file_bytes(nbytes, stripe: int = SSD_STRIPE):
     """Bytes the SSD tier's files take for a slot of ``nbytes`` (an int or an int array):
     one 4 KiB-aligned stripe when it fits one, else whole stripes
     (``teraio.core.tiers.ssd.SSDTier``'s layout, over any number of drives)."""
+    if isinstance(nbytes, int):  # the same rule in Python's ints, without arrays
+        return align_up(nbytes, stripe if nbytes > stripe else FILE_ALIGN)
     n = np.asarray(nbytes, np.int64)
     out = np.where(n > stripe, align_up(n, stripe), align_up(n, FILE_ALIGN))
     return int(out) if out.ndim == 0 else out
