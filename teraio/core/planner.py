@@ -427,8 +427,9 @@ class _Greedy:
 
 
 class _Planner:
-    """The greedy loop's state: bandwidth timelines, ``M'`` (over a doubled timeline so a
-    window never needs splitting), host occupancy, and per-candidate cached scores.
+    """The greedy loop's state: bandwidth timelines, ``M'`` (and its excess over the
+    capacity on a doubled timeline, so a window never needs splitting), host occupancy, and
+    per-candidate cached scores.
     ``required``: ``trace.required_bytes()`` where the caller has it (:class:`Candidates`)."""
 
     def __init__(self, trace: Trace, capacity: int, tiers: TierBandwidth, host_cap: int,
@@ -445,7 +446,8 @@ class _Planner:
                               for t in TIER_CHANNELS}
         self.live = (trace.required_bytes() if required is None else required).astype(np.int64)
         self.baseline_peak = int(self.live.max()) if self.n else 0  # trace.peak_bytes()
-        self.live2 = np.concatenate([self.live, self.live])
+        # M' - C over the doubled timeline, in float64 (bytes: whole numbers, exact)
+        self.excess2 = np.concatenate([self.live, self.live]).astype(np.float64) - capacity
         self.tau2 = np.concatenate([trace.op_seconds, trace.op_seconds])
         self.s, self.a, self.b, self.p_tid = periods.nbytes, periods.a, periods.b, periods.tid
         self._st = self.a + 1  # each period's first op off the GPU at the earliest
@@ -527,9 +529,9 @@ class _Planner:
         column: the same sums, in the same order, as summing the row whole."""
         for r in (need > self._valid).nonzero()[0].tolist():
             d, m = int(self._valid[r]), int(need[r])
-            excess = self.live2[d:m] - self.capacity
+            excess = self.excess2[d:m]
             key = int(self._keys[r])
-            dens = (np.minimum(np.maximum(excess, 0), key) if key >= 0 else excess > 0) * self.tau2[d:m]
+            dens = (np.clip(excess, 0.0, key) if key >= 0 else excess > 0) * self.tau2[d:m]
             dens[0] += self._q[r, d]
             _cumsum(dens, self._q[r, d + 1:m + 1])
             self._valid[r] = m
@@ -557,8 +559,8 @@ class _Planner:
             self._touched[hit] = np.minimum(self._touched[hit], op[hit])
         for s, e in pieces:
             self.live[s:e] -= nbytes
-            self.live2[s:e] -= nbytes
-            self.live2[s + self.n:e + self.n] -= nbytes
+            self.excess2[s:e] -= nbytes
+            self.excess2[s + self.n:e + self.n] -= nbytes
 
     def _recompute_at(self, c: int) -> int:
         """The op before which candidate c is made again: the latest op r in ``(a + 1, b]``
@@ -569,10 +571,10 @@ class _Planner:
         if not self.rc_ok[c]:
             return -1
         lo, b = int(self.a[c]) + 2, int(self.b[c])
-        seg = self.live2[lo:b + 1]
-        room = seg + self.rc_extra[c] <= self.capacity
+        seg = self.excess2[lo:b + 1]
+        room = seg + self.rc_extra[c] <= 0
         if self.rc_room == "critical":
-            room |= seg > self.capacity
+            room |= seg > 0
         if room[-1]:
             return b
         r = room.nonzero()[0]
@@ -582,10 +584,10 @@ class _Planner:
         """:meth:`_recompute_at` of recomputable candidates ``idx``: op b where there is
         room there, else searched back from b."""
         b = self.b[idx]
-        live = self.live2[b]
-        room = live + self.rc_extra[idx] <= self.capacity
+        excess = self.excess2[b]
+        room = excess + self.rc_extra[idx] <= 0
         if self.rc_room == "critical":
-            room |= live > self.capacity
+            room |= excess > 0
         r = b.copy()
         for j in (~room).nonzero()[0].tolist():
             r[j] = self._recompute_at(int(idx[j]))
@@ -688,8 +690,8 @@ class _Planner:
             k = b % self.n
             before = int(self.live[k]) - self.capacity
             self.live[k] += extra
-            self.live2[k] += extra
-            self.live2[k + self.n] += extra
+            self.excess2[k] += extra
+            self.excess2[k + self.n] += extra
             # rows whose density at op k rises: the excess was below the key and ends above 0
             keys = self._keys if self.benefit == "pressure" else self._one
             if before + extra > 0:
@@ -1020,7 +1022,7 @@ class _Exposed:
         """The candidate scoring every candidate now would pick (highest score, lowest index
         among equals), or -1 where none has a positive score."""
         if self.crit is None:
-            self.crit = (self.pl.live2 > self.pl.capacity).nonzero()[0]
+            self.crit = (self.pl.excess2 > 0).nonzero()[0]
         crit = np.concatenate([[-1], self.crit, [2 * self.pl.n]])
         stale = self.stale.copy()
         # a stale bound of 0 stays 0: scores only fall; but not a pinned tensor's, stale
@@ -1050,7 +1052,7 @@ class _Exposed:
         self.alive[c] = self.widenable[c] = self.pinned[c] = False
         self.score[c] = self.bound[c] = 0.0
         # windows change only where an op of the period stopped being critical
-        still = pl.live2[self.crit] > pl.capacity
+        still = pl.excess2[self.crit] > 0
         ended, self.crit = self.crit[~still], self.crit[still]
         if ended.size:
             count = np.zeros(2 * pl.n + 1, dtype=np.int64)
