@@ -224,7 +224,7 @@ class HostArena:
         self.a, self.b = np.asarray(a, np.int64), np.asarray(b, np.int64)
         # per placed period, by offset (in placing order among equal offsets): its ops [lo, hi)
         # (unrolled) and its byte range [off, end)
-        self._ranges: tuple[np.ndarray, ...] = tuple(np.zeros(0, np.int64) for _ in range(4))
+        self._ranges = np.zeros((4, 0), np.int64)  # rows lo, hi, off, end
         self.at: dict[int, int] = {}
         # per period: its last answer and the (aligned) size asked, -1 where none is kept.
         # Ranges are only ever added, so an answer stays right until a new range meets the
@@ -331,7 +331,7 @@ class HostArena:
         self._memo_size[meet[(memo >= 0) & (memo < end) & (off < memo + size)]] = -1
         self._top[meet] = np.maximum(self._top[meet], end)
         at = int(self._ranges[2].searchsorted(off, side="right"))  # after those placed before it
-        self._ranges = tuple(np.insert(x, at, v) for x, v in zip(self._ranges, (lo, hi, off, end)))
+        self._ranges = np.concatenate([self._ranges[:, :at], [[lo], [hi], [off], [end]], self._ranges[:, at:]], axis=1)
         return off
 
     @property
