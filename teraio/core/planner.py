@@ -545,7 +545,8 @@ class _Planner:
         if not pieces:
             return
         keys = self._keys if self.benefit == "pressure" else self._one
-        excess = np.concatenate([self.live[s:e] for s, e in pieces]) - self.capacity
+        excess = np.concatenate([self.excess2[s:e] for s, e in pieces]) if len(pieces) > 1 else \
+            self.excess2[pieces[0][0]:pieces[0][1]]  # read before it is lowered below
         # ops where the excess was positive and falls below the largest key
         at = ((excess > 0) & (excess < int(keys[-1]) + nbytes)).nonzero()[0]
         if at.size:
