@@ -444,10 +444,10 @@ class _Planner:
         self.channels, self.scale = _channels(tiers, trace.op_seconds, shared_ssd)
         self.cost_per_byte = {t: sum(1.0 / tiers.bytes_per_second(c) for c in TIER_CHANNELS[t])
                               for t in TIER_CHANNELS}
-        self.live = (trace.required_bytes() if required is None else required).astype(np.int64)
-        self.baseline_peak = int(self.live.max()) if self.n else 0  # trace.peak_bytes()
+        live = (trace.required_bytes() if required is None else required).astype(np.int64)
+        self.baseline_peak = int(live.max()) if self.n else 0  # trace.peak_bytes()
         # M' - C over the doubled timeline, in float64 (bytes: whole numbers, exact)
-        self.excess2 = np.concatenate([self.live, self.live]).astype(np.float64) - capacity
+        self.excess2 = np.concatenate([live, live]).astype(np.float64) - capacity
         self.tau2 = np.concatenate([trace.op_seconds, trace.op_seconds])
         self.s, self.a, self.b, self.p_tid = periods.nbytes, periods.a, periods.b, periods.tid
         self._st = self.a + 1  # each period's first op off the GPU at the earliest
@@ -507,6 +507,15 @@ class _Planner:
         self.rc_dependents, self.by_tid = table.dependents, table.by_tid
         self.n_recomputable = int(self.rc_ok.sum())
 
+    @property
+    def live(self) -> np.ndarray:
+        """int64 ``[n_ops]``: ``M'``, the live bytes of each op with the plan so far."""
+        return (self.excess2[:self.n] + self.capacity).astype(np.int64)
+
+    def over(self) -> bool:
+        """Whether ``M'`` is over the capacity at some op."""
+        return bool(self.excess2[:self.n].max(initial=0.0) > 0)
+
     # ---- scoring (vectorized over candidates) -------------------------------------------
     def _window_benefit(self, rows: np.ndarray, ok: np.ndarray, f: np.ndarray, p: np.ndarray) -> np.ndarray:
         """The benefit density summed over the windows ``[f, p)`` (unrolled) of candidates of
@@ -559,7 +568,6 @@ class _Planner:
             self._valid[hit] = np.minimum(self._valid[hit], op[hit])
             self._touched[hit] = np.minimum(self._touched[hit], op[hit])
         for s, e in pieces:
-            self.live[s:e] -= nbytes
             self.excess2[s:e] -= nbytes
             self.excess2[s + self.n:e + self.n] -= nbytes
 
@@ -689,8 +697,7 @@ class _Planner:
         extra = int(self.rc_extra[c])
         if extra:
             k = b % self.n
-            before = int(self.live[k]) - self.capacity
-            self.live[k] += extra
+            before = self.excess2[k]
             self.excess2[k] += extra
             self.excess2[k + self.n] += extra
             # rows whose density at op k rises: the excess was below the key and ends above 0
@@ -801,7 +808,7 @@ class _Planner:
             return g.migrations, g.stats
         bound, choice, fwin, pwin, score = g.bound, g.choice, g.fwin, g.pwin, g.score
         alive, fresh, migrations = g.alive, g.fresh, g.migrations
-        while int(self.live.max()) > self.capacity:
+        while self.over():
             if g.round is None:
                 g.round = _Round(float(np.where(alive & fresh & (choice >= 0), score, 0.0).max(initial=0.0)))
             rnd = g.round
@@ -879,7 +886,7 @@ class _Planner:
             alive[c] = False
             self.taken[c] = True
             fresh &= ~self._overlapping(c)
-        stop = "fits" if int(self.live.max()) <= self.capacity else "no_viable_candidate"
+        stop = "no_viable_candidate" if self.over() else "fits"
         g.stats = {"n_candidates": N, "evaluations": int(g.evaluations), "stop_reason": stop,
                    "n_recomputable": self.n_recomputable}
         return migrations, g.stats
@@ -912,7 +919,7 @@ class _Planner:
             self._exposed = _Exposed(self, hidden)
         state = self._exposed
         migrations = state.migrations
-        while not state.done and int(self.live.max()) > self.capacity:
+        while not state.done and self.over():
             c = state.best()
             if c < 0:
                 break
@@ -1258,7 +1265,7 @@ def _phases(planner: _Planner, trace: Trace, allow_stalls: bool) -> tuple[list[M
         exposed, widened = planner.run_exposed(trace, migrations)
         migrations = migrations + exposed
         stats["n_exposed"], stats["n_widened"] = len(exposed), widened
-        stats["stop_reason"] = "fits_with_stalls" if int(planner.live.max()) <= planner.capacity else \
+        stats["stop_reason"] = "fits_with_stalls" if not planner.over() else \
             "no_candidate_left"
     return migrations, stats
 
