@@ -663,13 +663,11 @@ class _Planner:
         SC = _snap(np.where(OK, ben / per, 0.0))
         bound = SC.max(axis=0)
         choice = np.where(OK[0], 0, -1)
+        f, p, score = F[0], P[0], SC[0]  # SC is 0 where an option is not viable
         if nt == 2:
-            host_better = OK[1] & (~OK[0] | (ben[1] > ben[0]))
-            choice = np.where(host_better, 1, choice)
-        host = choice == 1
-        f = np.where(host, F[nt - 1], F[0])
-        p = np.where(host, P[nt - 1], P[0])
-        score = np.where(choice >= 0, np.where(host, SC[nt - 1], SC[0]), 0.0)
+            host = OK[1] & (~OK[0] | (ben[1] > ben[0]))
+            choice[host] = 1
+            f, p, score = np.where(host, F[1], f), np.where(host, P[1], p), np.where(host, SC[1], score)
         if self.rc_on:
             rc = OK[nt] & (SC[nt] > score)
             choice = np.where(rc, self.rc_index, choice)
@@ -1066,7 +1064,7 @@ class _Exposed:
             count = np.zeros(2 * pl.n + 1, dtype=np.int64)
             count[ended + 1] = 1
             count.cumsum(out=count)
-            self.stale |= count[pl.b] > count[pl.a + 1]
+            self.stale |= count[pl.b] > count[pl._st]
         # prefix rows summed again from their first changed op: the windows reaching past it
         self.stale |= np.maximum(self.p, self.hp) > pl._touched[pl._code]
         if tier == "host":
