@@ -29,7 +29,10 @@ SSD_STRIPE = 8 << 20  # bytes: the SSD tier's stripe (teraio.core.tiers.ssd.SSDT
 
 
 def align_up(n, a: int):
-    """``n`` (an int or an int array) rounded up to a multiple of ``a``."""
+    """``n`` (an int or an int array) rounded up to a multiple of ``a`` (> 0); for a power
+    of two, by clearing the low bits (the same numbers, fewer and cheaper array operations)."""
+    if a & (a - 1) == 0:
+        return (n + (a - 1)) & -a
     return (n + a - 1) // a * a
 
 
