@@ -209,6 +209,7 @@ def _replay(run: list[float], transfers: _Transfers, chans: dict[str, "_Channel"
     jo = jf = jp = jn = 0
     boundary, op_start, op_stall = [0.0] * (total + 1), [0.0] * total, [0.0] * total
     stalls = [0] * total
+    run = run * _ITERATIONS  # op g runs run[g]
     t = 0.0
     for g in range(total):
         boundary[g] = t
@@ -236,7 +237,7 @@ def _replay(run: list[float], transfers: _Transfers, chans: dict[str, "_Channel"
                     t = done
         op_stall[g] = t - t0
         op_start[g] = t
-        t += run[g % n]
+        t += run[g]
         while off_g[jo] == g:
             key = off_k[jo]
             jo += 1
@@ -266,7 +267,7 @@ class _Channel:
         self._seq = 0
 
     def issue(self, t: float, key: int, nbytes: int, deadline: int, channel: str) -> None:
-        self._serve(until=t)
+        self._serve_to(t)
         if self.fifo:
             self.queue.append(key)
         else:
@@ -277,10 +278,17 @@ class _Channel:
 
     def done_time(self, key: int, t: float) -> float:
         """When ``key`` completes; nothing is issued meanwhile, as the replay waits for it."""
-        self._serve(until=t)
+        self._serve_to(t)
         while key not in self.done:
             self._serve(until=_INF, one=True)
         return self.done[key]
+
+    def _serve_to(self, t: float) -> None:
+        """:meth:`_serve` up to ``t``; an empty queue only moves its clock on."""
+        if self.queue:
+            self._serve(until=t)
+        elif t > self.time:
+            self.time = t
 
     def _serve(self, until: float, one: bool = False) -> None:
         queue, start, end, served_bytes, names = self.queue, *self.pieces
