@@ -391,7 +391,8 @@ class _Ahead:
         if missing.any():
             self.add(ids[missing])
             pos = self.pos[ids]
-        return tuple(x[pos] for x in self.out)
+        bound, choice, f, p, score = self.out
+        return bound[pos], choice[pos], f[pos], p[pos], score[pos]
 
 
 class _Diverged(Exception):
