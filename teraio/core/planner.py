@@ -114,12 +114,14 @@ bound. Accepting a migration changes state only inside
 its own inactive period, so only candidates whose periods overlap it go stale. Each round
 re-scores stale candidates in vectorized batches, highest bound first, until none can
 beat the best fresh score; ties go to the lowest candidate index, so the result is the
-same as re-scoring everything every round (the batches of a round are evaluated in one
-call where the last round needed more than one). Window ends come from ``searchsorted`` on
-prefix sums of free bandwidth over a doubled (cyclic) timeline, benefits from prefix sums
-of the benefit density, one row per candidate size. A change sums a row again only from
-its first op whose value changed, in the same order as summing it whole, so every score
-is the same to the last bit as summing afresh. The exposed phase is lazy the same way
+same as re-scoring everything every round (a round evaluates in one call as many
+candidates as the last round's batches took). Window ends come from ``searchsorted`` on
+prefix sums of free bandwidth over a doubled (cyclic) timeline, summed only as far as a
+batch's windows reach, benefits from prefix sums of the benefit density, one row per
+candidate size. A change sums a row again only from its first op whose value changed, in
+the same order as summing it whole (``torch.cumsum`` on the same memory: it adds in order,
+as numpy's cumsum does, and faster), so every score is the same to the last bit as summing
+afresh. The exposed phase is lazy the same way
 (``_Exposed``). The recompute chains are found once per ``plan_migrations`` call.
 
 :func:`plan_packings` plans the two packings (for ``host_arena="auto"``) as twins: one run places each host migration
@@ -199,7 +201,8 @@ class _Channel:
     """Free capacity (bytes) per op slot of one (tier, direction), with a prefix sum over
     the doubled (cyclic) timeline: ``prefix[i] = free[0 mod n] + ... + free[(i-1) mod n]``,
     summed in that order. A reservation changes a few slots; the prefix is summed again
-    from the first of them on (the same sums, in the same order), when next asked for."""
+    from the first of them on (the same sums, in the same order), when next asked for and
+    only as far as asked (:meth:`prefix_to`)."""
 
     def __init__(self, bytes_per_s: float, op_seconds: np.ndarray):
         self.n = len(op_seconds)
@@ -208,11 +211,6 @@ class _Channel:
         self.free = self._free2[:self.n]
         self._prefix = np.zeros(2 * self.n + 1)
         self._valid = 0  # prefix[:_valid + 1] is up to date
-
-    @property
-    def prefix(self) -> np.ndarray:
-        """The whole prefix, ``[2n + 1]``."""
-        return self.prefix_to(2 * self.n)
 
     def prefix_to(self, m: int) -> np.ndarray:
         """The prefix up to column ``m`` (``prefix[:m + 1]``, a view), summed on from its last
