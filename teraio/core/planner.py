@@ -279,7 +279,7 @@ def _snap(x: np.ndarray) -> np.ndarray:
     compare equal, so ties go to the lowest candidate index whenever a score was computed.
     Monotone, so an upper bound stays one."""
     m, e = np.frexp(x)
-    return np.ldexp(np.round(m * 2.0**36), e - 36)
+    return np.ldexp(np.rint(m * 2.0**36), e - 36)
 
 
 def _channels(tiers: TierBandwidth, op_seconds: np.ndarray, shared_ssd: bool):
@@ -539,7 +539,7 @@ class _Planner:
             d, m = int(self._valid[r]), int(need[r])
             excess = self.excess2[d:m]
             key = int(self._keys[r])
-            dens = (np.clip(excess, 0.0, key) if key >= 0 else excess > 0) * self.tau2[d:m]
+            dens = (excess.clip(0.0, key) if key >= 0 else excess > 0) * self.tau2[d:m]
             dens[0] += self._q[r, d]
             _cumsum(dens, self._q[r, d + 1:m + 1])
             self._valid[r] = m
