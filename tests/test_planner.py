@@ -4,7 +4,7 @@ import pytest
 
 from teraio.core.bandwidth import TierBandwidth
 from teraio.core.plan import Migration, MigrationPlan
-from teraio.core.planner import (_Planner, inactive_periods, plan_migrations, predicted_live_bytes,
+from teraio.core.planner import (_cumsum, _Planner, inactive_periods, plan_migrations, predicted_live_bytes,
                                  reserved_bandwidth)
 from teraio.core.slots import HOST_ALIGN, align_up, ssd_file_bytes
 from teraio.core.trace import TensorRecord, Trace
@@ -277,6 +277,18 @@ def test_wrap_around_period_not_offloaded_at_iteration_start():
     [m] = [m for m in plan.migrations if m.name == "param:w"]
     assert (m.offload_after, m.free_before, m.prefetch_before, m.needed_by) == (4, 6, 9, 0)
     assert m.wraps and not m.offloaded_at_iteration_start(tr.n_ops)
+
+
+def test_prefix_sums_add_in_order_to_the_last_bit():
+    # The planner's prefix sums (torch's CPU cumsum) are numpy's: the same float64 sums,
+    # element after element from the first, on slices of larger arrays too.
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 7, 1000, 25_000):
+        x = rng.random(n + 3) * 10.0 ** rng.uniform(-9, 12, n + 3)
+        out = np.full(n + 5, np.nan)
+        _cumsum(x[2:n + 2], out[4:n + 4])
+        assert np.array_equal(out[4:n + 4], np.cumsum(x[2:n + 2]))
+        assert np.isnan(out[:4]).all() and np.isnan(out[n + 4:]).all()
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -114,12 +114,14 @@ bound. Accepting a migration changes state only inside
 its own inactive period, so only candidates whose periods overlap it go stale. Each round
 re-scores stale candidates in vectorized batches, highest bound first, until none can
 beat the best fresh score; ties go to the lowest candidate index, so the result is the
-same as re-scoring everything every round (the batches of a round are evaluated in one
-call where the last round needed more than one). Window ends come from ``searchsorted`` on
-prefix sums of free bandwidth over a doubled (cyclic) timeline, benefits from prefix sums
-of the benefit density, one row per candidate size. A change sums a row again only from
-its first op whose value changed, in the same order as summing it whole, so every score
-is the same to the last bit as summing afresh. The exposed phase is lazy the same way
+same as re-scoring everything every round (a round evaluates in one call as many
+candidates as the last round's batches took). Window ends come from ``searchsorted`` on
+prefix sums of free bandwidth over a doubled (cyclic) timeline, summed only as far as a
+batch's windows reach, benefits from prefix sums of the benefit density, one row per
+candidate size. A change sums a row again only from its first op whose value changed, in
+the same order as summing it whole (``torch.cumsum`` on the same memory: it adds in order,
+as numpy's cumsum does, and faster), so every score is the same to the last bit as summing
+afresh. The exposed phase is lazy the same way
 (``_Exposed``). The recompute chains are found once per ``plan_migrations`` call.
 
 :func:`plan_packings` plans the two packings (for ``host_arena="auto"``) as twins: one run places each host migration
@@ -134,9 +136,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import time
 
 import numpy as np
+import torch
 
 from teraio.core.bandwidth import CHANNELS, TIER_CHANNELS, TierBandwidth
 from teraio.core.plan import Migration, MigrationPlan, Recompute
@@ -160,36 +164,45 @@ class Periods:
 
 
 def inactive_periods(trace: Trace, min_tensor_bytes: int = 1 << 20) -> Periods:
-    """The candidate inactive periods of ``trace`` (see the module docstring).
+    """The candidate inactive periods of ``trace`` (see the module docstring), in tensor
+    order and, per tensor, in the order of their last uses.
 
     A gap needs at least one op strictly between the two uses (``b - a >= 2``).
     """
     n = trace.n_ops
-    tid, nb, a, b = [], [], [], []
-    for t in trace.tensors:
-        if t.nbytes < max(1, min_tensor_bytes) or t.kind == "input":
-            continue
-        u = np.asarray(t.uses, dtype=np.int64)
-        lo, hi = u[:-1], u[1:]
-        if t.persistent:
-            lo = np.append(lo, u[-1])
-            hi = np.append(hi, u[0] + n)
-        keep = hi - lo >= 2
-        k = int(keep.sum())
-        if k:
-            tid.append(np.full(k, t.tid))
-            nb.append(np.full(k, t.nbytes))
-            a.append(lo[keep])
-            b.append(hi[keep])
-    cat = (lambda xs: np.concatenate(xs).astype(np.int64)) if tid else (lambda xs: np.zeros(0, np.int64))
-    return Periods(cat(tid), cat(nb), cat(a), cat(b))
+    tensors = [t for t in trace.tensors if t.nbytes >= max(1, min_tensor_bytes) and t.kind != "input"]
+    count = np.fromiter((len(t.uses) for t in tensors), np.int64, len(tensors))
+    uses = np.fromiter(itertools.chain.from_iterable(t.uses for t in tensors), np.int64, int(count.sum()))
+    end = np.cumsum(count)  # per tensor, one past its last use in ``uses``
+    of = np.repeat(np.arange(len(tensors)), count)  # per use, its tensor
+    # a period starts at each use: up to the next use of its tensor, or from the last use
+    # of a persistent one to its first use of the next iteration
+    last = np.zeros(len(uses), dtype=bool)
+    last[end - 1] = True
+    b = np.empty_like(uses)
+    b[:-1] = uses[1:]
+    b[end - 1] = uses[end - count] + n
+    persistent = np.fromiter((t.persistent for t in tensors), bool, len(tensors))
+    keep = (~last | persistent[of]) & (b - uses >= 2)
+    tid = np.fromiter((t.tid for t in tensors), np.int64, len(tensors))
+    nbytes = np.fromiter((t.nbytes for t in tensors), np.int64, len(tensors))
+    return Periods(tid[of][keep], nbytes[of][keep], uses[keep], b[keep])
+
+
+def _cumsum(x: np.ndarray, out: np.ndarray) -> None:
+    """``np.cumsum(x, out=out)`` of a float64 1-D array into another: the same sums in the
+    same order, summed by ``torch.cumsum`` on the same memory, a few times faster on the CPU
+    (ATen's CPU cumsum adds the elements one after another, from the first, in float64, as
+    numpy's does; ``tests/test_planner.py`` checks that they agree to the last bit)."""
+    torch.cumsum(torch.from_numpy(x), 0, out=torch.from_numpy(out))
 
 
 class _Channel:
     """Free capacity (bytes) per op slot of one (tier, direction), with a prefix sum over
     the doubled (cyclic) timeline: ``prefix[i] = free[0 mod n] + ... + free[(i-1) mod n]``,
     summed in that order. A reservation changes a few slots; the prefix is summed again
-    from the first of them on (the same sums, in the same order), when next asked for."""
+    from the first of them on (the same sums, in the same order), when next asked for and
+    only as far as asked (:meth:`prefix_to`)."""
 
     def __init__(self, bytes_per_s: float, op_seconds: np.ndarray):
         self.n = len(op_seconds)
@@ -199,27 +212,31 @@ class _Channel:
         self._prefix = np.zeros(2 * self.n + 1)
         self._valid = 0  # prefix[:_valid + 1] is up to date
 
-    @property
-    def prefix(self) -> np.ndarray:
+    def prefix_to(self, m: int) -> np.ndarray:
+        """The prefix up to column ``m`` (``prefix[:m + 1]``, a view), summed on from its last
+        valid column as far as ``m`` only: the same sums, in the same order, as summing it
+        whole."""
         v = self._valid
-        if v < 2 * self.n:
+        if v < m:
             first = self._free2[v]
             self._free2[v] = self._prefix[v] + first  # summed on from prefix[v], in order
-            self._free2[v:].cumsum(out=self._prefix[v + 1:])
+            _cumsum(self._free2[v:m], self._prefix[v + 1:m + 1])
             self._free2[v] = first
-            self._valid = 2 * self.n
-        return self._prefix
+            self._valid = m
+        return self._prefix[:m + 1]
 
-    def offload_end(self, start: int, nbytes: float) -> int:
+    def offload_end(self, start: int, nbytes: float, within: int | None = None) -> int:
         """Unrolled index of the slot after the one where ``nbytes`` launched at slot
-        ``start`` completes (``free_before``); may exceed ``2n`` if it never completes."""
-        p = self.prefix
+        ``start`` completes (``free_before``); may exceed ``2n`` if it never completes.
+        With ``within``, one that would end after slot ``within`` gives ``within + 1``
+        (only the prefix up to ``within`` is summed)."""
+        p = self.prefix_to(2 * self.n if within is None else within)
         return int(p.searchsorted(p[start] + nbytes, side="left"))
 
     def prefetch_start(self, end: int, nbytes: float) -> int:
         """Unrolled slot where a transfer of ``nbytes`` that must finish by the start of
         slot ``end`` starts (``prefetch_before``); negative if it cannot fit."""
-        p = self.prefix
+        p = self.prefix_to(end)
         return int(p.searchsorted(p[end] - nbytes, side="right")) - 1
 
     def _take(self, lo: int, hi: int, last: int, rest: float) -> None:
@@ -234,17 +251,21 @@ class _Channel:
         self._free2[k] = self._free2[k + n] = max(0.0, self._free2[k] - rest)
         self._valid = min(self._valid, k)
 
-    def reserve_offload(self, start: int, nbytes: float) -> int:
-        end = self.offload_end(start, nbytes)
+    def reserve_offload(self, start: int, nbytes: float, within: int | None = None) -> int:
+        """Reserve an offload of ``nbytes`` from slot ``start`` on; its ``free_before``.
+        ``within``: as :meth:`offload_end`'s, for a caller that knows it ends by then."""
+        end = self.offload_end(start, nbytes, within)
         last = end - 1
-        used_before = self.prefix[last] - self.prefix[start]
-        self._take(start, last, last, nbytes - used_before)
+        p = self.prefix_to(last)
+        self._take(start, last, last, nbytes - (p[last] - p[start]))
         return end
 
     def reserve_prefetch(self, end: int, nbytes: float) -> int:
+        """Reserve a prefetch of ``nbytes`` that must end by slot ``end``; its
+        ``prefetch_before``."""
         start = self.prefetch_start(end, nbytes)
-        used_after = self.prefix[end] - self.prefix[start + 1]
-        self._take(start + 1, end, start, nbytes - used_after)
+        p = self.prefix_to(end)
+        self._take(start + 1, end, start, nbytes - (p[end] - p[start + 1]))
         return start
 
     @property
@@ -258,7 +279,7 @@ def _snap(x: np.ndarray) -> np.ndarray:
     compare equal, so ties go to the lowest candidate index whenever a score was computed.
     Monotone, so an upper bound stays one."""
     m, e = np.frexp(x)
-    return np.ldexp(np.round(m * 2.0**36), e - 36)
+    return np.ldexp(np.rint(m * 2.0**36), e - 36)
 
 
 def _channels(tiers: TierBandwidth, op_seconds: np.ndarray, shared_ssd: bool):
@@ -292,8 +313,9 @@ class RecomputeTable:
         cost: its chain's seconds (at least 1 ns), 1.0 where none.
         extra: its chain's bytes beyond the tensor, int64.
         chain: its :class:`~teraio.core.recompute.Chain`, None where none.
-        dependents: per candidate, the recompute candidates whose chain keeps it on the GPU
-            (periods of a chain's resident input that hold op b, ``a' < b <= b'``).
+        dependents: candidate -> the recompute candidates whose chain keeps it on the GPU
+            (periods of a chain's resident input that hold op b, ``a' < b <= b'``); only
+            candidates that have some.
         by_tid: tensor id -> its candidates.
     """
 
@@ -301,14 +323,14 @@ class RecomputeTable:
     cost: np.ndarray
     extra: np.ndarray
     chain: list
-    dependents: list[list[int]]
+    dependents: dict[int, list[int]]
     by_tid: dict[int, list[int]]
 
     @classmethod
     def empty(cls, n_periods: int) -> "RecomputeTable":
         """No candidate recomputable."""
         return cls(np.zeros(n_periods, dtype=bool), np.ones(n_periods), np.zeros(n_periods, dtype=np.int64),
-                   [None] * n_periods, [[] for _ in range(n_periods)], {})
+                   [None] * n_periods, {}, {})
 
     @classmethod
     def of(cls, trace: Trace, periods: Periods) -> "RecomputeTable":
@@ -336,7 +358,7 @@ class RecomputeTable:
             out.extra[c] = ch.extra_bytes
             out.chain[c] = ch
             for c2 in anchors:
-                out.dependents[c2].append(c)
+                out.dependents.setdefault(c2, []).append(c)
         return out
 
 
@@ -362,11 +384,13 @@ class _Ahead:
 
     def take(self, ids: np.ndarray) -> tuple[np.ndarray, ...]:
         """``planner.evaluate(ids)``'s answer."""
-        missing = ids[self.pos[ids] < 0]
-        if missing.size:
-            self.add(missing)
         pos = self.pos[ids]
-        return tuple(x[pos] for x in self.out)
+        missing = pos < 0
+        if missing.any():
+            self.add(ids[missing])
+            pos = self.pos[ids]
+        bound, choice, f, p, score = self.out
+        return bound[pos], choice[pos], f[pos], p[pos], score[pos]
 
 
 class _Diverged(Exception):
@@ -381,6 +405,8 @@ class _Round:
     best: float
     batch: int = 64
     ahead: _Ahead | None = None
+    stale: np.ndarray | None = None  # the candidates alive and stale that may reach the best, ascending
+    taken: int = 0  # candidates its batches evaluated
 
 
 class _Greedy:
@@ -395,19 +421,21 @@ class _Greedy:
         self.fresh = np.ones(len(bound), dtype=bool)
         self.migrations: list[Migration] = []
         self.round: _Round | None = None
-        self.batches = 2  # batches the last round evaluated (2: more than one)
+        self.ahead = _AHEAD  # candidates the next round evaluates in its first call
         self.stats: dict | None = None
 
 
 class _Planner:
-    """The greedy loop's state: bandwidth timelines, ``M'`` (over a doubled timeline so a
-    window never needs splitting), host occupancy, and per-candidate cached scores."""
+    """The greedy loop's state: bandwidth timelines, ``M'`` (and its excess over the
+    capacity on a doubled timeline, so a window never needs splitting), host occupancy, and
+    per-candidate cached scores.
+    ``required``: ``trace.required_bytes()`` where the caller has it (:class:`Candidates`)."""
 
     def __init__(self, trace: Trace, capacity: int, tiers: TierBandwidth, host_cap: int,
                  benefit: str, use_ssd: bool, periods: Periods, shared_ssd: bool, host_arena: bool = False,
                  ssd_cap: int | None = None, recompute: str | None = None,
                  recompute_table: "RecomputeTable | None" = None, meets: dict | None = None,
-                 host_placement=None):
+                 host_placement=None, required: np.ndarray | None = None):
         self.n = trace.n_ops
         self.capacity = capacity
         self.benefit = benefit
@@ -415,10 +443,13 @@ class _Planner:
         self.channels, self.scale = _channels(tiers, trace.op_seconds, shared_ssd)
         self.cost_per_byte = {t: sum(1.0 / tiers.bytes_per_second(c) for c in TIER_CHANNELS[t])
                               for t in TIER_CHANNELS}
-        self.live = trace.required_bytes().astype(np.int64)
-        self.live2 = np.concatenate([self.live, self.live])
+        live = (trace.required_bytes() if required is None else required).astype(np.int64)
+        self.baseline_peak = int(live.max()) if self.n else 0  # trace.peak_bytes()
+        # M' - C over the doubled timeline, in float64 (bytes: whole numbers, exact)
+        self.excess2 = np.concatenate([live, live]).astype(np.float64) - capacity
         self.tau2 = np.concatenate([trace.op_seconds, trace.op_seconds])
         self.s, self.a, self.b, self.p_tid = periods.nbytes, periods.a, periods.b, periods.tid
+        self._st = self.a + 1  # each period's first op off the GPU at the earliest
         # Slots shared by tensors whose periods never overlap (teraio.core.slots): the host
         # tier's bins stay under the cap, the SSD tier's files under the drives' room.
         # With host_arena the host tier is one region, a byte offset per tensor instead.
@@ -475,19 +506,30 @@ class _Planner:
         self.rc_dependents, self.by_tid = table.dependents, table.by_tid
         self.n_recomputable = int(self.rc_ok.sum())
 
+    @property
+    def live(self) -> np.ndarray:
+        """int64 ``[n_ops]``: ``M'``, the live bytes of each op with the plan so far."""
+        return (self.excess2[:self.n] + self.capacity).astype(np.int64)
+
+    def over(self) -> bool:
+        """Whether ``M'`` is over the capacity at some op."""
+        return bool(self.excess2[:self.n].max(initial=0.0) > 0)
+
     # ---- scoring (vectorized over candidates) -------------------------------------------
-    def _window_benefit(self, idx: np.ndarray, ok: np.ndarray, f: np.ndarray, p: np.ndarray) -> np.ndarray:
-        """The benefit density summed over the windows ``[f, p)`` (unrolled) of candidates
-        ``idx`` where ``ok`` (bytes*s for "pressure", s for "formula"; 0 elsewhere): a
-        difference of the prefix sums of their size's row."""
-        ben = np.zeros(len(idx))
+    def _window_benefit(self, rows: np.ndarray, ok: np.ndarray, f: np.ndarray, p: np.ndarray) -> np.ndarray:
+        """The benefit density summed over the windows ``[f, p)`` (unrolled) of candidates of
+        prefix-sum rows ``rows`` (their size's, ``self._code``) where ``ok`` (bytes*s for
+        "pressure", s for "formula"; 0 elsewhere): a difference of the prefix sums of their
+        row."""
+        ben = np.zeros(len(rows))
         i = ok.nonzero()[0]
         if i.size:
-            rows, pi, fi = self._code[idx[i]], p[i], f[i]
+            rows, pi, fi = rows[i], p[i], f[i]
             need = np.zeros(len(self._keys), dtype=np.int64)
             np.maximum.at(need, rows, pi)
             self._extend(need)
-            ben[i] = self._q[rows, pi] - self._q[rows, fi]
+            q, at = self._q.ravel(), rows * self._q.shape[1]
+            ben[i] = q.take(at + pi) - q.take(at + fi)
         return ben
 
     def _extend(self, need: np.ndarray) -> None:
@@ -495,11 +537,11 @@ class _Planner:
         column: the same sums, in the same order, as summing the row whole."""
         for r in (need > self._valid).nonzero()[0].tolist():
             d, m = int(self._valid[r]), int(need[r])
-            excess = self.live2[d:m] - self.capacity
+            excess = self.excess2[d:m]
             key = int(self._keys[r])
-            dens = (np.minimum(np.maximum(excess, 0), key) if key >= 0 else excess > 0) * self.tau2[d:m]
+            dens = (excess.clip(0.0, key) if key >= 0 else excess > 0) * self.tau2[d:m]
             dens[0] += self._q[r, d]
-            dens.cumsum(out=self._q[r, d + 1:m + 1])
+            _cumsum(dens, self._q[r, d + 1:m + 1])
             self._valid[r] = m
 
     def _lower(self, lo: int, hi: int, nbytes: int) -> None:
@@ -511,7 +553,8 @@ class _Planner:
         if not pieces:
             return
         keys = self._keys if self.benefit == "pressure" else self._one
-        excess = np.concatenate([self.live[s:e] for s, e in pieces]) - self.capacity
+        excess = np.concatenate([self.excess2[s:e] for s, e in pieces]) if len(pieces) > 1 else \
+            self.excess2[pieces[0][0]:pieces[0][1]]  # read before it is lowered below
         # ops where the excess was positive and falls below the largest key
         at = ((excess > 0) & (excess < int(keys[-1]) + nbytes)).nonzero()[0]
         if at.size:
@@ -524,9 +567,8 @@ class _Planner:
             self._valid[hit] = np.minimum(self._valid[hit], op[hit])
             self._touched[hit] = np.minimum(self._touched[hit], op[hit])
         for s, e in pieces:
-            self.live[s:e] -= nbytes
-            self.live2[s:e] -= nbytes
-            self.live2[s + self.n:e + self.n] -= nbytes
+            self.excess2[s:e] -= nbytes
+            self.excess2[s + self.n:e + self.n] -= nbytes
 
     def _recompute_at(self, c: int) -> int:
         """The op before which candidate c is made again: the latest op r in ``(a + 1, b]``
@@ -537,10 +579,10 @@ class _Planner:
         if not self.rc_ok[c]:
             return -1
         lo, b = int(self.a[c]) + 2, int(self.b[c])
-        seg = self.live2[lo:b + 1]
-        room = seg + self.rc_extra[c] <= self.capacity
+        seg = self.excess2[lo:b + 1]
+        room = seg + self.rc_extra[c] <= 0
         if self.rc_room == "critical":
-            room |= seg > self.capacity
+            room |= seg > 0
         if room[-1]:
             return b
         r = room.nonzero()[0]
@@ -550,14 +592,27 @@ class _Planner:
         """:meth:`_recompute_at` of recomputable candidates ``idx``: op b where there is
         room there, else searched back from b."""
         b = self.b[idx]
-        live = self.live2[b]
-        room = live + self.rc_extra[idx] <= self.capacity
+        excess = self.excess2[b]
+        room = excess + self.rc_extra[idx] <= 0
         if self.rc_room == "critical":
-            room |= live > self.capacity
+            room |= excess > 0
         r = b.copy()
         for j in (~room).nonzero()[0].tolist():
             r[j] = self._recompute_at(int(idx[j]))
         return r
+
+    def _recompute_option(self, idx: np.ndarray, st: np.ndarray, f: np.ndarray, p: np.ndarray, ok: np.ndarray,
+                          per: np.ndarray) -> None:
+        """The recompute option of candidates ``idx`` (:meth:`evaluate`), written into its
+        rows: window ``[st, p)`` (p -1 where there is no option), viable where non-empty, and
+        what its score divides by (the chain's seconds; bytes for "formula")."""
+        rc = self.rc_ok[idx]
+        f[:] = st
+        p[:] = -1
+        p[rc] = self._recompute_ats(idx[rc])
+        np.greater(p, st, out=ok)
+        ok &= rc
+        per[:] = self.rc_cost[idx] if self.benefit == "pressure" else self.s[idx]
 
     @property
     def rc_index(self) -> int:
@@ -579,44 +634,39 @@ class _Planner:
         Tier rule: SSD unless the host window's benefit is strictly larger; then recompute
         where its score (benefit per second of recompute) beats the tier's (benefit per
         second of transfer)."""
-        s, st, b = self.s[idx], self.a[idx] + 1, self.b[idx]
-        fs, ps, oks, pers = [], [], [], []
-        for tier in self.tiers:
+        st, b = self._st[idx], self.b[idx]
+        top = int(b.max(initial=0))  # no window reaches past it: the prefixes are summed that far
+        nt, k = len(self.tiers), len(idx)
+        m = nt + self.rc_on
+        F, P = np.empty((m, k), np.int64), np.empty((m, k), np.int64)
+        OK, per = np.empty((m, k), bool), np.empty((m, k))
+        for j, tier in enumerate(self.tiers):
             cw, cr = TIER_CHANNELS[tier]
-            pw, pr = self.channels[cw].prefix, self.channels[cr].prefix
-            f = pw.searchsorted(pw[st] + self._moved[cw][idx], side="left")
-            p = pr.searchsorted(pr[b] - self._moved[cr][idx], side="right") - 1
-            ok = (f < b) & (p > f)
+            pw, pr = self.channels[cw].prefix_to(top), self.channels[cr].prefix_to(top)
+            F[j] = pw.searchsorted(pw[st] + self._moved[cw][idx], side="left")
+            P[j] = pr.searchsorted(pr[b] - self._moved[cr][idx], side="right")
+            P[j] -= 1
+            np.less(F[j], b, out=OK[j])
+            OK[j] &= P[j] > F[j]
             if tier == "host":
-                ok &= self.host_room(idx)
+                OK[j] &= self.host_room(idx)
             elif self.bins["ssd"].cap is not None:
-                ok &= self.ssd_room(idx)
-            fs.append(f), ps.append(p), oks.append(ok)
-            pers.append(self._per[tier][idx])
+                OK[j] &= self.ssd_room(idx)
+            per[j] = self._per[tier][idx]
         if self.rc_on:
-            ok = self.rc_ok[idx]
-            p = np.full(len(idx), -1, dtype=np.int64)
-            p[ok] = self._recompute_ats(idx[ok])
-            fs.append(st), ps.append(p), oks.append(ok & (p > st))
-            pers.append(self.rc_cost[idx] if self.benefit == "pressure" else s.astype(np.float64))
-        m = len(fs)
-        F, P, OK = np.concatenate(fs), np.concatenate(ps), np.concatenate(oks)
-        ben = self._window_benefit(np.concatenate([idx] * m), OK, F, P)
+            self._recompute_option(idx, st, F[nt], P[nt], OK[nt], per[nt])
+        ben = self._window_benefit(np.concatenate([self._code[idx]] * m), OK.ravel(), F.ravel(), P.ravel()).reshape(m, k)
         if self.benefit == "formula":
-            ben *= np.concatenate([s] * m)
+            ben *= self.s[idx]
         OK &= ben > 0
-        SC = _snap(np.where(OK, ben / np.concatenate(pers), 0.0))
-        F, P, OK, ben, SC = (x.reshape(m, len(idx)) for x in (F, P, OK, ben, SC))
-        nt = len(self.tiers)
+        SC = _snap(np.where(OK, ben / per, 0.0))
         bound = SC.max(axis=0)
         choice = np.where(OK[0], 0, -1)
+        f, p, score = F[0], P[0], SC[0]  # SC is 0 where an option is not viable
         if nt == 2:
-            host_better = OK[1] & (~OK[0] | (ben[1] > ben[0]))
-            choice = np.where(host_better, 1, choice)
-        host = choice == 1
-        f = np.where(host, F[nt - 1], F[0])
-        p = np.where(host, P[nt - 1], P[0])
-        score = np.where(choice >= 0, np.where(host, SC[nt - 1], SC[0]), 0.0)
+            host = OK[1] & (~OK[0] | (ben[1] > ben[0]))
+            choice[host] = 1
+            f, p, score = np.where(host, F[1], f), np.where(host, P[1], p), np.where(host, SC[1], score)
         if self.rc_on:
             rc = OK[nt] & (SC[nt] > score)
             choice = np.where(rc, self.rc_index, choice)
@@ -644,10 +694,9 @@ class _Planner:
         extra = int(self.rc_extra[c])
         if extra:
             k = b % self.n
-            before = int(self.live[k]) - self.capacity
-            self.live[k] += extra
-            self.live2[k] += extra
-            self.live2[k + self.n] += extra
+            before = self.excess2[k]
+            self.excess2[k] += extra
+            self.excess2[k + self.n] += extra
             # rows whose density at op k rises: the excess was below the key and ends above 0
             keys = self._keys if self.benefit == "pressure" else self._one
             if before + extra > 0:
@@ -659,7 +708,7 @@ class _Planner:
     def accept(self, c: int, tier: str) -> tuple[int, int]:
         s, a, b = int(self.s[c]), int(self.a[c]), int(self.b[c])
         cw, cr = TIER_CHANNELS[tier]
-        f = self.channels[cw].reserve_offload(a + 1, s * self.scale[cw])
+        f = self.channels[cw].reserve_offload(a + 1, s * self.scale[cw], within=b)
         p = self.channels[cr].reserve_prefetch(b, s * self.scale[cr])
         self._lower(f, p, s)
         self._place(c, tier)
@@ -680,7 +729,7 @@ class _Planner:
         and whose host migrations so far name their tensor's offset in it; this planner
         keeps the slots and drops the twin. Both then carry on alone."""
         twin, self.twin = self.twin, None
-        shared = (self.tau2, self.s, self.a, self.b, self.p_tid, self._keys, self._code, self.rc_cost,
+        shared = (self.tau2, self.s, self.a, self.b, self._st, self.p_tid, self._keys, self._code, self.rc_cost,
                   self.rc_extra, self.rc_chain, self.rc_dependents, self.by_tid, self._tensor_meets)
         memo = {id(x): x for x in shared}
         memo[id(self.bins["host"])] = None
@@ -737,10 +786,10 @@ class _Planner:
 
     def _meets(self, lo: int, hi: int) -> np.ndarray:
         """bool per candidate: its period's ops ``[a + 1, b)`` meet the unrolled ops
-        ``[lo, hi)`` (cyclic)."""
-        clo, chi = self.a + 1, self.b
-        return ((clo < hi) & (lo < chi)) | ((clo < hi - self.n) & (lo - self.n < chi)) | \
-               ((clo < hi + self.n) & (lo + self.n < chi))
+        ``[lo, hi)`` (cyclic; ``1 <= lo <= n``, ``lo < hi``). Of the three shifts of the
+        window against a period, the one by ``-n`` needs only ``a + 1 < hi - n`` and the one
+        by ``+n`` only ``lo + n < b``: their other halves always hold there."""
+        return ((self._st < hi) & (lo < self.b)) | (self._st < hi - self.n) | (lo + self.n < self.b)
 
     def run(self, trace: Trace) -> tuple[list[Migration], dict]:
         """Phase 1: the lazy greedy (module docstring, "Speed"). Its state lives in
@@ -756,28 +805,34 @@ class _Planner:
             return g.migrations, g.stats
         bound, choice, fwin, pwin, score = g.bound, g.choice, g.fwin, g.pwin, g.score
         alive, fresh, migrations = g.alive, g.fresh, g.migrations
-        while int(self.live.max()) > self.capacity:
+        while self.over():
             if g.round is None:
                 g.round = _Round(float(np.where(alive & fresh & (choice >= 0), score, 0.0).max(initial=0.0)))
             rnd = g.round
+            if rnd.stale is None:
+                rnd.stale = (alive & ~fresh).nonzero()[0]
             while True:
-                ids = (alive & ~fresh & (bound >= rnd.best)).nonzero()[0]
+                # within a round only the batches' candidates change (they turn fresh) and the
+                # best only rises: those left stale that can reach it are among the last ones
+                rnd.stale = ids = rnd.stale[~fresh[rnd.stale] & (bound[rnd.stale] >= rnd.best)]
                 if not ids.size:
                     break
                 if rnd.ahead is None:  # the batches of this round (64, 128, 256) in one call
                     rnd.ahead = _Ahead(self, N)
-                    k = _AHEAD if g.batches > 1 else 64  # as many as the last round took
+                    k = g.ahead  # as many as the last round took
                     rnd.ahead.add(ids if ids.size <= k else ids[(-bound[ids]).argpartition(k)[:k]])
                 if ids.size > rnd.batch:
                     ids = ids[(-bound[ids]).argpartition(rnd.batch)[:rnd.batch]]
-                bound[ids], choice[ids], fwin[ids], pwin[ids], score[ids] = rnd.ahead.take(ids)
+                got = rnd.ahead.take(ids)
+                bound[ids], choice[ids], fwin[ids], pwin[ids], score[ids] = got
                 g.evaluations += ids.size
+                rnd.taken += ids.size
                 fresh[ids] = True
-                alive[ids] = bound[ids] > 0
-                if (choice[ids] >= 0).any():
-                    rnd.best = max(rnd.best, float(score[ids].max()))
+                alive[ids] = got[0] > 0
+                if (got[1] >= 0).any():
+                    rnd.best = max(rnd.best, float(got[4].max()))
                 rnd.batch *= 2
-            g.batches = {64: 0, 128: 1}.get(rnd.batch, 2)
+            g.ahead = max(_AHEAD, rnd.taken) if rnd.batch > 128 else 64
             g.round = None
             usable = alive & fresh & (choice >= 0)
             if not usable.any():
@@ -791,7 +846,7 @@ class _Planner:
             if pins is None:  # an input of its chain is off the GPU at op r
                 self.rc_ok[c] = fresh[c] = False
                 continue
-            for r in self.rc_dependents[c]:  # c no longer stays resident through their op b
+            for r in self.rc_dependents.get(c, ()):  # c no longer stays resident through their op b
                 self.rc_ok[r] = False
                 fresh[r] = False
             if recompute:
@@ -828,7 +883,7 @@ class _Planner:
             alive[c] = False
             self.taken[c] = True
             fresh &= ~self._overlapping(c)
-        stop = "fits" if int(self.live.max()) <= self.capacity else "no_viable_candidate"
+        stop = "no_viable_candidate" if self.over() else "fits"
         g.stats = {"n_candidates": N, "evaluations": int(g.evaluations), "stop_reason": stop,
                    "n_recomputable": self.n_recomputable}
         return migrations, g.stats
@@ -861,7 +916,7 @@ class _Planner:
             self._exposed = _Exposed(self, hidden)
         state = self._exposed
         migrations = state.migrations
-        while not state.done and int(self.live.max()) > self.capacity:
+        while not state.done and self.over():
             c = state.best()
             if c < 0:
                 break
@@ -901,7 +956,8 @@ class _Exposed:
     memory fell inside its period; its benefit sums prefix rows that change only from the
     first op whose density changed (``_Planner._touched``); host room shrinks with each
     host placement, SSD room near its cap with each SSD one. A tensor pinned for a
-    recompute's chain is scored every round: its option opens as its window shrinks."""
+    recompute's chain is scored again whenever its window may have changed, whatever its
+    bound: its option opens as its window shrinks."""
 
     def __init__(self, planner: _Planner, hidden: list[Migration]):
         self.pl = pl = planner
@@ -925,14 +981,13 @@ class _Exposed:
 
     def _evaluate(self, idx: np.ndarray, crit: np.ndarray) -> None:
         """Score candidates ``idx`` now (the full-rescoring rule of phase 2); ``crit``: the
-        critical ops of the doubled timeline, ascending, and ``2n`` after them."""
+        critical ops of the doubled timeline, ascending, with -1 before them and ``2n`` after."""
         pl, n = self.pl, self.pl.n
-        st, b, s = pl.a[idx] + 1, pl.b[idx], pl.s[idx]
+        st, b, s = pl._st[idx], pl.b[idx], pl.s[idx]
         hf, hp, widenable = self.hf[idx], self.hp[idx], self.widenable[idx]
-        # the first critical op from st on (2n if none) and one past the last before b
+        # the first critical op from st on (2n if none) and one past the last before b (0 if none)
         f = crit[crit.searchsorted(st)]
-        last = crit.searchsorted(b) - 1
-        p = np.where(last >= 0, crit[np.maximum(last, 0)], -1) + 1
+        p = crit[crit.searchsorted(b) - 1] + 1
         has_crit = f < b
         f = np.where(widenable & has_crit, np.minimum(f, hf), np.where(widenable, hf, f))
         p = np.where(widenable & has_crit, np.maximum(p, hp), np.where(widenable, hp, p))
@@ -949,18 +1004,21 @@ class _Exposed:
             tier[i[pl.host_room(idx[i])]] = 1
         if "ssd" in pl.tiers:
             i = (fresh & (tier < 0)).nonzero()[0]
-            tier[i[pl.ssd_room(idx[i])]] = 0
+            tier[i[pl.ssd_room(idx[i])] if pl.bins["ssd"].cap is not None else i] = 0  # no cap: room for all
             cost["ssd"] = pl.cost_per_byte["ssd"]
         ok &= tier >= 0
-        ben = pl._window_benefit(idx, ok, f, p)
+        rows = pl._code[idx]
+        ben = pl._window_benefit(rows, ok, f, p)
         w = ok & widenable  # only the ops the widening adds
-        ben[w] -= pl._window_benefit(idx, w, hf, hp)[w]
+        if w.any():
+            ben[w] -= pl._window_benefit(rows, w, hf, hp)[w]
         per = np.where(tier == 1, pl.cost_per_byte["host"], pl.cost_per_byte["ssd"]) * s
         pressure = pl.benefit == "pressure"
         score = np.where(ok & (ben > 0), ben / (per if pressure else s), 0.0)
         bound = score
-        if pressure:  # a host candidate that loses its room may go to a cheaper SSD
-            cheaper = (tier == 1) & ~widenable & (cost["ssd"] < pl.cost_per_byte["host"])
+        if pressure and cost["ssd"] < pl.cost_per_byte["host"]:
+            # a host candidate that loses its room may go to a cheaper SSD
+            cheaper = (tier == 1) & ~widenable
             bound = np.where(cheaper, score * pl.cost_per_byte["host"] / cost["ssd"], score)
         self.f[idx], self.p[idx], self.tier[idx], self.score[idx], self.bound[idx] = f, p, tier, score, bound
         self.stale[idx] = False
@@ -969,14 +1027,16 @@ class _Exposed:
         """The candidate scoring every candidate now would pick (highest score, lowest index
         among equals), or -1 where none has a positive score."""
         if self.crit is None:
-            self.crit = (self.pl.live2 > self.pl.capacity).nonzero()[0]
-        crit = np.append(self.crit, 2 * self.pl.n)
-        stale = self.stale | self.pinned
-        # a stale bound of 0 stays 0: scores only fall
-        self.stale &= self.bound > 0
-        self.score[stale & ~self.stale & ~self.pinned] = 0.0
-        if self.pinned.any():
-            self._evaluate(self.pinned.nonzero()[0], crit)
+            self.crit = (self.pl.excess2 > 0).nonzero()[0]
+        crit = np.concatenate([[-1], self.crit, [2 * self.pl.n]])
+        stale = self.stale.copy()
+        # a stale bound of 0 stays 0: scores only fall; but not a pinned tensor's, stale
+        # until scored (also when a _Diverged cut the last call short)
+        self.stale &= (self.bound > 0) | self.pinned
+        self.score[stale & ~self.stale] = 0.0
+        again = self.stale & self.pinned
+        if again.any():
+            self._evaluate(again.nonzero()[0], crit)
         best, batch = float(self.score[~self.stale].max(initial=0.0)), 64
         while True:  # highest bounds first, until none left can reach the best
             ids = (self.stale & (self.bound * (1 + _SLACK) >= best)).nonzero()[0]
@@ -997,13 +1057,13 @@ class _Exposed:
         self.alive[c] = self.widenable[c] = self.pinned[c] = False
         self.score[c] = self.bound[c] = 0.0
         # windows change only where an op of the period stopped being critical
-        still = pl.live2[self.crit] > pl.capacity
+        still = pl.excess2[self.crit] > 0
         ended, self.crit = self.crit[~still], self.crit[still]
         if ended.size:
             count = np.zeros(2 * pl.n + 1, dtype=np.int64)
             count[ended + 1] = 1
             count.cumsum(out=count)
-            self.stale |= count[pl.b] > count[pl.a + 1]
+            self.stale |= count[pl.b] > count[pl._st]
         # prefix rows summed again from their first changed op: the windows reaching past it
         self.stale |= np.maximum(self.p, self.hp) > pl._touched[pl._code]
         if tier == "host":
@@ -1128,6 +1188,7 @@ class Candidates:
         self.periods = inactive_periods(trace, min_tensor_bytes)
         self._table: RecomputeTable | None = None
         self.meets: dict = {}  # the slots' rows of what each tensor's periods meet (SlotBins)
+        self.required = trace.required_bytes()  # each op's bytes before any plan (M)
 
     @property
     def recompute_table(self) -> RecomputeTable:
@@ -1151,7 +1212,7 @@ def _plan_packings(cands: Candidates, trace: Trace, capacity_bytes: int, tiers: 
         planner = _Planner(trace, capacity_bytes, tiers, host_cap_bytes, options["benefit"], options["use_ssd"],
                            cands.periods, options["shared_ssd"], todo == ("arena",), options["ssd_cap_bytes"],
                            room, recompute_table=cands.recompute_table if recompute else None,
-                           meets=cands.meets, host_placement=options["host_placement"])
+                           meets=cands.meets, host_placement=options["host_placement"], required=cands.required)
         meta = {"planner": "teraio.planner/1", "benefit": options["benefit"],
                 "tiers_gbps": dataclasses.asdict(tiers), "host_cap_bytes": host_cap_bytes,
                 "use_ssd": options["use_ssd"], "allow_stalls": options["allow_stalls"],
@@ -1193,7 +1254,7 @@ def _run_twins(planner: _Planner, packings: tuple[str, ...], trace: Trace,
 def _phases(planner: _Planner, trace: Trace, allow_stalls: bool) -> tuple[list[Migration], dict]:
     """Run ``planner``'s phases (the second with ``allow_stalls``), or carry them on after a
     :class:`_Diverged`: the migrations and the run's statistics."""
-    if trace.peak_bytes() <= planner.capacity:
+    if planner.baseline_peak <= planner.capacity:
         return [], {"n_candidates": len(planner.s), "evaluations": 0, "stop_reason": "fits"}
     migrations, stats = planner.run(trace)
     stats = dict(stats)
@@ -1201,7 +1262,7 @@ def _phases(planner: _Planner, trace: Trace, allow_stalls: bool) -> tuple[list[M
         exposed, widened = planner.run_exposed(trace, migrations)
         migrations = migrations + exposed
         stats["n_exposed"], stats["n_widened"] = len(exposed), widened
-        stats["stop_reason"] = "fits_with_stalls" if int(planner.live.max()) <= planner.capacity else \
+        stats["stop_reason"] = "fits_with_stalls" if not planner.over() else \
             "no_candidate_left"
     return migrations, stats
 
@@ -1219,7 +1280,7 @@ def _make_plan(planner: _Planner, trace: Trace, capacity_bytes: int, migrations:
         "ssd_file_bytes": planner.bins["ssd"].tier_bytes,
         "compile_seconds": time.perf_counter() - t0,
     }
-    return MigrationPlan(n_ops=trace.n_ops, capacity_bytes=capacity_bytes, baseline_peak_bytes=trace.peak_bytes(),
+    return MigrationPlan(n_ops=trace.n_ops, capacity_bytes=capacity_bytes, baseline_peak_bytes=planner.baseline_peak,
                          predicted_peak_bytes=predicted, migrations=migrations, meta=meta,
                          recomputes=list(planner.recomputes))
 

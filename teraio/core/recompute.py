@@ -99,22 +99,47 @@ class Chains:
     def __init__(self, trace: Trace, max_ops: int = 8):
         self.trace = trace
         self.max_ops = max_ops
-        n = trace.n_ops
-        self.outputs: list[list[int]] = [[] for _ in range(n)]
-        self.inputs: list[list[int]] = [[] for _ in range(n)]
+        # per op, the tensors it makes and those it reads, in tensor order: one flat list each
+        # with each op's start in it (few objects for the collector, however long the trace)
+        ops: tuple[list[int], list[int]] = ([], [])
+        tids: tuple[list[int], list[int]] = ([], [])
         for t in trace.tensors:
             made_here = not t.persistent and t.kind != "input"
             for j, u in enumerate(t.uses):
-                (self.outputs if made_here and j == 0 else self.inputs)[u].append(t.tid)
+                out = int(not (made_here and j == 0))
+                ops[out].append(u)
+                tids[out].append(t.tid)
+        self._tids, self._start = [], []
+        for op, tid in zip(ops, tids):
+            order = np.argsort(np.asarray(op, dtype=np.int64), kind="stable")
+            self._tids.append(np.asarray(tid, dtype=np.int64)[order].tolist())
+            self._start.append(np.searchsorted(np.asarray(op, dtype=np.int64)[order],
+                                               np.arange(trace.n_ops + 1)).tolist())
         kinds = {o: (is_pure(o), is_inplace(o)) for o in set(trace.op_names)}
         self.pure = np.array([kinds[o][0] for o in trace.op_names], dtype=bool)
         self.inplace = np.array([kinds[o][1] for o in trace.op_names], dtype=bool)
+        self._out: dict[str, bool] = {}  # op name -> it has an out= variant
         # per tensor, its uses by in-place ops, ascending
         self._written: dict[int, list[int]] = {}
         for t in trace.tensors:
             w = [u for u in t.uses if self.inplace[u]]
             if w:
                 self._written[t.tid] = sorted(w)
+
+    def outputs(self, k: int) -> list[int]:
+        """The tensors op ``k`` makes (the first use of a non-persistent one made in the
+        step), in tensor order."""
+        return self._tids[0][self._start[0][k]:self._start[0][k + 1]]
+
+    def inputs(self, k: int) -> list[int]:
+        """The tensors op ``k`` touches and does not make, in tensor order."""
+        return self._tids[1][self._start[1][k]:self._start[1][k + 1]]
+
+    def _has_out_variant(self, op_name: str) -> bool:
+        """Whether :func:`out_variant` finds one for ``op_name``, asked once per op name."""
+        if op_name not in self._out:
+            self._out[op_name] = out_variant(op_name) is not None
+        return self._out[op_name]
 
     def _written_between(self, tid: int, lo: int, hi: int) -> bool:
         """Whether an in-place op touches tensor ``tid`` at an op in ``(lo, hi)``."""
@@ -154,8 +179,8 @@ class Chains:
             ops.add(k)
             if len(ops) > self.max_ops:
                 return None
-            made.update(self.outputs[k])
-            for i in self.inputs[k]:
+            made.update(self.outputs(k))
+            for i in self.inputs(k):
                 if i in made or i in resident:
                     continue
                 r = tensors[i]
@@ -170,12 +195,12 @@ class Chains:
         # the target goes after the last chain op that reads it.
         last_read = {}
         for k in order:
-            for i in self.inputs[k]:
+            for i in self.inputs(k):
                 if i in made:
                     last_read[i] = k
         alive = peak = 0
         for k in order:
-            alive += sum(tensors[o].nbytes for o in self.outputs[k])
+            alive += sum(tensors[o].nbytes for o in self.outputs(k))
             peak = max(peak, alive)
             for o in made:
                 if o != tid and last_read.get(o, tensors[o].uses[0]) == k:
@@ -184,7 +209,7 @@ class Chains:
         # has an out= variant; else into fresh memory, then copies (``teraio.core.rerun``):
         # the tensor's bytes twice at the copy.
         last = x.uses[0]
-        copies = len(self.outputs[last]) != 1 or out_variant(self.trace.op_names[last]) is None
+        copies = len(self.outputs(last)) != 1 or not self._has_out_variant(self.trace.op_names[last])
         return Chain(ops=order, inputs=sorted(resident),
                      seconds=float(self.trace.op_seconds[order].sum()),
                      extra_bytes=max(peak - x.nbytes, x.nbytes if copies else 0))

@@ -35,6 +35,7 @@ Model
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import heapq
 
@@ -91,6 +92,7 @@ class SimResult:
 
 
 POLICIES: tuple[str, ...] = ("fifo", "edf")
+_ITERATIONS = 2  # replayed; the last is reported (module docstring)
 
 
 def simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: str = "fifo",
@@ -113,164 +115,218 @@ def simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: st
     n = trace.n_ops
     if plan.n_ops != n:
         raise ValueError(f"plan is for {plan.n_ops} ops but the trace has {n}")
-    iterations = 2
-    total = iterations * n
+    total = _ITERATIONS * n
+    transfers = _Transfers(plan, n, total)
     tau = trace.op_seconds
     run = tau.copy()  # each op's run, with the recomputes before it
     for r in plan.recomputes:
         run[r.recompute_before] += r.seconds
-
-    # Each migration recurs every iteration: instance (migration, anchor), where the anchor
-    # is the global op index (iteration * n + k) after which its offload is issued.
-    off_after: dict[int, list[int]] = {}
-    free_at: dict[int, list[int]] = {}
-    pf_at: dict[int, list[int]] = {}
-    need_at: dict[int, list[int]] = {}
-    inst: list[tuple[int, int]] = []
-    steps: list[tuple[int, int, int]] = []  # per migration: ops from offload_after to free, prefetch, need
-    for mi, m in enumerate(plan.migrations):
-        a = m.offload_after
-        df, dp, db = (m.free_before - a) % n, (m.prefetch_before - a) % n, (m.needed_by - a) % n or n
-        if not 0 < df <= dp <= db:
-            raise ValueError(f"migration {mi} of {m.name!r}: ops offload_after={a}, free_before="
-                             f"{m.free_before}, prefetch_before={m.prefetch_before}, needed_by="
-                             f"{m.needed_by} are not in cyclic order")
-        steps.append((df, dp, db))
-        for it in range(-1, iterations):
-            anchor = a + it * n
-            if anchor + db < 0:
-                continue
-            i = len(inst)
-            inst.append((mi, anchor))
-            for g, events in ((anchor, off_after), (anchor + df, free_at), (anchor + dp, pf_at),
-                              (anchor + db, need_at)):
-                if 0 <= g < total:
-                    events.setdefault(g, []).append(i)
-
     rates = {c: tiers.bytes_per_second(c) for c in CHANNELS}
     chans = {c: _Channel(policy, rates) for c in CHANNELS}
     if shared_ssd:
         chans["ssd_read"] = chans["ssd_write"]
+    boundary, op_start, op_stall, stalls = _replay(run.tolist(), transfers, chans)
 
-    def transfer(i: int, direction: int) -> tuple[_Channel, tuple, int, int, str]:
-        """(channel, key, bytes, deadline op, channel name) of instance i's offload (0) or
-        prefetch (1)."""
-        mi, anchor = inst[i]
-        m = plan.migrations[mi]
-        df, _, db = steps[mi]
-        name = TIER_CHANNELS[m.tier][direction]
-        return chans[name], (i, direction), m.nbytes, anchor + (df if direction == 0 else db), name
-
-    boundary = np.zeros(total + 1)
-    op_start = np.zeros(total)
-    op_stall = np.zeros(total)
-    stalls = np.zeros(total, dtype=np.int64)
-
-    def wait(g: int, i: int, direction: int, t: float) -> float:
-        """Time once instance i's transfer is done (a stall at op g if later than t)."""
-        ch, key, _, _, _ = transfer(i, direction)
-        if key not in ch.issued:  # it moved before step one
-            return t
-        done = ch.done_time(key, t)
-        if done > t:
-            stalls[g] += 1
-            return done
-        return t
-
-    t = 0.0
-    for g in range(total):
-        boundary[g] = t
-        t0 = t
-        for i in free_at.get(g, ()):
-            t = wait(g, i, 0, t)
-        for i in pf_at.get(g, ()):
-            ch, key, nbytes, dl, name = transfer(i, 1)
-            ch.issue(t, key, nbytes, dl, name)
-        for i in need_at.get(g, ()):
-            t = wait(g, i, 1, t)
-        op_stall[g] = t - t0
-        op_start[g] = t
-        t += run[g % n]
-        for i in off_after.get(g, ()):
-            ch, key, nbytes, dl, name = transfer(i, 0)
-            ch.issue(t, key, nbytes, dl, name)
-    boundary[total] = t
-
-    first = (iterations - 1) * n
+    first = (_ITERATIONS - 1) * n
     last = slice(first, total)
     ideal = float(tau.sum())
     stall = float(op_stall[last].sum())
     recompute = float(run.sum() - ideal)
-    slot_bytes = {c: np.diff(_bytes_done_by([p for p in ch.pieces if p[3] == c], boundary[first:]))
-                  for c, ch in chans.items()}
+    slot_bytes = {c: np.diff(ch.bytes_done_by(c, boundary[first:])) for c, ch in chans.items()}
     return SimResult(iteration_seconds=ideal + recompute + stall, ideal_seconds=ideal, stall_seconds=stall,
                      recompute_seconds=recompute,
                      stall_count=int(stalls[last].sum()), op_start_seconds=op_start[last] - boundary[first],
                      op_stall_seconds=op_stall[last].copy(), slot_bytes=slot_bytes)
 
 
+class _Transfers:
+    """The transfers of a plan's migrations over the replayed iterations, and when the
+    replay meets them.
+
+    Each migration recurs every iteration: an instance per anchor, the global op index
+    (iteration * n + k) after which its offload is issued, from the iteration before the
+    first on (its transfers that the first iteration waits for moved before step one).
+    Instance j's offload is transfer ``2j``, its prefetch ``2j + 1``: per transfer its
+    channel name, bytes and deadline (the op that waits for it). Per event kind, the ops
+    and transfers in the order the replay meets them (by op, then by instance), with the
+    op ``-1`` after the last: ``offload`` (issued after the op), ``free`` (waited for before
+    it), ``prefetch`` (issued before it), ``need`` (waited for before it).
+
+    Raises:
+        ValueError: a migration whose ops are not in cyclic order.
+    """
+
+    KINDS = ("offload", "free", "prefetch", "need")
+
+    def __init__(self, plan: MigrationPlan, n: int, total: int):
+        ms = plan.migrations
+        a, f, p, b, nbytes = (np.fromiter((getattr(m, x) for m in ms), np.int64, len(ms))
+                              for x in ("offload_after", "free_before", "prefetch_before", "needed_by", "nbytes"))
+        df, dp, db = (f - a) % n, (p - a) % n, (b - a) % n
+        db[db == 0] = n
+        bad = (~((0 < df) & (df <= dp) & (dp <= db))).nonzero()[0]
+        if bad.size:
+            mi = int(bad[0])
+            m = ms[mi]
+            raise ValueError(f"migration {mi} of {m.name!r}: ops offload_after={m.offload_after}, free_before="
+                             f"{m.free_before}, prefetch_before={m.prefetch_before}, needed_by="
+                             f"{m.needed_by} are not in cyclic order")
+        anchor = a[:, None] + np.arange(-1, _ITERATIONS) * n  # [migration, iteration]
+        keep = anchor + db[:, None] >= 0
+        mi = np.broadcast_to(np.arange(len(ms))[:, None], anchor.shape)[keep]  # per instance, in order
+        anchor = anchor[keep]
+        names = np.array([TIER_CHANNELS[m.tier] for m in ms], dtype=object).reshape(-1, 2)
+        self.channel: list[str] = names[mi].ravel().tolist()
+        self.nbytes: list[int] = np.repeat(nbytes[mi], 2).tolist()
+        self.deadline: list[int] = np.stack([anchor + df[mi], anchor + db[mi]], axis=1).ravel().tolist()
+        key = 2 * np.arange(len(anchor))
+        self.events: dict[str, tuple[list[int], list[int]]] = {}
+        for kind, g, k in (("offload", anchor, key), ("free", anchor + df[mi], key),
+                           ("prefetch", anchor + dp[mi], key + 1), ("need", anchor + db[mi], key + 1)):
+            inside = (0 <= g) & (g < total)
+            g, k = g[inside], k[inside]
+            order = np.argsort(g, kind="stable")
+            self.events[kind] = (g[order].tolist() + [-1], k[order].tolist())
+
+
+def _replay(run: list[float], transfers: _Transfers, chans: dict[str, "_Channel"]):
+    """Replay the iterations (module docstring): before each op the waits for frees, then
+    the prefetches issued, then the waits for needed tensors; after it the offloads issued.
+    A transfer never issued moved before step one (no wait).
+
+    Returns:
+        (boundary: float64 ``[total + 1]``, when each op's slot starts, and the end;
+        op_start, op_stall: float64 ``[total]``; stalls: int64 ``[total]``, waits that
+        lasted longer than zero).
+    """
+    n = len(run)
+    total = _ITERATIONS * n
+    chan = [chans[c] for c in transfers.channel]
+    nbytes, deadline, name = transfers.nbytes, transfers.deadline, transfers.channel
+    issued = bytearray(len(chan))
+    (off_g, off_k), (free_g, free_k), (pf_g, pf_k), (need_g, need_k) = (transfers.events[k]
+                                                                        for k in _Transfers.KINDS)
+    jo = jf = jp = jn = 0
+    boundary, op_start, op_stall = [0.0] * (total + 1), [0.0] * total, [0.0] * total
+    stalls = [0] * total
+    run = run * _ITERATIONS  # op g runs run[g]
+    t = 0.0
+    for g in range(total):
+        boundary[g] = t
+        t0 = t
+        while free_g[jf] == g:
+            key = free_k[jf]
+            jf += 1
+            if issued[key]:
+                done = chan[key].done_time(key, t)
+                if done > t:
+                    stalls[g] += 1
+                    t = done
+        while pf_g[jp] == g:
+            key = pf_k[jp]
+            jp += 1
+            chan[key].issue(t, key, nbytes[key], deadline[key], name[key])
+            issued[key] = 1
+        while need_g[jn] == g:
+            key = need_k[jn]
+            jn += 1
+            if issued[key]:
+                done = chan[key].done_time(key, t)
+                if done > t:
+                    stalls[g] += 1
+                    t = done
+        op_stall[g] = t - t0
+        op_start[g] = t
+        t += run[g]
+        while off_g[jo] == g:
+            key = off_k[jo]
+            jo += 1
+            chan[key].issue(t, key, nbytes[key], deadline[key], name[key])
+            issued[key] = 1
+    boundary[total] = t
+    return np.array(boundary), np.array(op_start), np.array(op_stall), np.array(stalls, dtype=np.int64)
+
+
 class _Channel:
     """A queue that serves issued transfers one at a time, each at its own rate (bytes/s),
     lazily, up to the time the replay asks about. FIFO: whole, in issue order. EDF:
     earliest deadline first, preempted when an earlier deadline is issued. One per
-    (tier, direction), or one for both SSD directions (``shared_ssd``)."""
+    (tier, direction), or one for both SSD directions (``shared_ssd``). Transfers are
+    named by int keys (:class:`_Transfers`); what it served is kept as pieces
+    (start, end, bytes, channel name), in time order, in four lists."""
 
     def __init__(self, policy: str, rates: dict[str, float]):
         self.fifo = policy == "fifo"
         self.rates = rates  # bytes/s per channel name
         self.time = 0.0  # everything before this is served
-        self.queue: list[tuple[int, int, tuple]] = []  # heap of (priority, issue order, key)
-        self.left: dict[tuple, float] = {}  # seconds of service left
-        self.channel: dict[tuple, str] = {}
-        self.done: dict[tuple, float] = {}
-        self.issued: set[tuple] = set()
-        self.pieces: list[tuple[float, float, float, str]] = []  # (start, end, bytes, channel) served
+        self.queue: list = collections.deque() if self.fifo else []  # keys; EDF: heap of (deadline, seq, key)
+        self.left: dict[int, float] = {}  # seconds of service left
+        self.channel: dict[int, str] = {}
+        self.done: dict[int, float] = {}
+        self.pieces: tuple[list[float], list[float], list[float], list[str]] = ([], [], [], [])
         self._seq = 0
 
-    def issue(self, t: float, key: tuple, nbytes: int, deadline: int, channel: str) -> None:
-        self._serve(until=t)
-        heapq.heappush(self.queue, (self._seq if self.fifo else deadline, self._seq, key))
+    def issue(self, t: float, key: int, nbytes: int, deadline: int, channel: str) -> None:
+        self._serve_to(t)
+        if self.fifo:
+            self.queue.append(key)
+        else:
+            heapq.heappush(self.queue, (deadline, self._seq, key))
         self._seq += 1
         self.left[key] = nbytes / self.rates[channel]
         self.channel[key] = channel
-        self.issued.add(key)
 
-    def done_time(self, key: tuple, t: float) -> float:
+    def done_time(self, key: int, t: float) -> float:
         """When ``key`` completes; nothing is issued meanwhile, as the replay waits for it."""
-        self._serve(until=t)
+        self._serve_to(t)
         while key not in self.done:
-            self._serve(until=np.inf, one=True)
+            self._serve(until=_INF, one=True)
         return self.done[key]
 
+    def _serve_to(self, t: float) -> None:
+        """:meth:`_serve` up to ``t``; an empty queue only moves its clock on."""
+        if self.queue:
+            self._serve(until=t)
+        elif t > self.time:
+            self.time = t
+
     def _serve(self, until: float, one: bool = False) -> None:
-        while self.queue and self.time < until:
-            key = self.queue[0][2]
+        queue, start, end, served_bytes, names = self.queue, *self.pieces
+        while queue and self.time < until:
+            key = queue[0] if self.fifo else queue[0][2]
             need, channel = self.left[key], self.channel[key]
+            start.append(self.time)
+            names.append(channel)
             if self.time + need <= until:
-                self.pieces.append((self.time, self.time + need, need * self.rates[channel], channel))
+                end.append(self.time + need)
+                served_bytes.append(need * self.rates[channel])
                 self.time += need
                 self.done[key] = self.time
-                heapq.heappop(self.queue)
+                queue.popleft() if self.fifo else heapq.heappop(queue)
                 del self.left[key]
                 if one:
                     return
             else:
                 served = until - self.time
-                self.pieces.append((self.time, until, served * self.rates[channel], channel))
+                end.append(until)
+                served_bytes.append(served * self.rates[channel])
                 self.left[key] -= served
                 self.time = until
-        if not self.queue and until < np.inf:
+        if not queue and until < _INF:
             self.time = max(self.time, until)
 
+    def bytes_done_by(self, channel: str, times: np.ndarray) -> np.ndarray:
+        """Bytes this queue moved for ``channel`` by each of ``times`` (its pieces are in
+        time order and never overlap)."""
+        mine = np.asarray(self.pieces[3]) == channel
+        if not mine.any():
+            return np.zeros(len(times))
+        start, end, nbytes = (np.asarray(x, dtype=np.float64)[mine] for x in self.pieces[:3])
+        before = np.concatenate([[0.0], np.cumsum(nbytes)])
+        i = np.searchsorted(start, times, side="right") - 1
+        j = np.maximum(i, 0)
+        part = nbytes[j] * np.clip((times - start[j]) / (end[j] - start[j]), 0.0, 1.0)
+        return np.where(i >= 0, before[j] + part, 0.0)
 
-def _bytes_done_by(pieces: list[tuple[float, float, float]], times: np.ndarray) -> np.ndarray:
-    """Bytes a channel has moved by each of ``times`` (its pieces are in time order and
-    never overlap)."""
-    if not pieces:
-        return np.zeros(len(times))
-    start, end, nbytes = (np.asarray(x, dtype=np.float64) for x in list(zip(*pieces))[:3])
-    before = np.concatenate([[0.0], np.cumsum(nbytes)])
-    i = np.searchsorted(start, times, side="right") - 1
-    j = np.maximum(i, 0)
-    part = nbytes[j] * np.clip((times - start[j]) / (end[j] - start[j]), 0.0, 1.0)
-    return np.where(i >= 0, before[j] + part, 0.0)
+
+_INF = float("inf")
