@@ -8,8 +8,8 @@ Per job: the row's ``status`` (an ``interrupted`` or time-limited row keeps the 
 measured, which are used), ``gpu_name``, the plan's ``recompute`` setting, its recomputes
 and recomputed bytes per iteration, ``tiers_gbps`` (the planned rates), the measured mean
 iteration seconds over ``measured_steps`` iterations, the simulated ones, their ratio
-``simulated_over_measured`` and the profiled op sum ``op_seconds``. ``--out`` is replaced
-atomically.
+``simulated_over_measured``, the profiled op sum ``ideal_s`` and the plan's
+``capacity_bytes``. ``--out`` is replaced atomically.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def replay(job: Path) -> dict:
             "measured_iteration_seconds": r.measured_iteration_seconds,
             "simulated_iteration_seconds": r.simulated.iteration_seconds,
             "simulated_over_measured": r.predicted_over_measured,
-            "op_seconds": float(trace.op_seconds.sum())}
+            "ideal_s": float(trace.op_seconds.sum()), "capacity_bytes": plan.capacity_bytes}
 
 
 def main(argv: list[str] | None = None) -> None:
