@@ -145,7 +145,7 @@ import torch
 from teraio.core.bandwidth import CHANNELS, TIER_CHANNELS, TierBandwidth
 from teraio.core.plan import Migration, MigrationPlan, Recompute
 from teraio.core.recompute import Chains
-from teraio.core.slots import HOST_ALIGN, HostArena, SlotBins, ssd_file_bytes
+from teraio.core.slots import HOST_ALIGN, HostArena, SlotBins, periods_meet, ssd_file_bytes
 from teraio.core.trace import Trace
 
 BENEFITS: tuple[str, ...] = ("pressure", "formula")
@@ -786,10 +786,8 @@ class _Planner:
 
     def _meets(self, lo: int, hi: int) -> np.ndarray:
         """bool per candidate: its period's ops ``[a + 1, b)`` meet the unrolled ops
-        ``[lo, hi)`` (cyclic; ``1 <= lo <= n``, ``lo < hi``). Of the three shifts of the
-        window against a period, the one by ``-n`` needs only ``a + 1 < hi - n`` and the one
-        by ``+n`` only ``lo + n < b``: their other halves always hold there."""
-        return ((self._st < hi) & (lo < self.b)) | (self._st < hi - self.n) | (lo + self.n < self.b)
+        ``[lo, hi)`` (cyclic; ``1 <= lo <= n``, ``lo < hi``; :func:`~teraio.core.slots.periods_meet`)."""
+        return periods_meet(self._st, self.b, lo, hi, self.n)
 
     def run(self, trace: Trace) -> tuple[list[Migration], dict]:
         """Phase 1: the lazy greedy (module docstring, "Speed"). Its state lives in

@@ -36,10 +36,11 @@ def align_up(n, a: int):
     return (n + a - 1) // a * a
 
 
-def _meets(a, b, lo, hi, n: int):
-    """Whether periods ``[a, b)`` and ``[lo, hi)`` share an op, cyclic (either side scalars or
-    arrays that broadcast), for periods as :class:`SlotBins` takes them: ``0 <= a < n`` and
-    ``a < b <= a + n`` (likewise ``lo``, ``hi``). Of the three shifts of one period against
+def periods_meet(a, b, lo, hi, n: int):
+    """Whether unrolled periods ``[a, b)`` and ``[lo, hi)`` of an ``n``-op cycle share an op
+    (either side scalars or arrays that broadcast), for starts ``0 <= a <= n`` and ends
+    ``a < b <= a + n`` (likewise ``lo``, ``hi``): the periods :class:`SlotBins` takes, and
+    the planner's ops ``[a + 1, b)`` of a period. Of the three shifts of one period against
     the other, the one by ``-n`` needs only ``a < hi - n`` and the one by ``+n`` only
     ``lo + n < b``: their other halves always hold there."""
     return ((a < hi) & (lo < b)) | (a < hi - n) | (lo + n < b)
@@ -114,7 +115,7 @@ class SlotBins:
         (cyclic)."""
         lo, hi = self._a[periods, None], self._b[periods, None]
         a, b, n = self._a, self._b, self.n
-        meet = _meets(a, b, lo, hi, n).any(axis=0)
+        meet = periods_meet(a, b, lo, hi, n).any(axis=0)
         row = np.zeros(len(self._tids), dtype=bool)
         row[self._tix[meet]] = True
         return row
@@ -264,7 +265,7 @@ class HostArena:
         for s in range(0, len(periods), rows):
             p, sz, fx = periods[s:s + rows], size[s:s + rows, None], fixed[s:s + rows, None]
             a, b = self.a[p, None], self.b[p, None]
-            meet = _meets(lo, hi, a, b, self.n)  # the period meets a range's ops
+            meet = periods_meet(lo, hi, a, b, self.n)  # the period meets a range's ops
             clash = (meet & (off < fx + sz) & (fx < end)).any(axis=1)
             # the region's end as one more range that every period meets: the gap below it
             # is the free space above the highest meeting range
@@ -290,7 +291,7 @@ class HostArena:
         fixed = self.at.get(int(self.tid[period]), -1)
         lo, hi, off, end = self._ranges
         a, b, n = self.a[period], self.b[period], self.n
-        meet = _meets(lo, hi, a, b, n)
+        meet = periods_meet(lo, hi, a, b, n)
         if fixed >= 0:
             return -1 if (meet & (off < fixed + size) & (fixed < end)).any() else fixed
         j = meet.nonzero()[0]
@@ -328,7 +329,7 @@ class HostArena:
             self._fixed[mine] = True
         end = off + int(align_up(int(nbytes), self.align))
         lo, hi, n = int(self.a[period]), int(self.b[period]), self.n
-        meet = _meets(self.a, self.b, lo, hi, n).nonzero()[0]
+        meet = periods_meet(self.a, self.b, lo, hi, n).nonzero()[0]
         memo, size = self._memo[meet], self._memo_size[meet]
         # no range frees space: a -1 stays -1
         self._memo_size[meet[(memo >= 0) & (memo < end) & (off < memo + size)]] = -1
