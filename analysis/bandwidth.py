@@ -3,7 +3,8 @@ engine's side files of one run.
 
 ``transfers.csv`` (``artifacts["transfers"]``): one row per transfer, columns ``step``,
 ``tier``, ``direction`` (``offload`` | ``prefetch``), ``nbytes`` (bytes), ``op_issued``,
-``op_done``, ``t_issued_s``, ``t_done_s`` (seconds from the start of the step).
+``op_done``, ``t_issued_s``, ``t_done_s`` (seconds from the start of the step), and in
+later logs ``copy_s`` (seconds the copy ran on its CUDA stream; host tier on CUDA only).
 ``oplog.csv`` (``artifacts["oplog"]``): one row per op, columns ``step``, ``op``,
 ``op_name``, ``t_start_s``, ``seconds``, ``stall_s``.
 
@@ -151,8 +152,12 @@ def tier_rates(transfers: pd.DataFrame) -> pd.DataFrame:
     ``prefetch_gb`` (GB per step), ``busy_s`` (seconds per step during which at least one of
     the tier's transfers is in flight, either direction), ``offload_gbps`` and
     ``prefetch_gbps`` (a direction's bytes ÷ the time at least one of its transfers is in
-    flight, summed over steps; NaN with no such time) and ``gbps`` (both directions' bytes ÷
-    ``busy_s``). GB = 1e9 bytes.
+    flight, summed over steps; NaN with no such time), ``gbps`` (both directions' bytes ÷
+    ``busy_s``), and ``offload_copy_gbps`` and ``prefetch_copy_gbps``: a direction's bytes ÷
+    the seconds its copies ran on their CUDA stream (``copy_s``; a direction's copies run one
+    after another on one stream, so the sum is the time its stream moved bytes), the link's
+    own rate, where the issue-to-done rates above also count the wait for the work queued
+    before each copy; NaN without ``copy_s``. GB = 1e9 bytes.
 
     Raises:
         ValueError: an unknown direction.
@@ -173,9 +178,21 @@ def tier_rates(transfers: pd.DataFrame) -> pd.DataFrame:
         rows.append({"tier": tier, "steps": n, "offload_gb": moved["offload"] / n / 1e9,
                      "prefetch_gb": moved["prefetch"] / n / 1e9, "busy_s": both / n,
                      "offload_gbps": rate["offload"], "prefetch_gbps": rate["prefetch"],
-                     "gbps": sum(moved.values()) / both / 1e9 if both > 0 else np.nan})
+                     "gbps": sum(moved.values()) / both / 1e9 if both > 0 else np.nan,
+                     **{f"{d}_copy_gbps": copy_rate(g[g["direction"] == d]) for d in DIRECTIONS}})
     return pd.DataFrame(rows, columns=["tier", "steps", "offload_gb", "prefetch_gb", "busy_s",
-                                       "offload_gbps", "prefetch_gbps", "gbps"])
+                                       "offload_gbps", "prefetch_gbps", "gbps", "offload_copy_gbps",
+                                       "prefetch_copy_gbps"])
+
+
+def copy_rate(transfers: pd.DataFrame) -> float:
+    """GB/s of ``transfers`` over the seconds their copies ran (``copy_s``), counting those
+    with a ``copy_s``; NaN where none has one (or the column is absent)."""
+    if "copy_s" not in transfers:
+        return np.nan
+    timed = transfers[transfers["copy_s"].notna()]
+    seconds = float(timed["copy_s"].sum())
+    return float(timed["nbytes"].sum()) / seconds / 1e9 if seconds > 0 else np.nan
 
 
 PLANNED_RATES = {"ssd": ("ssd_write_gbps", "ssd_read_gbps"), "host": ("host_d2h_gbps", "host_h2d_gbps")}

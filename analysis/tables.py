@@ -211,6 +211,8 @@ def tier_rate_table(rates: pd.DataFrame) -> pd.DataFrame:
         "busy s/step": rates["busy_s"].map(fmt),
         "offload GB/s": rates["offload_gbps"].map(fmt), "prefetch GB/s": rates["prefetch_gbps"].map(fmt),
         "both GB/s": rates["gbps"].map(fmt),
+        "copy-stream offload / prefetch GB/s": [f"{fmt(a)} / {fmt(b)}" for a, b in
+                                                zip(rates["offload_copy_gbps"], rates["prefetch_copy_gbps"])],
         "planned offload / prefetch GB/s": [f"{fmt(a)} / {fmt(b)}" for a, b in
                                             zip(rates["planned_offload_gbps"], rates["planned_prefetch_gbps"])]})
 
@@ -294,7 +296,10 @@ def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
                               "the device can do. "
                               "busy: time at least one of the tier's transfers is in flight; a "
                               "direction's GB/s: its bytes ÷ the time at least one of its "
-                              "transfers is in flight; both: all bytes ÷ busy. Planned: the "
+                              "transfers is in flight; both: all bytes ÷ busy. Copy-stream: a "
+                              "direction's bytes ÷ the seconds its copies ran, timed with CUDA "
+                              "events on the copy stream (host tier on CUDA; n/a in logs made "
+                              "before they were timed): the link's own rate. Planned: the "
                               "row's tier_gbps (SSD write / read, host D2H / H2D), which the "
                               "planner and the simulator use."])
     paths += write_table(memory_table(summary), out_dir / "memory",

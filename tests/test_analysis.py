@@ -680,8 +680,24 @@ def test_tier_rates_are_exact_on_a_hand_made_log():
     assert ssd["offload_gbps"] == 3 / 1.5 and ssd["prefetch_gbps"] == 5 / 2.5
     assert ssd["gbps"] == pytest.approx(8 / 3.5, rel=1e-12)
     assert host["offload_gb"] == 2.5 and math.isnan(host["offload_gbps"]) and math.isnan(host["gbps"])
+    assert math.isnan(ssd["offload_copy_gbps"]) and math.isnan(host["prefetch_copy_gbps"])  # no copy_s column
     with pytest.raises(ValueError, match=r"direction\(s\) \['sideways'\]"):
         tier_rates(log.assign(direction="sideways"))
+
+
+def test_copy_stream_rates_count_only_the_seconds_the_copies_ran():
+    from analysis.bandwidth import tier_rates
+    # host offloads of 2 and 4 GB, issued long before their copies ran (issue to done: 10 s
+    # in all), copied in 0.1 s and 0.2 s; one prefetch of 1 GB in 0.05 s; an ssd transfer
+    # has no copy time and its tier no copy-stream rate.
+    log = pd.DataFrame({"step": [3, 3, 3, 3], "tier": ["host", "host", "host", "ssd"],
+                        "direction": ["offload", "offload", "prefetch", "offload"],
+                        "nbytes": [2e9, 4e9, 1e9, 1e9], "t_issued_s": [0.0, 0.0, 5.0, 0.0],
+                        "t_done_s": [5.0, 5.0, 10.0, 1.0], "copy_s": [0.1, 0.2, 0.05, None]})
+    host, ssd = tier_rates(log).to_dict("records")
+    assert host["offload_gbps"] == 6 / 5 and host["offload_copy_gbps"] == pytest.approx(6 / 0.3, rel=1e-12)
+    assert host["prefetch_copy_gbps"] == pytest.approx(1 / 0.05, rel=1e-12)
+    assert math.isnan(ssd["offload_copy_gbps"]) and math.isnan(ssd["prefetch_copy_gbps"])
 
 
 def test_the_tier_rate_table_names_each_run_with_a_log_and_its_planned_rates(sweep_dir, tmp_path):
@@ -694,8 +710,8 @@ def test_the_tier_rate_table_names_each_run_with_a_log_and_its_planned_rates(swe
     # write_engine_logs: steps 3 and 4; ssd moves 11 GB offloaded ([0, 1] in step 3, [0, 2] in
     # step 4) and 1 GB prefetched at one instant; host 3 GB prefetched in [1.5, 3]
     assert rows == [
-        "| tiny | bs4_seq64 | TeraIO-Mixed | A_teraio_mixed_0 | host | 2 | 0 | 1.50 | 0.75 | n/a | 2.00 | 2.00 | 55.00 / 54.00 |",
-        "| tiny | bs4_seq64 | TeraIO-Mixed | A_teraio_mixed_0 | ssd | 2 | 5.50 | 0.5 | 1.50 | 3.67 | n/a | 4.00 | 2.60 / 1.80 |"]
+        "| tiny | bs4_seq64 | TeraIO-Mixed | A_teraio_mixed_0 | host | 2 | 0 | 1.50 | 0.75 | n/a | 2.00 | 2.00 | n/a / n/a | 55.00 / 54.00 |",
+        "| tiny | bs4_seq64 | TeraIO-Mixed | A_teraio_mixed_0 | ssd | 2 | 5.50 | 0.5 | 1.50 | 3.67 | n/a | 4.00 | n/a / n/a | 2.60 / 1.80 |"]
 
 
 def test_the_recovery_table_averages_the_engines_unplanned_work(tmp_path):

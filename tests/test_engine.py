@@ -890,6 +890,7 @@ def test_a_long_run_under_the_engine_stays_flat(tmp_path):
     assert len(ops) == 1000 * trace.n_ops and ops["step"].nunique() == 1000
     moved = pd.read_csv(tmp_path / "transfers.csv")
     assert moved["t_done_s"].notna().all() and set(moved["step"]) == set(range(2, 1002))
+    assert "copy_s" in moved and moved["copy_s"].isna().all()  # CPU copies: no stream to time them on
 
 
 def every_recompute_plan(trace, min_gap=3):
@@ -971,6 +972,9 @@ class LateRead:
 
     def done(self):
         return self._job.done() and self._job.result().done()
+
+    def copy_seconds(self):
+        return self._job.result().copy_seconds()
 
 
 def test_a_chain_input_still_being_read_back_is_waited_for_before_the_re_run(tmp_path):

@@ -576,6 +576,30 @@ def test_host_tier_copies_hold_no_device_storage():
         assert int(overwrite[0]) == 7
 
 
+@pytest.mark.gpu
+@gpu
+def test_host_tier_times_each_copy_on_its_stream_not_its_wait_for_the_compute_stream():
+    """A copy queued behind a long kernel is timed from where it starts on its stream: its
+    ``copy_seconds`` is a small share of the wait for it, and 1 GiB moves at PCIe's order of
+    speed (above 5 GB/s)."""
+    nbytes = 1 << 30
+    with HostTier(nbytes + 64, {"x": nbytes}, "cuda") as tier:
+        t = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device="cuda")
+        a = torch.randn(8192, 8192, device="cuda")
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(20):  # keeps the compute stream busy: the copy waits for these
+            a = a @ a / 8192
+        write = tier.write("x", t.untyped_storage())
+        write.wait()
+        waited = time.perf_counter() - t0
+        copy = write.copy_seconds()
+        assert copy is not None and 0 < copy < 0.5 * waited and nbytes / copy > 5e9
+    from teraio.core.tiers.base import Transfer
+    ssd = Transfer("y", "p", "what", 1)
+    assert ssd.copy_seconds() is None  # nothing timed: an SSD transfer, a CPU copy
+
+
 def test_slot_files_of_killed_runs_are_removed_by_the_next_run(tmp_path, capsys):
     import socket
     import subprocess

@@ -734,12 +734,13 @@ class MigrationEngine(TorchDispatchMode):
         transfer = (io.write if direction == "offload" else io.read)(t.name, t.storage)
         row = {"step": self.step_index, "tensor": t.name, "tier": tier, "direction": direction,
                "nbytes": t.nbytes, "op_issued": k, "op_done": None,
-               "t_issued_s": time.perf_counter() - self._step_t0, "t_done_s": None}
+               "t_issued_s": time.perf_counter() - self._step_t0, "t_done_s": None, "copy_s": None}
         t0 = self._step_t0
 
         def waiter():
             try:
                 transfer.wait()
+                row["copy_s"] = transfer.copy_seconds()
             finally:
                 row["t_done_s"] = time.perf_counter() - t0
 

@@ -1,6 +1,7 @@
 """The op log and transfer log of a TeraIO run (``oplog.csv``, ``transfers.csv`` in its job
 dir, or its stage's directory): per op of each measured step its start time and stall, one row
-per transfer.
+per transfer (``copy_s``: seconds its copy ran on its CUDA stream, host tier on CUDA only;
+empty elsewhere).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ class EngineLogs:
     run's memory stays flat."""
 
     TRANSFER_COLUMNS = ["step", "tensor", "tier", "direction", "nbytes", "op_issued", "op_done",
-                        "t_issued_s", "t_done_s"]
+                        "t_issued_s", "t_done_s", "copy_s"]
 
     def __init__(self, job_dir: Path, first_step: int):
         self.paths = [job_dir / "oplog.csv", job_dir / "transfers.csv"]

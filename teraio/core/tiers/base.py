@@ -52,10 +52,19 @@ class Transfer:
 
     def __init__(self, name: str, path: str, what: str, nbytes: int, *,
                  future: concurrent.futures.Future | None = None,
-                 event: torch.cuda.Event | None = None):
+                 event: torch.cuda.Event | None = None, started: torch.cuda.Event | None = None):
         self.name, self.path, self.nbytes = name, path, nbytes
         self._what = what
-        self._future, self._event = future, event
+        self._future, self._event, self._started = future, event, started
+
+    def copy_seconds(self) -> float | None:
+        """Seconds the copy ran on its stream, from a timing event recorded on that stream
+        where the copy begins (``started``) to ``event``, where it ends: the link's own time,
+        without the wait for the work queued before it. None without both events (an SSD
+        transfer, a CPU copy). Call it after :meth:`wait`."""
+        if self._started is None or self._event is None:
+            return None
+        return self._started.elapsed_time(self._event) / 1e3
 
     def done(self) -> bool:
         """True once the transfer finished (successfully or not); never blocks."""

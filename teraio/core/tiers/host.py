@@ -25,7 +25,8 @@ class HostTier(Tier):
     ``cudaHostRegister`` on exactly its own bytes (the caching pinned allocator would round
     up to a power of two and keep the block cached after close) and copies run
     ``non_blocking`` on two side streams (one per direction, so offloads and prefetches
-    overlap on the PCIe link), completion tracked by CUDA events. On a CPU device copies
+    overlap on the PCIe link), completion tracked by CUDA events, each copy timed on its
+    stream (``Transfer.copy_seconds``). On a CPU device copies
     are synchronous and the buffers pageable.
 
     With ``offsets`` (a plan made with ``host_arena``) the tier is one region instead: each
@@ -208,18 +209,19 @@ class HostTier(Tier):
         for other in (self._meets[name] if self._range is not None else (key,)):
             if other in self._last:
                 stream.wait_event(self._last[other])
+        started, event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.cuda.stream(stream):
+            started.record(stream)  # after the waits above: where the copy itself begins
             for host, lo, hi in pieces:
                 (host.copy_(view[lo:hi], non_blocking=True) if kind == "write"
                  else view[lo:hi].copy_(host, non_blocking=True))
-            event = torch.cuda.Event()
             event.record(stream)
         # The caching allocator keeps the memory until the copy ran, so the transfer need not
         # hold the storage: a tensor past its last use is freed when its owner lets it go,
         # not when a thread gets round to waiting on the copy.
         view.record_stream(stream)
         self._last[key] = event
-        return Transfer(name, "host pool", what, nbytes, event=event)
+        return Transfer(name, "host pool", what, nbytes, event=event, started=started)
 
     def _drain(self) -> None:
         """Finish the copies in flight (the buffers are then unpinned and freed)."""

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# What TeraIO costs beside Ideal on one GPU, in one device call: benchmarks/engine_tax.py at
+# fig7_h200's Llama3-8B cut seq_short (Ideal's step, the engine with a plan that moves nothing,
+# the profiled op times with and without the pager), then Ideal and TeraIO-Mixed there through
+# the sweep (TRIALS; the transfer log times each host copy on its stream), then
+# benchmarks/host_adam.py (AdamW's update rate in host memory: torch's three CPU
+# implementations and DeepSpeed's CPU Adam, whose op is built first).
+# Writes into OUT (default ./tax_out): engine_tax.json, its three traces in tax_traces.tar.gz,
+# rows.tar.gz (the sweep's job dirs whole: rows, traces, plans, logs), a summary line per row
+# (summary.txt), host_adam.json.
+# Run from the repository root on the GPU machine:
+#   source scripts/remote_env.sh && bash benchmarks/engine_tax_gpu.sh
+#   TRIALS (default 0)   BUDGET_S (default 540)   TIMEOUT_S (per point, default 200)
+#   WHICH: any of tax,rows,adam, comma-separated (default all three)
+set -uo pipefail
+OUT=${OUT:-tax_out}
+RUNS=${RUNS:-/tmp/tax_runs}
+TRIALS=${TRIALS:-0}
+BUDGET_S=${BUDGET_S:-540}
+TIMEOUT_S=${TIMEOUT_S:-200}
+WHICH=${WHICH:-tax,rows,adam}
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}  # as the sweep's workers
+# shellcheck source=scripts/device_call.sh
+source scripts/device_call.sh
+nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,temperature.gpu --format=csv
+case ,$WHICH, in *,tax,*)
+  mkdir -p /tmp/tax && timeout -k 10 "$(left)" python -m benchmarks.engine_tax --out /tmp/tax/engine_tax.json \
+    --rounds 3 2>&1 | tail -n 40
+  cp /tmp/tax/engine_tax.json "$OUT/" && tar czf "$OUT/tax_traces.tar.gz" -C /tmp/tax --exclude engine_tax.json .;;
+esac
+case ,$WHICH, in *,rows,*)
+  fig7_sweep side_by_side model=llama3_8b_4l fig7.point=seq_short system=ideal,teraio_mixed "trial=$TRIALS"
+  tar czf "$OUT/rows.tar.gz" -C "$RUNS" --exclude '*.lock' .
+  python - "$RUNS" <<'PY' | tee "$OUT/summary.txt"
+import json, pathlib, sys
+for f in sorted(pathlib.Path(sys.argv[1]).glob("*/*/result.json")):
+    r = json.loads(f.read_text())
+    p = r["point"]
+    print(f"{p['system']:13} t{p['trial']} {r['status']:7} tokens/s={r.get('tokens_per_s')} "
+          f"stall_s={r.get('stall_seconds')} gpu={r.get('gpu_name')}")
+PY
+  ;;
+esac
+case ,$WHICH, in *,adam,*)
+  python scripts/build_ds_ops.py cpu_adam 2>&1 | tail -n 2
+  timeout -k 10 "$(left)" python -m benchmarks.host_adam --out "$OUT/host_adam.json" 2>&1 | tail -n 8;;
+esac
