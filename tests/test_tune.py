@@ -182,3 +182,28 @@ def test_zero_candidates_are_the_divisors_of_the_batch_the_capacity_admits():
         zero.resolve_options("zero_infinity", c)
     assert systems.get("zero_offload").tuner == systems.get("zero_infinity").tuner == \
         "teraio.systems.zero:tuning_candidates"
+
+
+def test_the_users_baselines_are_tuned_over_the_divisors_of_the_points_micro_batch():
+    from teraio.systems import ideal_ac, torchao_offload
+    from teraio.workload.models import build_meta_model, ffn_hidden, micro_batch_bytes
+
+    def cfg(system, cap):
+        return run_config_from_dict({"model": {"name": "m", "dim": 64, "n_layers": 2, "n_heads": 4,
+                                               "vocab_size": 512, "multiple_of": 32},
+                                     "system": {"name": system}, "hardware": {"gpu_capacity_bytes": cap},
+                                     "workload": {"batch_size": 16, "micro_batch_size": 4, "seq_len": 64}})
+    c = cfg("torchao_offload", None)
+    two = micro_batch_bytes(c.model, ffn_hidden(build_meta_model(c.model, 64)), 2, 64, 2)
+    # torchao keeps activations on the device: only the micro-batches whose estimate fits
+    assert torchao_offload.tuning_candidates(c) == [{"micro_batch_size": m} for m in (4, 2, 1)]
+    assert torchao_offload.tuning_candidates(cfg("torchao_offload", two)) == [{"micro_batch_size": m} for m in (2, 1)]
+    assert torchao_offload.tuning_candidates(cfg("torchao_offload", 1)) == [{"micro_batch_size": 1}]
+    # checkpointed blocks: the two largest micro-batches whatever the cap, selective before full
+    assert ideal_ac.tuning_candidates(cfg("ideal_ac", 1)) == [
+        {"mode": "selective", "micro_batch_size": 4}, {"mode": "full", "micro_batch_size": 4},
+        {"mode": "selective", "micro_batch_size": 2}, {"mode": "full", "micro_batch_size": 2}]
+    for system, module in (("torchao_offload", torchao_offload), ("ideal_ac", ideal_ac)):
+        assert systems.get(system).tuner == f"teraio.systems.{system}:tuning_candidates"
+        for setting in module.tuning_candidates(cfg(system, two)):
+            module.resolve_options(system, setting)  # every candidate is a valid setting

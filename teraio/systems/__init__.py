@@ -104,13 +104,14 @@ _BUILT_IN = (
     # What users switch on today instead (beyond the paper's comparison): torchtitan's
     # activation checkpointing, FSDP2's CPU offload, torchao's CPU-offloaded optimizer.
     SystemSpec("ideal_ac", "Ideal+AC", "teraio.systems.ideal_ac", "teraio.systems.ideal_ac:check_options",
-               cost_server="server_base", legend_rank=5, paper=False),
+               cost_server="server_base", legend_rank=5, paper=False,
+               tuner="teraio.systems.ideal_ac:tuning_candidates"),
     SystemSpec("fsdp_offload", "FSDP2-Offload", "teraio.systems.fsdp_offload",
                "teraio.systems.fsdp_offload:check_options", cost_server="server_1tb", legend_rank=6,
                paper=False),
     SystemSpec("torchao_offload", "torchao-Offload", "teraio.systems.torchao_offload",
                "teraio.systems.torchao_offload:check_options", cost_server="server_1tb", legend_rank=7,
-               cuda_only=True, paper=False),
+               cuda_only=True, paper=False, tuner="teraio.systems.torchao_offload:tuning_candidates"),
 )
 
 

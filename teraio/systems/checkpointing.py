@@ -28,9 +28,27 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from teraio.config import RunConfig
 from teraio.core.profiler import profile_step
 
 AC_MODES = ("none", "full", "selective")
+
+
+def micro_batch_divisors(cfg: RunConfig, keep_activations: bool) -> list[int]:
+    """The micro-batches a user's baseline is tuned over at ``cfg``'s point, largest first: the
+    divisors of the workload's micro-batch (so the step's tokens stay the point's); where
+    ``keep_activations`` (nothing checkpointed: a micro-batch's activations, attention
+    probabilities and logits stay on the device, ``teraio.workload.models.micro_batch_bytes``)
+    only those whose estimate fits ``hardware.gpu_capacity_bytes`` (all without a cap), 1 where
+    none does (its failure is then measured and recorded)."""
+    from teraio.workload.models import build_meta_model, ffn_hidden, micro_batch_bytes
+
+    w, cap = cfg.workload, cfg.hardware.gpu_capacity_bytes
+    divisors = [d for d in range(w.micro_batch_size, 0, -1) if w.micro_batch_size % d == 0]
+    if not keep_activations or cap is None:
+        return divisors
+    ffn = ffn_hidden(build_meta_model(cfg.model, w.seq_len))
+    return [d for d in divisors if micro_batch_bytes(cfg.model, ffn, d, w.seq_len, cfg.model.n_layers) <= cap] or [1]
 
 
 def check_ac(system: str, key: str, mode, selective_ac_option, modes: tuple[str, ...] = AC_MODES) -> None:

@@ -25,7 +25,8 @@ import torch
 from teraio.config import RunConfig
 from teraio.result import Measurements, kept_on_failure
 from teraio.systems.checkpointing import (apply_checkpointing, check_ac, check_bools, check_keys, check_micro_batch,
-                                          final_params_digest, micro_batch, saved_activation_peak_bytes)
+                                          final_params_digest, micro_batch, micro_batch_divisors,
+                                          saved_activation_peak_bytes)
 from teraio.systems.ideal import NO_MIGRATION
 from teraio.systems.loop import Step, Steps, measure_steps
 from teraio.systems.measure import apply_memory_cap, lift_memory_cap, peak_memory, reset_peak_memory
@@ -48,6 +49,21 @@ def resolve_options(system: str, options: dict) -> dict:
 def check_options(system: str, options: dict) -> None:
     """``system.options`` of ideal_ac (``teraio.systems``): :func:`resolve_options`."""
     resolve_options(system, options)
+
+
+TUNED_MICRO_BATCHES = 2
+"""How many of the largest micro-batches :func:`tuning_candidates` tries, in each mode."""
+
+
+def tuning_candidates(cfg: RunConfig) -> list[dict]:
+    """The settings the sweep measures before an ideal_ac point's trials (``teraio.harness.tune``;
+    the registry's ``SystemSpec.tuner``): the :data:`TUNED_MICRO_BATCHES` largest divisors of the
+    workload's micro-batch (checkpointed blocks keep little for backward, so no estimate rules
+    one out), largest first, each with torchtitan's selective (per-op) checkpointing, which
+    recomputes less, then full."""
+    return [{"mode": mode, "micro_batch_size": mb}
+            for mb in micro_batch_divisors(cfg, keep_activations=False)[:TUNED_MICRO_BATCHES]
+            for mode in ("selective", "full")]
 
 
 def profiled_step(workload) -> int | None:

@@ -37,7 +37,7 @@ import torch
 from teraio.config import RunConfig
 from teraio.result import Measurements, kept_on_failure
 from teraio.systems.checkpointing import (AC_MODES, apply_checkpointing, check_ac, check_bools, check_keys,
-                                          check_micro_batch, final_params_digest, micro_batch)
+                                          check_micro_batch, final_params_digest, micro_batch, micro_batch_divisors)
 from teraio.systems.host_memory import HOST_BYTES_PER_PARAMETER, check_host_room, offloaded_parameters
 from teraio.systems.loop import Step, Steps, measure_steps
 from teraio.systems.measure import apply_memory_cap, lift_memory_cap, peak_memory, reset_peak_memory
@@ -65,6 +65,14 @@ def resolve_options(system: str, options: dict) -> dict:
 def check_options(system: str, options: dict) -> None:
     """``system.options`` of torchao_offload (``teraio.systems``): :func:`resolve_options`."""
     resolve_options(system, options)
+
+
+def tuning_candidates(cfg: RunConfig) -> list[dict]:
+    """The settings the sweep measures before a torchao_offload point's trials
+    (``teraio.harness.tune``; the registry's ``SystemSpec.tuner``), as ZeRO's are: each
+    micro-batch of :func:`teraio.systems.checkpointing.micro_batch_divisors` whose activations
+    are estimated to fit (they stay on the device), largest first."""
+    return [{"micro_batch_size": mb} for mb in micro_batch_divisors(cfg, keep_activations=True)]
 
 
 def make_offload_optimizer(model: torch.nn.Module, lr: float, opts: dict) -> torch.optim.Optimizer:
