@@ -83,7 +83,11 @@ and the runner-specific keys (:attr:`Measurements.extras`):
                       absent otherwise): ``{file, chosen, candidates}``: the tuning record
                       (path relative to the sweep dir), the setting it ran with (its
                       ``system.options`` keys; null where no candidate ran) and every
-                      candidate tried, ``{setting, status, tokens_per_s, message}``
+                      candidate tried, ``{setting, status, tokens_per_s, message}``; a TeraIO
+                      run whose point decides ``"auto"`` choices once (``teraio.harness.tune.decided``):
+                      ``{file, decides: [choices]}`` for the trial that made them, else
+                      ``{file, chosen, workload, decided_by}``: the options and workload keys it
+                      ran with and the job dir of the trial that made them
 ``zero_micro_batch_size``  ZeRO: the micro-batch it trained with (``system.options.micro_batch_size``,
                       else the point's)
 ``capacity_enforced``  ZeRO on a CPU device: false, nothing held the run to ``capacity_bytes``

@@ -77,7 +77,7 @@ from teraio.harness.drive_lock import OWNER_LOCK, hold_drives, hold_point
 from teraio.interrupt import Interrupted, raise_on_signals
 from teraio.files import SCRATCH, remove_orphans
 from teraio.harness.launch import console, launch_worker
-from teraio.harness.tune import tune_settings, tuned_run, write_job_tuning
+from teraio.harness.tune import decided, tune_settings, tuned_run, write_job_tuning
 from teraio.result import lock_path, read_status, result_row, write_result
 from teraio.harness.run import iso_time
 
@@ -184,9 +184,10 @@ def changed_ok_row(job_dir: Path, run: RunConfig) -> list[str]:
     if read_status(path) != "ok":
         return []
     done, now = json.loads(path.read_text()), run.to_dict()
-    chosen = (done.get("tuning") or {}).get("chosen")
-    if chosen:  # the row ran with its tuned setting (teraio.harness.tune)
-        now["system"]["options"] = {**now["system"]["options"], **chosen}
+    tuning = done.get("tuning") or {}
+    if tuning.get("chosen"):  # the row ran with its tuned or decided setting (teraio.harness.tune)
+        now["system"]["options"] = {**now["system"]["options"], **tuning["chosen"]}
+        now["workload"].update(tuning.get("workload") or {})
     return changed_keys(done.get("config") or {}, now)
 
 
@@ -224,6 +225,11 @@ def remove_leftovers(run: RunConfig) -> None:
     for d in drive_dirs(run):
         for prefix, suffix in SCRATCH:
             remove_orphans(d, prefix, suffix)
+
+
+def say(line: str) -> None:
+    """Print one line of the harness's own (markup in it shown as text)."""
+    console.print(escape(line))
 
 
 def run_point_job(cfg: DictConfig, job_dir: Path, label: str = "") -> str:
@@ -280,16 +286,19 @@ def _run_owned_point(cfg: DictConfig, job_dir: Path) -> str:
         drives = drive_dirs(run) if cfg.sweep.exclusive_drives else []
         with hold_drives(drives, on_wait=lambda lock: console.print(
                 f"  waiting for the drive of {', '.join(drives)}: another run holds {lock}")):
-            # Its candidates run before the trial, on the drives the trial uses (teraio.harness.tune).
-            run, tuning = tuned_run(run, job_dir.parent, settings, say=lambda line: console.print(escape(line)))
-            write_job_tuning(job_dir, tuning)
-            resolved.write_text(yaml.safe_dump(run.to_dict(), sort_keys=False))
-            started = time.time()  # a timeout row's time starts with its worker
-            remove_leftovers(run)
-            try:
-                rc, tail = launch_worker(run, job_dir, resolved)
-            finally:
+            # The point's choices made once, by its first trial; its candidates run before the
+            # trial, on the drives the trial uses (teraio.harness.tune).
+            with decided(run, job_dir.parent, job_dir, say=say) as (run, decision):
+                run, tuning = tuned_run(run, job_dir.parent, settings, say=say)
+                tuning = tuning or decision
+                write_job_tuning(job_dir, tuning)
+                resolved.write_text(yaml.safe_dump(run.to_dict(), sort_keys=False))
+                started = time.time()  # a timeout row's time starts with its worker
                 remove_leftovers(run)
+                try:
+                    rc, tail = launch_worker(run, job_dir, resolved)
+                finally:
+                    remove_leftovers(run)
     except ValueError as e:  # a check that only the machine running the job can make
         write_result(result_path, failure_row(run, "error", f"invalid config: {e}", started))
         rc, tail = 0, []

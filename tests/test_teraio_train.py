@@ -7,6 +7,7 @@ import gc
 import json
 import weakref
 
+import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -47,6 +48,19 @@ def reference(device=CPU, workload=None, **model):
 @pytest.fixture(scope="module")
 def ref():
     return reference()
+
+
+@pytest.fixture
+def scripted_op_times(monkeypatch):
+    """Every op of a profiled trace takes 1 ms, whatever the machine's load: a choice made by
+    simulating the trace (recompute, host packing, micro-batch) is then the same on every run."""
+    real = teraio.systems.teraio_trainer.profile_step
+
+    def profile_step(*args, **kwargs):
+        out, trace = real(*args, **kwargs)
+        trace.op_seconds = np.full(trace.n_ops, 1e-3)
+        return out, trace
+    monkeypatch.setattr(teraio.systems.teraio_trainer, "profile_step", profile_step)
 
 
 def run_teraio(cfg, job_dir, device=CPU):
@@ -236,7 +250,8 @@ def test_each_engines_audit_is_kept_in_the_row_though_its_step_is_a_warm_up(tmp_
     ("teraio_ssd", {"ssd_write_gbps": 1e-4, "ssd_read_gbps": 1e-4}),
     ("teraio_mixed", {"ssd_write_gbps": 1e-4, "ssd_read_gbps": 1e-4, "host_d2h_gbps": 1e-4, "host_h2d_gbps": 1e-4}),
 ], ids=["ssd", "mixed"])
-def test_recompute_auto_recomputes_where_moving_cannot_hide_and_stays_bit_identical(tmp_path, ref, system, hw):
+def test_recompute_auto_recomputes_where_moving_cannot_hide_and_stays_bit_identical(tmp_path, ref, system, hw,
+                                                                                  scripted_op_times):
     result = check_bit_identical(tmp_path, ref, system, hw, fraction=0.4, options={"recompute": "auto"})
     plan = result["plan"]
     assert plan["recomputes"] > 0 and plan["recomputed_bytes"] > 0, plan.get("recompute_auto")

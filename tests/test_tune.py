@@ -7,6 +7,7 @@ micro-batch is known, so that no candidate trains.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -207,3 +208,96 @@ def test_the_users_baselines_are_tuned_over_the_divisors_of_the_points_micro_bat
         assert systems.get(system).tuner == f"teraio.systems.{system}:tuning_candidates"
         for setting in module.tuning_candidates(cfg(system, two)):
             module.resolve_options(system, setting)  # every candidate is a valid setting
+
+
+# A TeraIO worker whose plan is scripted: with recompute "auto", trial 0 keeps the plan that
+# recomputes and any other trial the one that does not (the flip a noisy profile can make);
+# with "on" or "off" the plan follows the option.
+TERAIO_WORKER = '''
+import json, sys
+from pathlib import Path
+from teraio.config import load_run_config
+from teraio.result import Measurements, result_row, write_result
+from teraio.harness.tune import row_tuning
+resolved = Path(sys.argv[1])
+cfg = load_run_config(resolved)
+with open(resolved.parent / "calls", "a") as f:
+    f.write(json.dumps(cfg.system.options) + "\\n")
+mode = cfg.system.options["recompute"]
+on = mode == "on" or (mode == "auto" and cfg.trial == 0)
+plan = {"recomputes": 3 if on else 0, "host_arena": cfg.trial == 0 if cfg.system.options["host_arena"] == "auto"
+        else cfg.system.options["host_arena"]}
+row = result_row(cfg.point(), cfg.to_dict(), Measurements(extras={"plan": plan}, iterations=[
+    {"step": 3, "seconds": 1.0, "tokens": 256, "tokens_per_s": 256.0, "loss": 1.0}]), status="ok")
+write_result(resolved.parent / "result.json", {**row, **row_tuning(resolved.parent)})
+'''
+
+
+def test_a_teraio_point_is_decided_by_its_first_trial_and_every_other_trial_runs_that_choice(tmp_path):
+    worker = tmp_path / "worker.py"
+    worker.write_text(TERAIO_WORKER)
+    runs = tmp_path / "runs"
+
+    def sweep_teraio(trials: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "TERAIO_WORKER_CMD": f"{sys.executable} {worker}",
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        cmd = [sys.executable, "-m", "teraio.sweep", "+experiment=smoke", "system=teraio_mixed", f"trial={trials}",
+               f"sweep.runs_dir={runs}", "sweep.analyze=false"]
+        return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+
+    def job(trial: int) -> Path:
+        return runs / "smoke" / f"llama3_tiny-teraio_mixed-cpu_ci-bs4-mb2-seq64-t{trial}"
+
+    p = sweep_teraio("0")
+    assert p.returncode == 0, p.stdout + p.stderr
+    (record_file,) = (runs / "smoke" / "tuning").glob("*.json")
+    record = json.loads(record_file.read_text())
+    assert (record["chosen"], record["workload"], record["decided_by"]) == (
+        {"recompute": "on", "host_arena": True}, {}, job(0).name)
+    r0 = json.loads((job(0) / "result.json").read_text())
+    assert r0["tuning"] == {"file": f"tuning/{record_file.name}", "decides": ["recompute", "host_arena"]}
+
+    p = sweep_teraio("1,2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    for t in (1, 2):
+        r = json.loads((job(t) / "result.json").read_text())
+        assert r["plan"] == {"recomputes": 3, "host_arena": True}  # the first trial's choice, not its own
+        assert r["config"]["system"]["options"]["recompute"] == "on"
+        assert r["tuning"] == {"file": f"tuning/{record_file.name}", "chosen": record["chosen"], "workload": {},
+                               "decided_by": job(0).name}
+    # A resumed sweep reads every row as made with the point's config and runs nothing again.
+    p = sweep_teraio("0,1,2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("skip (ok)") == 3 and "made with a different" not in p.stdout
+    assert [len((job(t) / "calls").read_text().splitlines()) for t in (0, 1, 2)] == [1, 1, 1]
+
+
+def test_a_decision_comes_from_an_ok_row_only_and_is_made_again_for_another_config(tmp_path):
+    def run(trial=0, **options):
+        return run_config_from_dict({"model": {"name": "m"}, "system": {"name": "teraio_ssd", "options": options},
+                                     "workload": {"batch_size": 4, "micro_batch_size": "auto", "warmup_steps": 4},
+                                     "trial": trial})
+    said = []
+    # nothing to decide: every choice given
+    given = run(recompute="off", host_arena=False)
+    given = dataclasses.replace(given, workload=dataclasses.replace(given.workload, micro_batch_size=2))
+    with tune.decided(given, tmp_path, tmp_path / "j", say=said.append) as (r, tuning):
+        assert r is given and tuning is None
+    # a deciding trial that fails leaves no record: the next trial decides
+    for trial, status in ((0, "error"), (1, "ok")):
+        job = tmp_path / f"t{trial}"
+        job.mkdir()
+        with tune.decided(run(trial), tmp_path, job, say=said.append) as (r, tuning):
+            assert tuning["decides"] == ["recompute", "host_arena", "workload.micro_batch_size"]
+            (job / "result.json").write_text(json.dumps({"status": status, "plan": {"recomputes": 0, "host_arena": False},
+                                                         "micro_batch": {"chosen": 2}}))
+        assert (tmp_path / "tuning").exists() and len(list((tmp_path / "tuning").glob("*.json"))) == (status == "ok")
+    with tune.decided(run(2), tmp_path, tmp_path / "t2", say=said.append) as (r, tuning):
+        assert (r.system.options["recompute"], r.system.options["host_arena"], r.workload.micro_batch_size) == \
+            ("off", False, 2)
+        assert tuning["decided_by"] == "t1"
+    # another config (the seed): the record is kept aside and the point decided again
+    other = dataclasses.replace(run(2), seed=7)
+    with tune.decided(other, tmp_path, tmp_path / "t2", say=said.append) as (r, tuning):
+        assert "decides" in tuning
+    assert any("kept as" in s for s in said)

@@ -11,6 +11,10 @@ sweep runs a point (``teraio.harness.launch``), with ``sweep.tune.warmup_steps``
 that fails (oom, error, timeout, or refused by the system's options check) is a recorded
 failure. The fastest candidate that ran (tokens/s) is chosen.
 
+A system that makes choices from its own profile instead (TeraIO's ``"auto"`` options) is
+decided once per point by its first trial (:func:`decided`), its record beside the tuning
+records.
+
 The record is ``<sweep dir>/tuning/<key>.json`` (:func:`tuning_file`), one per model x
 workload x hardware x system (the point less its trial), made once and read by every
 trial and every later sweep of the point::
@@ -201,19 +205,7 @@ def tuned_run(run: RunConfig, sweep_dir: Path, settings: TuneSettings, launch: L
     path = tuning_file(sweep_dir, run)
     key = tuning_key(run, settings)
     with _locked(path):
-        record = None
-        if path.exists():
-            try:
-                record = json.loads(path.read_text())
-            except ValueError:
-                record = {}
-            if record.get("key") != key:
-                n = 1
-                while (kept := path.with_name(f"{path.stem}.{n}.json")).exists():
-                    n += 1
-                path.rename(kept)
-                say(f"  tuning record {path.name} was made for another config: kept as {kept.name}")
-                record = None
+        record = _kept_record(path, key, say)
         if record is None:
             if launch is None:
                 from teraio.harness.launch import launch_worker as launch
@@ -240,6 +232,86 @@ def tuned_run(run: RunConfig, sweep_dir: Path, settings: TuneSettings, launch: L
     tuning = {"file": str(path.relative_to(sweep_dir)), "chosen": record["chosen"],
               "candidates": record["candidates"]}
     return (with_setting(run, record["chosen"]) if record["chosen"] else run), tuning
+
+
+def decision_key(run: RunConfig) -> dict:
+    """What a decision record is made for: the point's config but its trial and time limit."""
+    d = run.to_dict()
+    return {k: d[k] for k in ("model", "workload", "hardware", "system", "seed")}
+
+
+def _kept_record(path: Path, key: dict, say: Callable[[str], None]) -> dict | None:
+    """The record in ``path`` where it was made for ``key``; one made for another key (or
+    unreadable) is kept as ``<name>.<n>.json`` and None returned, as is None where there is none."""
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except ValueError:
+        record = {}
+    if record.get("key") == key:
+        return record
+    n = 1
+    while (kept := path.with_name(f"{path.stem}.{n}.json")).exists():
+        n += 1
+    path.rename(kept)
+    say(f"  record {path.name} was made for another config: kept as {kept.name}")
+    return None
+
+
+@contextlib.contextmanager
+def decided(run: RunConfig, sweep_dir: Path, job_dir: Path,
+            say: Callable[[str], None] = print) -> Iterator[tuple[RunConfig, dict | None]]:
+    """One choice per point for a system that makes choices from its own profile (the
+    registry's ``SystemSpec.decider``; TeraIO's ``recompute``, ``host_arena`` and
+    ``workload.micro_batch_size`` when ``"auto"``): the choices a trial makes from its noisy
+    profile may differ from its neighbour's, so the point's first trial makes them and every
+    other trial of the point, and every later sweep of it, runs with that trial's choices.
+
+    Yields ``(run, tuning)`` for the trial in ``job_dir``, run within the block:
+
+    * where the point's record (``<sweep dir>/tuning/<point>.json``, :func:`tuning_file`,
+      ``{"key", "chosen", "workload", "decided_by"}``) exists, ``run`` with its settings and the
+      row's ``tuning``, ``{file, chosen, workload, decided_by}`` (the deciding trial's job dir);
+    * else ``run`` unchanged (its choices made by itself) and ``{file, decides: [choices]}``;
+      the point's lock is held through the block, so that a trial of another sweep waits for
+      the record, and where the block ends with an ok row in ``job_dir`` the record is written
+      from it (the decider's ``decision(row)``). A failed trial leaves none: the next decides.
+
+    ``(run, None)`` for a system with nothing to decide. A record made for another config is
+    kept as ``<point>.<n>.json`` and the point decided again.
+    """
+    ref = systems.get(run.system.name).decider
+    if ref is None:
+        yield run, None
+        return
+    import importlib
+    decider = importlib.import_module(ref)
+    choices = decider.undecided(run)
+    if not choices:
+        yield run, None
+        return
+    path, key = tuning_file(sweep_dir, run), decision_key(run)
+    name = str(path.relative_to(sweep_dir))
+    with _locked(path):
+        record = _kept_record(path, key, say)
+        if record is None:
+            say(f"  {run.system.name}: this trial decides the point's {', '.join(choices)} ({name})")
+            yield run, {"file": name, "decides": choices}
+            row_path = Path(job_dir) / "result.json"
+            row = json.loads(row_path.read_text()) if row_path.exists() else {}
+            if row.get("status") == "ok":
+                options, workload = decider.decision(row)
+                record = {"key": key, "chosen": options, "workload": workload, "decided_by": Path(job_dir).name}
+                tmp = path.with_name(f".{path.name}.tmp")
+                tmp.write_text(json.dumps(record, indent=1))
+                os.replace(tmp, path)
+                say(f"  decided {run.system.name}: {options} {workload or ''} ({name})")
+            return
+    say(f"  decided {run.system.name}: {record['chosen']} {record['workload'] or ''} "
+        f"(from {name}, by {record['decided_by']})")
+    yield (with_setting(run, record["chosen"], **record["workload"]),
+           {"file": name, **{k: record[k] for k in ("chosen", "workload", "decided_by")}})
 
 
 def write_job_tuning(job_dir: Path, tuning: dict | None) -> None:

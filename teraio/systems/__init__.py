@@ -65,6 +65,12 @@ class SystemSpec:
             returning its candidate settings (a non-empty list of dicts of ``system.options``
             keys), which the sweep measures before the point's trials, keeping the fastest
             (``teraio.harness.tune``); None: the system is not tuned.
+        decider: module (dotted path) of a system that makes choices from its own profile
+            (``"auto"`` options): it defines ``undecided(run) -> list[str]``, the choices a
+            run of the point would make, and ``decision(row) -> (options, workload)``, the
+            settings that make a finished row's choices again. The point's first trial makes
+            them, the rest of its trials and later sweeps run with them
+            (``teraio.harness.tune.decided``); None: nothing to decide.
         cuda_only: it runs on a CUDA device only (the sweep refuses a point on another
             device before anything runs: ``teraio.harness.checks.validate``).
         paper: one of the paper's systems (§4.1); False for those beyond its comparison.
@@ -83,6 +89,7 @@ class SystemSpec:
     legend_rank: int = 100
     pipeline: bool = False
     tuner: str | None = None
+    decider: str | None = None
     cuda_only: bool = False
     paper: bool = True
 
@@ -95,10 +102,11 @@ _BUILT_IN = (
                uses_drives=True, cost_server="server_1tb", legend_rank=0,
                tuner="teraio.systems.zero:tuning_candidates"),
     SystemSpec("teraio_ssd", "TeraIO-SSD", "teraio.systems.teraio", "teraio.systems.teraio_options:check_options",
-               uses_drives=True, cost_server="server_base", role="teraio", legend_rank=2, pipeline=True),
+               uses_drives=True, cost_server="server_base", role="teraio", legend_rank=2, pipeline=True,
+               decider="teraio.systems.teraio_options"),
     SystemSpec("teraio_mixed", "TeraIO-Mixed", "teraio.systems.teraio", "teraio.systems.teraio_options:check_options",
                uses_drives=True, host_tier=True, cost_server="server_1tb", role="teraio", legend_rank=3,
-               pipeline=True),
+               pipeline=True, decider="teraio.systems.teraio_options"),
     SystemSpec("ideal", "Ideal", "teraio.systems.ideal", "teraio.systems.ideal:check_options", role="ideal",
                legend_rank=4, pipeline=True),
     # What users switch on today instead (beyond the paper's comparison): torchtitan's

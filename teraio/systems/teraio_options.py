@@ -70,9 +70,12 @@ class TeraIOOptions:
     recompute: str | bool = "auto"
     """Whether the plan may drop a tensor and make it again from resident inputs instead of
     moving it (the planner's third option beside the tiers, ``teraio.core.recompute``; run by
-    the engine, ``teraio.core.rerun``): ``"off"`` (YAML's bare ``off``, false, too), or
-    ``"auto"``: planned without and with the option and the plan with it kept where it
-    simulates more than 2 % faster (``teraio.perf.choose``). The default is ``"auto"``, chosen
+    the engine, ``teraio.core.rerun``): ``"off"`` (YAML's bare ``off``, false, too), ``"on"``
+    (YAML's bare ``on``, true), or ``"auto"``: planned without and with the option and the
+    plan with it kept where it simulates more than 2 % faster (``teraio.perf.choose``). In a
+    sweep, ``"auto"`` (and ``host_arena``'s, and ``workload.micro_batch_size=auto``) is decided
+    once per point, by its first trial, and its other trials run with that choice
+    (:func:`decision`, ``teraio.harness.tune.decided``). The default is ``"auto"``, chosen
     by simulation of the committed H200 traces: it shortens the Granite-8B cut's iterations
     and keeps the plan without recompute at the Llama3-8B cut's points
     (``benchmarks/results/schedule_h200_traces.json``); and by measurement beside ``"off"``
@@ -80,10 +83,10 @@ class TeraIOOptions:
 
     def __post_init__(self) -> None:
         bad = []
-        if self.recompute is False:
-            self.recompute = "off"
-        if self.recompute not in ("off", "auto"):
-            bad.append(f"recompute={self.recompute!r}; valid: off or auto")
+        if isinstance(self.recompute, bool):
+            self.recompute = "on" if self.recompute else "off"
+        if self.recompute not in ("off", "on", "auto"):
+            bad.append(f"recompute={self.recompute!r}; valid: off, on or auto")
         if self.benefit not in BENEFITS:
             bad.append(f"benefit={self.benefit!r}; valid: {BENEFITS}")
         if not (isinstance(self.min_tensor_bytes, int) and self.min_tensor_bytes >= 0):
@@ -111,10 +114,36 @@ class TeraIOOptions:
         arguments (the run adds what the machine sets: capacity, bandwidths, tier room)."""
         return {"benefit": self.benefit, "min_tensor_bytes": self.min_tensor_bytes,
                 "allow_stalls": self.allow_stalls, "host_arena": self.host_arena,
-                "recompute": "auto" if self.recompute == "auto" else False}
+                "recompute": "auto" if self.recompute == "auto" else self.recompute == "on"}
 
 
 def check_options(system: str, options: dict) -> None:
     """``system.options`` of a TeraIO system (``teraio.systems``). Raises ValueError naming
     an unknown key or a bad value."""
     dataclass_from_dict(TeraIOOptions, options, f"system.options ({system})")
+
+
+def undecided(run) -> list[str]:
+    """The choices a TeraIO run of ``run``'s point makes from its own profile: ``recompute`` and
+    ``host_arena`` where ``"auto"``, ``workload.micro_batch_size`` where ``"auto"`` (the
+    registry's ``decider``, ``teraio.systems``)."""
+    opts = dataclass_from_dict(TeraIOOptions, run.system.options, f"system.options ({run.system.name})")
+    return ([k for k in ("recompute", "host_arena") if getattr(opts, k) == "auto"]
+            + (["workload.micro_batch_size"] if run.workload.micro_batch_size == "auto" else []))
+
+
+def decision(row: dict) -> tuple[dict, dict]:
+    """The settings that make an ok TeraIO row's choices again, as ``(system.options,
+    workload)`` keys: ``recompute`` ``"on"`` where its plan recomputes, else ``"off"`` (a plan
+    made with the option that recomputes nothing is the plan without it); ``host_arena``, the
+    packing its plan kept; the micro-batch it chose where it searched
+    (``teraio.systems.microbatch``; its row's ``micro_batch``).
+
+    Raises:
+        ValueError: the row is not ok or has no plan.
+    """
+    plan = row.get("plan")
+    if row.get("status") != "ok" or not plan:
+        raise ValueError(f"a decision needs an ok row with its plan; this one is {row.get('status')!r}")
+    workload = {"micro_batch_size": row["micro_batch"]["chosen"]} if row.get("micro_batch") else {}
+    return {"recompute": "on" if plan["recomputes"] else "off", "host_arena": bool(plan["host_arena"])}, workload
