@@ -25,8 +25,10 @@ one's op by op, by op name (where paging makes an op look slower).
 
 ``--point`` (Hydra overrides; default ``+experiment=fig7_h200 model=llama3_8b_4l
 fig7.point=seq_short``) and ``OVERRIDE`` after it pick another point. ``--capacity-gib`` defaults to the point's own
-capped capacity (what the experiment gives TeraIO there). Each step's GPU clock, power and
-temperature (``nvidia-smi``, sampled after the step) are kept with its seconds.
+capped capacity (what the experiment gives TeraIO there). With ``--clocks`` the GPU's SM clock,
+power and temperature are sampled every 100 ms through the whole run (``nvidia-smi``), and
+each step and profile gets their means over its span: an FP32 matmul at the power limit slows
+with the clock.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ import contextlib
 import json
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -45,17 +48,40 @@ POINT = "+experiment=fig7_h200 model=llama3_8b_4l fig7.point=seq_short"
 MODES = ("ideal", "ideal_stream", "engine")
 
 
-def gpu_state() -> dict | None:
-    """The GPU's SM clock (MHz), power (W) and temperature (C) now, from ``nvidia-smi``; None
-    where it cannot be asked."""
+CLOCK_QUERY = "timestamp,clocks.sm,power.draw,temperature.gpu"
+"""What :func:`start_clock_log` samples (``nvidia-smi --query-gpu``), in this order."""
+
+
+def start_clock_log(path: Path, every_ms: int = 100) -> subprocess.Popen | None:
+    """Sample the GPU's SM clock (MHz), power (W) and temperature (C) every ``every_ms`` into
+    ``path`` (CSV, no header: :data:`CLOCK_QUERY`) until the returned process is ended; None
+    where ``nvidia-smi`` cannot be started."""
     try:
-        line = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,temperature.gpu",
-                               "--format=csv,noheader,nounits"], capture_output=True, text=True,
-                              timeout=10, check=True).stdout.splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
+        return subprocess.Popen(["nvidia-smi", f"--query-gpu={CLOCK_QUERY}", "--format=csv,noheader,nounits",
+                                 f"-lms={every_ms}"], stdout=open(path, "w"), stderr=subprocess.DEVNULL)
+    except OSError:
         return None
-    sm, power, temp = (x.strip() for x in line.split(","))
-    return {"sm_mhz": float(sm), "power_w": float(power), "temp_c": float(temp)}
+
+
+def clocks_during(path: Path, t0: float, t1: float) -> dict | None:
+    """Mean SM clock, power and temperature of the samples in ``path`` (:func:`start_clock_log`)
+    taken between epoch seconds ``t0`` and ``t1``; None without such samples."""
+    import datetime
+
+    rows = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        parts = [x.strip() for x in line.split(",")]
+        try:
+            t = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            rows.append((t, *(float(x) for x in parts[1:4])))
+        except (ValueError, IndexError):
+            continue
+    inside = [r for r in rows if t0 <= r[0] <= t1]
+    if not inside:
+        return None
+    n = len(inside)
+    return {"samples": n, "sm_mhz": sum(r[1] for r in inside) / n, "power_w": sum(r[2] for r in inside) / n,
+            "temp_c": sum(r[3] for r in inside) / n}
 
 
 def op_seconds_by_name(trace) -> dict[str, float]:
@@ -90,6 +116,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the three modes, one step each")
     ap.add_argument("--capacity-gib", type=float, help="the paged profile's capacity (default: the point's)")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a quick check of the tool itself")
+    ap.add_argument("--clocks", type=Path, help="sample the GPU's clock and power into this CSV (nvidia-smi) and "
+                    "give each step and profile their means")
     ap.add_argument("--point", default=POINT, help="the point's Hydra overrides, space-separated (default: %(default)s)")
     ap.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra overrides after the point's")
     return ap
@@ -126,6 +154,7 @@ def main() -> None:
         x, y = make_batch(step, w, m.vocab_size, cfg.seed, dev)
         return lambda: train_step(model, opt, x, y, w.micro_batch_size)
 
+    clock_log = start_clock_log(args.clocks) if args.clocks else None
     out = {"command": command("benchmarks.engine_tax", sys.argv[1:]), "point": cfg.point(),
            "gpu_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None, "steps": {k: [] for k in MODES}}
     work(0)()  # the optimizer state
@@ -140,15 +169,19 @@ def main() -> None:
             fn = work(step)
             with compute_stream(dev) if mode != "ideal" else contextlib.nullcontext():
                 with timed(dev) as t:
+                    t0 = time.time()
                     loss = engine.run_step(fn, step) if mode == "engine" else fn()
-            out["steps"][mode].append({"step": step, "seconds": t["seconds"], "loss": loss, "gpu": gpu_state()})
+            out["steps"][mode].append({"step": step, "seconds": t["seconds"], "loss": loss,
+                                       "epoch_s": [t0, time.time()]})
             print(mode, step, round(t["seconds"], 4), flush=True)
             step += 1
     engine.close()
     del engine
-    profiles = {}
+    profiles, spans = {}, {}
     for name in ("unpaged", "unpaged_again"):
+        t0 = time.time()
         _, profiles[name] = profile_step(work(step), model, opt, dev, meta=dict(cfg.point()))
+        spans[name] = [t0, time.time()]
         step += 1
     torch.cuda.empty_cache()
     limit = int(capacity * (1 - opts.headroom(dev)))
@@ -156,7 +189,9 @@ def main() -> None:
     pager = Pager(limit, dev, list(persistent_tensors(model, opt).values()), min_evict_bytes=opts.min_tensor_bytes)
     try:
         with timed(dev) as t:
+            t0 = time.time()
             _, profiles["paged"] = profile_step(work(step), model, opt, dev, meta=dict(cfg.point()), pager=pager)
+        spans["paged"] = [t0, time.time()]
         out["paged_profile"] = {"seconds": t["seconds"], "capacity_bytes": capacity, "limit_bytes": limit,
                                 "pager": vars(pager.stats)}
     finally:
@@ -167,7 +202,16 @@ def main() -> None:
     out["engine_over_ideal"] = out["min_seconds"]["engine"] / ideal
     out["stream_over_ideal"] = out["min_seconds"]["ideal_stream"] / ideal
     out["profiles"] = {k: {"n_ops": p.n_ops, "op_seconds_sum": float(p.op_seconds.sum()),
-                           "over_ideal_step": float(p.op_seconds.sum()) / ideal} for k, p in profiles.items()}
+                           "over_ideal_step": float(p.op_seconds.sum()) / ideal, "epoch_s": spans[k]}
+                       for k, p in profiles.items()}
+    if clock_log is not None:
+        clock_log.terminate()
+        clock_log.wait()
+        for steps in out["steps"].values():
+            for s in steps:
+                s["gpu"] = clocks_during(args.clocks, *s["epoch_s"])
+        for k, p in out["profiles"].items():
+            p["gpu"] = clocks_during(args.clocks, *p["epoch_s"])
     out["paged_vs_unpaged"] = compare_profiles(profiles["unpaged"], profiles["paged"])
     out["unpaged_vs_unpaged"] = compare_profiles(profiles["unpaged"], profiles["unpaged_again"])
     args.out.parent.mkdir(parents=True, exist_ok=True)

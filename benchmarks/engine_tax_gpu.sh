@@ -6,7 +6,8 @@
 # benchmarks/host_adam.py (AdamW's update rate in host memory: torch's three CPU
 # implementations and DeepSpeed's CPU Adam, whose op is built first).
 # Writes into OUT (default ./tax_out): engine_tax.json, its three traces in tax_traces.tar.gz,
-# rows.tar.gz (the sweep's job dirs whole: rows, traces, plans, logs), a summary line per row
+# rows.tar.gz (the sweep's job dirs whole: rows, traces, plans, logs, and the GPU's clock and
+# power sampled through them, clocks.csv), a summary line per row
 # (summary.txt), host_adam.json.
 # Run from the repository root on the GPU machine:
 #   source scripts/remote_env.sh && bash benchmarks/engine_tax_gpu.sh
@@ -25,11 +26,15 @@ source scripts/device_call.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,temperature.gpu --format=csv
 case ,$WHICH, in *,tax,*)
   mkdir -p /tmp/tax && timeout -k 10 "$(left)" python -m benchmarks.engine_tax --out /tmp/tax/engine_tax.json \
-    --rounds 3 2>&1 | tail -n 40
+    --rounds 3 --clocks /tmp/tax/clocks.csv 2>&1 | tail -n 40
   cp /tmp/tax/engine_tax.json "$OUT/" && tar czf "$OUT/tax_traces.tar.gz" -C /tmp/tax --exclude engine_tax.json .;;
 esac
 case ,$WHICH, in *,rows,*)
+  # the GPU's clock and power through the rows (nvidia-smi every 100 ms; epoch times in the rows)
+  nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms=100 \
+    > "$RUNS/clocks.csv" 2>/dev/null & sampler=$!
   fig7_sweep side_by_side model=llama3_8b_4l fig7.point=seq_short system=ideal,teraio_mixed "trial=$TRIALS"
+  kill "$sampler"
   tar czf "$OUT/rows.tar.gz" -C "$RUNS" --exclude '*.lock' .
   python - "$RUNS" <<'PY' | tee "$OUT/summary.txt"
 import json, pathlib, sys
