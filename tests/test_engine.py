@@ -891,6 +891,7 @@ def test_a_long_run_under_the_engine_stays_flat(tmp_path):
     moved = pd.read_csv(tmp_path / "transfers.csv")
     assert moved["t_done_s"].notna().all() and set(moved["step"]) == set(range(2, 1002))
     assert "copy_s" in moved and moved["copy_s"].isna().all()  # CPU copies: no stream to time them on
+    assert moved["gpu_start_s"].isna().all() and ops["gpu_start_s"].isna().all()  # nor a GPU timeline
 
 
 def every_recompute_plan(trace, min_gap=3):

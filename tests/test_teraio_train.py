@@ -317,6 +317,16 @@ def test_capped_run_is_bit_identical_on_gpu(tmp_path, system, hw, options):
     check_bit_identical(tmp_path, ref, system, hw, fraction=GPU_FRACTION, device=gpu, model=GPU_MODEL,
                         options={**GPU_OPTIONS, **options}, between_runs=settle_gpu)
     settle_gpu()
+    # the GPU's own timeline in the logs: every op's start on the compute stream, in op order
+    # within a step; every host-tier copy's start and seconds on its stream
+    import pandas as pd
+    ops = pd.read_csv(tmp_path / "job" / "oplog.csv")
+    assert ops["gpu_start_s"].notna().all()
+    assert all((g["gpu_start_s"].diff().dropna() >= 0).all() for _, g in ops.groupby("step"))
+    moved = pd.read_csv(tmp_path / "job" / "transfers.csv")
+    host = moved[moved["tier"] == "host"]
+    assert host["copy_s"].gt(0).all() and host["gpu_start_s"].notna().all()
+    assert moved.loc[moved["tier"] == "ssd", "copy_s"].isna().all()
 
 
 def settle_gpu():

@@ -172,7 +172,11 @@ class MigrationEngine(TorchDispatchMode):
         device: the training device.
         io_threads: threads that wait on in-flight transfers to timestamp them (the tiers
             have their own I/O threads); at least the transfers expected in flight at once.
-        log_ops: keep a per-op log (op start time and stall seconds) for the analysis.
+        log_ops: keep a per-op log (op start time and stall seconds) for the analysis; on
+            CUDA also each op's start on the compute stream (a timing event recorded after
+            its waits, read once the step is over) and each host-tier copy's start on its
+            stream, both in seconds from an event recorded as the step starts: the GPU's
+            own timeline beside the host's.
         device_waits: order host-tier transfers on the CUDA compute stream instead of
             blocking the training thread (module docstring). Op start times in the log are
             then the host's issue times, and stall seconds the compute stream's waits.
@@ -202,6 +206,9 @@ class MigrationEngine(TorchDispatchMode):
         self.op_names = trace.op_names
         self.required_bytes = trace.required_bytes()
         self.log_ops = log_ops
+        self._gpu_log = log_ops and device.type == "cuda"
+        self._origin: torch.cuda.Event | None = None  # this step's start on the compute stream (CUDA log)
+        self._op_events: list | None = None  # each op's start on the compute stream (CUDA log)
         self.device_waits = device_waits
         self._in_step = False
         # (op, start, end) CUDA timing events around each compute-stream wait of this step
@@ -373,6 +380,10 @@ class MigrationEngine(TorchDispatchMode):
         self._k = 0
         self._failed = False
         self._op_stall[:] = 0.0
+        if self._gpu_log:
+            self._origin = torch.cuda.Event(enable_timing=True)
+            self._origin.record()
+            self._op_events = [None] * self.n_ops
         self._step_t0 = time.perf_counter()
         first_transfer = len(self.transfers)
         self._allocated = [] if not self.history else None
@@ -399,7 +410,8 @@ class MigrationEngine(TorchDispatchMode):
         self.stats.migration_seconds = union_seconds(
             [(r["t_issued_s"], r["t_done_s"]) for r in self.transfers[first_transfer:] if r["step"] == step])
         if self.log_ops:
-            self.oplog.append({"step": step, "t_start_s": self._op_t.copy(), "stall_s": self._op_stall.copy()})
+            self.oplog.append({"step": step, "t_start_s": self._op_t.copy(), "stall_s": self._op_stall.copy(),
+                               "gpu": (self._origin, self._op_events) if self._gpu_log else None})
         self.history.append(self.stats)
         if len(self.history) > HISTORY_STEPS:
             del self.history[1]  # the first (audited) step stays, then the latest ones
@@ -411,6 +423,12 @@ class MigrationEngine(TorchDispatchMode):
         still in flight (``transfers``), and forget them: a runner that writes them out as
         it goes (``teraio.systems.teraio``) keeps a long run's memory flat. Between steps."""
         oplog, self.oplog = self.oplog, []
+        for row in oplog:  # the GPU's op starts, read now that the step is over
+            gpu = row.pop("gpu", None)
+            if gpu is not None:
+                origin, events = gpu
+                events[-1].synchronize()  # events of one stream complete in order
+                row["gpu_start_s"] = np.array([origin.elapsed_time(e) / 1e3 for e in events])
         n = next((i for i, r in enumerate(self.transfers) if r["t_done_s"] is None), len(self.transfers))
         done, self.transfers = self.transfers[:n], self.transfers[n:]
         return oplog, done
@@ -498,6 +516,9 @@ class MigrationEngine(TorchDispatchMode):
             self._check_op(k, func)
             self._op_t[k] = time.perf_counter() - self._step_t0
             self._before(k, args, kwargs)
+            if self._op_events is not None:
+                e = self._op_events[k] = torch.cuda.Event(enable_timing=True)
+                e.record()
             out = self._run_op(k, func, args, kwargs)
             self._after(k, func, args, kwargs, out)
         except torch.OutOfMemoryError as e:
@@ -734,13 +755,14 @@ class MigrationEngine(TorchDispatchMode):
         transfer = (io.write if direction == "offload" else io.read)(t.name, t.storage)
         row = {"step": self.step_index, "tensor": t.name, "tier": tier, "direction": direction,
                "nbytes": t.nbytes, "op_issued": k, "op_done": None,
-               "t_issued_s": time.perf_counter() - self._step_t0, "t_done_s": None, "copy_s": None}
-        t0 = self._step_t0
+               "t_issued_s": time.perf_counter() - self._step_t0, "t_done_s": None, "copy_s": None,
+               "gpu_start_s": None}
+        t0, origin = self._step_t0, self._origin if self._in_step else None
 
         def waiter():
             try:
                 transfer.wait()
-                row["copy_s"] = transfer.copy_seconds()
+                row["copy_s"], row["gpu_start_s"] = transfer.copy_seconds(), transfer.copy_start_after(origin)
             finally:
                 row["t_done_s"] = time.perf_counter() - t0
 

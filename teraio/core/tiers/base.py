@@ -66,6 +66,14 @@ class Transfer:
             return None
         return self._started.elapsed_time(self._event) / 1e3
 
+    def copy_start_after(self, origin: torch.cuda.Event | None) -> float | None:
+        """Seconds from ``origin`` (a timing event recorded earlier on the same device, e.g.
+        at the start of a step) to where the copy began on its stream; None without
+        ``origin`` or a timed copy. Call it after :meth:`wait`."""
+        if self._started is None or origin is None:
+            return None
+        return origin.elapsed_time(self._started) / 1e3
+
     def done(self) -> bool:
         """True once the transfer finished (successfully or not); never blocks."""
         if self._future is not None:
