@@ -70,15 +70,12 @@ import yaml
 
 from teraio import systems
 from teraio.core.engine import RECOVERY_KEYS
+from teraio.harness.rows import read_row
 from teraio.harness.tune import TUNING_DIR
 from teraio.perf.jobdir import side_file
-from teraio.result import FORMAT, STATUSES
 
 RESULT_NAME = "result.json"
 NOT_RUN_NAME = "not_run.yaml"
-# Keys every row of FORMAT has (teraio.result.result_row) and this loader reads: a row
-# lacking one is skipped, never counted.
-REQUIRED_KEYS = ("status", "point", "config", "iterations", "tokens_per_s")
 POINT_KEYS = ("model", "system", "hardware", "batch_size", "micro_batch_size", "seq_len", "trial")
 INT_KEYS = ("batch_size", "micro_batch_size", "seq_len", "trial", "host_mem_cap_bytes", "n_ssd",
             "pipeline_stages", "n_gpus", "ran_micro_batch_size")
@@ -276,33 +273,6 @@ def _ran_micro_batch(result: dict):
     return None
 
 
-def check_row(result) -> None:
-    """Refuse a row this loader cannot read faithfully.
-
-    Raises:
-        ValueError: not a JSON object; ``format`` other than ``teraio.result/1``; a key of
-            :data:`REQUIRED_KEYS` missing; ``status`` not one of ``teraio.result.STATUSES``;
-            ``point`` lacking a key of :data:`POINT_KEYS`; ``iterations`` not a list, or
-            empty in an ``ok`` row (each message names the key).
-    """
-    if not isinstance(result, dict):
-        raise ValueError(f"not a result row (a JSON {type(result).__name__}, not an object)")
-    if result.get("format") != FORMAT:
-        raise ValueError(f"format {result.get('format')!r} is not {FORMAT!r}, the one this analysis reads")
-    missing = [k for k in REQUIRED_KEYS if k not in result]
-    if missing:
-        raise ValueError(f"required key {', '.join(map(repr, missing))} missing")
-    if result["status"] not in STATUSES:
-        raise ValueError(f"status {result['status']!r} not in {STATUSES}")
-    point = result["point"]
-    lacking = [k for k in POINT_KEYS if not isinstance(point, dict) or k not in point]
-    if lacking:
-        raise ValueError(f"required key point.{lacking[0]} missing (a point has {', '.join(POINT_KEYS)})")
-    if not isinstance(result["iterations"], list) or (result["status"] == "ok" and not result["iterations"]):
-        raise ValueError("required key 'iterations' empty in an ok row" if isinstance(result["iterations"], list)
-                         else f"iterations is a {type(result['iterations']).__name__}, not a list")
-
-
 def _typed(rows: list[dict], columns: list[str]) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=columns)
     for c in columns:
@@ -338,8 +308,8 @@ def load_sweep(sweep_dir: str | Path, exclude: str | Path | None = None) -> Swee
     """Read every ``result.json`` under ``sweep_dir`` (recursively) into a :class:`Sweep`.
 
     Files that are unreadable, of another format than ``teraio.result/1`` (an unknown
-    version, newer or older) or missing a required key (:func:`check_row`) are skipped with
-    one warning each, naming the file and the format or key, and listed in
+    version, newer or older) or missing a required key (``teraio.harness.rows.read_row``) are
+    skipped with one warning each, naming the file and the format or key, and listed in
     ``Sweep.skipped``: such a row is never counted. Files under ``exclude`` are ignored.
 
     Raises:
@@ -356,8 +326,7 @@ def load_sweep(sweep_dir: str | Path, exclude: str | Path | None = None) -> Swee
         if (excl is not None and excl in path.parents) or tuning in path.parents:
             continue
         try:
-            result = json.loads(path.read_text())
-            check_row(result)
+            result = read_row(path)
             run, its = _rows(result, root, path.parent.relative_to(root))
         except (OSError, ValueError, AttributeError, TypeError) as e:
             skipped.append((str(path), str(e)))

@@ -9,9 +9,9 @@ Then, per point (:func:`run_point_job`), in ``<runs_dir>/<name>/<point>/`` — a
 named after the point keys, so a rerun finds it:
 
 * ``result.json`` already ``ok``: skipped (resume), never overwritten — if it was made
-  with the same config (:func:`changed_keys`: every key but where the drives are and
-  ``timeout_s``); one made with another config stops the sweep before anything runs
-  (a result is never shown under a config it was not made with), unless
+  with the same config (``teraio.harness.rows.changed_keys``: every key but where the
+  drives are and ``timeout_s``); one made with another config stops the sweep before
+  anything runs (a result is never shown under a config it was not made with), unless
   ``sweep.rerun_changed=true``: then it is kept as ``result.<n>.json`` and the point runs again;
 * an earlier failed ``result.json`` (oom, error, timeout) is kept as ``result.<n>.json``,
   the side files of that attempt (trace, plan, logs of the run, ``resolved.yaml``) move to
@@ -79,6 +79,7 @@ from teraio.files import SCRATCH, remove_orphans
 from teraio.harness.launch import console, launch_worker
 from teraio.harness.tune import tune_settings, tuned_run, write_job_tuning
 from teraio.result import lock_path, read_status, result_row, write_result
+from teraio.harness.rows import changed_keys
 from teraio.harness.run import iso_time
 
 
@@ -152,29 +153,6 @@ def keep_attempt(job_dir: Path, kept_result: Path) -> None:
             continue
         dest.mkdir(exist_ok=True)
         entry.rename(dest / name)
-
-
-# Keys of the run config that do not change what a run measures: where its drives are
-# (so a runs dir copied elsewhere keeps its rows) and how long it may take.
-NOT_IDENTITY = ("hardware.ssd_dirs", "system.options.nvme_path", "timeout_s")
-
-
-# The config's sections (RunConfig's dataclasses): a field only one side has is a field
-# added or dropped since the row was made, not compared; below them a value (a map such as
-# hardware.prices) is compared whole.
-SECTIONS = ("", "model.", "workload.", "system.", "hardware.", "system.options.")
-
-
-def changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
-    """Dotted keys of the run config whose values differ between ``old`` (the config a row
-    was made with) and ``new``, but for :data:`NOT_IDENTITY`; a field of a section
-    (:data:`SECTIONS`) that only one side has (a row made before the field existed) is
-    not compared."""
-    if prefix in SECTIONS and isinstance(old, dict) and isinstance(new, dict):
-        return [k for key in sorted(set(old) & set(new), key=str)
-                for k in changed_keys(old[key], new[key], f"{prefix}{key}.")]
-    key = prefix.rstrip(".")
-    return [] if old == new or key in NOT_IDENTITY else [key]
 
 
 def changed_ok_row(job_dir: Path, run: RunConfig) -> list[str]:
@@ -337,7 +315,7 @@ class SweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Compose every point as the launcher will, build and validate its RunConfig,
         and refuse two points that share a job dir, and a point whose job dir holds an ok
-        row made with another config (:func:`changed_keys`) unless ``sweep.rerun_changed``.
+        row made with another config (``teraio.harness.rows.changed_keys``) unless ``sweep.rerun_changed``.
 
         Raises:
             SystemExit: for the first bad point, with its overrides and the reason.
