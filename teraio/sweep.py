@@ -13,9 +13,11 @@ named after the point keys, so a rerun finds it:
   drives are and ``timeout_s``); one made with another config stops the sweep before
   anything runs (a result is never shown under a config it was not made with), unless
   ``sweep.rerun_changed=true``: then it is kept as ``result.<n>.json`` and the point runs again;
-* an earlier failed ``result.json`` (oom, error, timeout) is kept as ``result.<n>.json``,
-  the side files of that attempt (trace, plan, logs of the run, ``resolved.yaml``) move to
-  ``attempt.<n>/`` (:func:`keep_attempt`), and the point runs again;
+* an earlier failed ``result.json`` (oom, error, timeout), or one the analysis would skip
+  (``teraio.harness.rows.row_status``: not JSON, another format, a key missing; never
+  counted ``ok``), is kept as ``result.<n>.json``, the side files of that attempt (trace,
+  plan, logs of the run, ``resolved.yaml``) move to ``attempt.<n>/`` (:func:`keep_attempt`),
+  and the point runs again;
 * ``resolved.yaml`` is written and ``python -m teraio.harness.run resolved.yaml`` runs as a
   subprocess (``torchrun`` for ``hardware.n_gpus`` > 1), its output streamed to the
   terminal and appended to ``worker.log``; past ``timeout_s`` its process group is killed
@@ -79,7 +81,7 @@ from teraio.files import SCRATCH, remove_orphans
 from teraio.harness.launch import console, launch_worker
 from teraio.harness.tune import tune_settings, tuned_run, write_job_tuning
 from teraio.result import lock_path, read_status, result_row, write_result
-from teraio.harness.rows import changed_keys
+from teraio.harness.rows import UNREADABLE, changed_keys, row_status
 from teraio.harness.run import iso_time
 
 
@@ -159,7 +161,7 @@ def changed_ok_row(job_dir: Path, run: RunConfig) -> list[str]:
     """The keys that :func:`changed_keys` finds between the ok row in ``job_dir`` and
     ``run``; empty where there is no ok row or it was made with the same config."""
     path = job_dir / "result.json"
-    if read_status(path) != "ok":
+    if row_status(path)[0] != "ok":
         return []
     done, now = json.loads(path.read_text()), run.to_dict()
     chosen = (done.get("tuning") or {}).get("chosen")
@@ -232,7 +234,8 @@ def _run_owned_point(cfg: DictConfig, job_dir: Path) -> str:
     if changed and not cfg.sweep.rerun_changed:
         console.print(f"[red]✗ changed:[/red] {escape(changed_message(job_dir, changed))}")
         return "changed"
-    if read_status(result_path) == "ok" and not changed:
+    status, unreadable = row_status(result_path)
+    if status == "ok" and not changed:
         console.print("  skip (ok)")
         return "skip"
     try:
@@ -250,6 +253,9 @@ def _run_owned_point(cfg: DictConfig, job_dir: Path) -> str:
         kept = history_path(result_path)
         result_path.rename(kept)
         keep_attempt(job_dir, kept)
+        if status == UNREADABLE:
+            console.print(f"  result.json is no row the analysis reads ({escape(unreadable)}): kept as "
+                          f"{kept.name}, running the point again")
     try:
         validate(run, check_device=cfg.sweep.check_device, make_ssd_dirs=cfg.sweep.make_ssd_dirs,
                  runs_dir=cfg.sweep.runs_dir)
@@ -344,7 +350,7 @@ class SweepCallback(Callback):
             if changed and not point.sweep.rerun_changed:
                 raise SystemExit(f"teraio.sweep: point [{where}]: {changed_message(job_dir, changed)}. "
                                  "Nothing was run.")
-            counts["changed" if changed else read_status(job_dir / "result.json") or "new"] += 1
+            counts["changed" if changed else row_status(job_dir / "result.json")[0] or "new"] += 1
         self.job_dirs = list(seen)
         console.print(f"[bold]{len(seen)} points[/bold] in {config.hydra.sweep.dir}: "
                       + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
@@ -357,7 +363,7 @@ class SweepCallback(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         # What this sweep's own jobs ended with; a launcher that runs jobs elsewhere
         # (Slurm) reports none here, and then the rows on disk stand in.
-        statuses = self.outcomes or collections.Counter(read_status(d / "result.json") or "missing"
+        statuses = self.outcomes or collections.Counter(row_status(d / "result.json")[0] or "missing"
                                                         for d in self.job_dirs)
         console.print("[bold]sweep done:[/bold] " + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())))
         if statuses["changed"]:

@@ -449,3 +449,24 @@ def test_the_sweep_ends_with_the_analysis_index_and_the_table_not_every_path(tmp
     assert f"files in {runs / 'smoke' / 'analysis'}; see " in out and "index.md" in out
     assert "tables/throughput.tex" not in out and "| System" in p.stdout  # the table, not the list
     assert (runs / "smoke" / ".analysis.lock").exists()  # concurrent sweeps' analyses take turns
+
+
+@pytest.mark.parametrize("broken", [
+    lambda r: r.pop("tokens_per_s"),         # a key the analysis needs
+    lambda r: r.update(iterations=[]),      # an ok row that measured nothing
+    lambda r: r.update(format="teraio.result/0"),
+])
+def test_an_ok_row_the_analysis_would_skip_is_run_again_and_kept(tmp_path, fake_worker, broken):
+    runs = tmp_path / "runs"
+    assert run_sweep(runs, {}, fake_worker, "trial=0").returncode == 0
+    r = row(runs, 0)
+    broken(r)
+    (job_dir(runs, 0) / "result.json").write_text(json.dumps(r))
+    skipped = (job_dir(runs, 0) / "result.json").read_bytes()
+    p = run_sweep(runs, {}, fake_worker, "trial=0")
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = " ".join(p.stdout.split())
+    assert "1 unreadable" in out and "skip (ok)" not in out
+    assert "kept as result.1.json, running the point again" in out
+    assert calls(runs, 0) == 2 and row(runs, 0)["status"] == "ok" and "tokens_per_s" in row(runs, 0)
+    assert (job_dir(runs, 0) / "result.1.json").read_bytes() == skipped

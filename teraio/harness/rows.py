@@ -1,6 +1,9 @@
 """What the sweep and the analysis both take from a ``result.json``: whether it is a row the
-analysis reads (:func:`check_row`, :func:`read_row`), and which keys of the run config tell
+analysis reads (:func:`check_row`, :func:`row_status`), and which keys of the run config tell
 two rows' runs apart (:func:`changed_keys`).
+
+The sweep counts a point as done only where its row is one the analysis reads, so a row the
+analysis would skip is run again (the sweep keeps it as ``result.<n>.json``), never counted.
 """
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ from teraio.result import FORMAT, POINT_KEYS, STATUSES
 # Keys every row of FORMAT has (teraio.result.result_row) and the analysis reads: a row
 # lacking one is skipped, never counted.
 REQUIRED_KEYS = ("status", "point", "config", "iterations", "tokens_per_s")
+UNREADABLE = "unreadable"
+""":func:`row_status` of a file that is not a row the analysis reads."""
 
 
 def check_row(result) -> None:
@@ -52,6 +57,19 @@ def read_row(path: str | Path) -> dict:
     result = json.loads(Path(path).read_text())
     check_row(result)
     return result
+
+
+def row_status(path: str | Path) -> tuple[str | None, str]:
+    """``(status, why)`` of the row in ``path`` as the analysis counts it: ``(None, "")``
+    where there is no file, ``(UNREADABLE, why)`` where it is not a row the analysis reads
+    (:func:`read_row`), else the row's ``status`` and ``""``."""
+    path = Path(path)
+    if not path.exists():
+        return None, ""
+    try:
+        return read_row(path)["status"], ""
+    except (OSError, ValueError) as e:
+        return UNREADABLE, str(e)
 
 
 # Keys of the run config that do not change what a run measures: where its drives are
