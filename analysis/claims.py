@@ -12,12 +12,12 @@ it used, and a verdict by the rule written beside the claim in :data:`CLAIMS`:
 - ``not measured``: no row (or input) the claim needs, with why.
 
 Fig. 7 claims read the sweeps whose name begins ``fig7``, Fig. 9 claims those beginning
-``fig9``; the sweeps are pooled (a point in two sweeps would pool its trials, so that is
-refused). An Ideal that is ``modeled`` (trace sums, ``teraio.systems.ideal``) is never
-averaged with measured ones: claims on % of Ideal use measured Ideal points, and say what a
-modeled one would add. ``ideal_bias`` tables modeled ÷ measured Ideal wherever a point has a
-measured Ideal and a TeraIO trace to model it from (the modeled Ideal's method: the trace's
-summed op times).
+``fig9``; the sweeps are pooled (a point and trial in two sweeps, or trials of a point made
+with different configs, ``analysis.trials``, would be pooled as one, so that is refused). An
+Ideal that is ``modeled`` (trace sums, ``teraio.systems.ideal``) is never averaged with
+measured ones: claims on % of Ideal use measured Ideal points, and say what a modeled one would
+add. ``ideal_bias`` tables modeled ÷ measured Ideal wherever a point has a measured Ideal and a
+TeraIO trace to model it from (the modeled Ideal's method: the trace's summed op times).
 
 Writes ``claims.md``/``.tex`` (the claims table), ``claims_detail.md``/``.tex`` (each
 claim's rule, its figure point by point, the rows used), ``ideal_bias.md``/``.tex`` and
@@ -47,6 +47,7 @@ from .fairness import fairness_frame, fairness_table
 from .load import Sweep, describe, load_sweep
 from .render import fmt, to_latex, to_markdown
 from .runtime import HOUR, runtime_frame, runtime_table
+from .trials import check_one_config
 
 SUPPORTED, PARTLY, NOT_SUPPORTED, NOT_MEASURED = "supported", "partly", "not supported", "not measured"
 NEAR_IDEAL = 90.0  # % of Ideal the rules take as "near Ideal" (the paper gives no bar)
@@ -94,6 +95,7 @@ class Evidence:
             if len(dup):
                 raise ValueError(f"the same point and trial is in two sweeps ({', '.join(sorted(set(dup['sweep'])))}): "
                                  f"{dup['job_dir'].iloc[0]}; give each point's rows once")
+            check_one_config(runs, {k: c for s in sweeps for k, c in s.configs.items()})
         self.runs = runs
         self.characterize, self.roofline, self.plan_compile = characterize, roofline, plan_compile
         self._figures: dict[str, pd.DataFrame] = {}

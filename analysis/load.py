@@ -74,6 +74,8 @@ from teraio.harness.rows import read_row
 from teraio.harness.tune import TUNING_DIR
 from teraio.perf.jobdir import side_file
 
+from .trials import check_one_config, ran_with
+
 RESULT_NAME = "result.json"
 NOT_RUN_NAME = "not_run.yaml"
 POINT_KEYS = ("model", "system", "hardware", "batch_size", "micro_batch_size", "seq_len", "trial")
@@ -91,7 +93,8 @@ ID_COLUMNS = ("sweep", "job_dir", *POINT_KEYS, "config", "host_mem_cap_bytes", "
 @dataclasses.dataclass
 class Sweep:
     """A loaded sweep. ``skipped``: (path, reason) for each ``result.json`` not loaded;
-    ``not_run``: :func:`load_not_run`."""
+    ``not_run``: :func:`load_not_run`; ``configs``: ``(sweep, job_dir)`` of each loaded row ->
+    the config its run ran with (``analysis.trials.ran_with``)."""
 
     name: str
     root: Path
@@ -99,6 +102,7 @@ class Sweep:
     iterations: pd.DataFrame
     skipped: list[tuple[str, str]]
     not_run: dict[str, str] = dataclasses.field(default_factory=dict)
+    configs: dict[tuple[str, str], dict] = dataclasses.field(default_factory=dict)
 
 
 def load_not_run(root: Path) -> dict[str, str]:
@@ -314,13 +318,14 @@ def load_sweep(sweep_dir: str | Path, exclude: str | Path | None = None) -> Swee
 
     Raises:
         FileNotFoundError: ``sweep_dir`` is not a directory.
-        ValueError: no loadable ``result.json`` under it, or a bad ``not_run.yaml``.
+        ValueError: no loadable ``result.json`` under it, a bad ``not_run.yaml``, or trials of
+            one point made with different configs (``analysis.trials.check_one_config``).
     """
     root = Path(sweep_dir).resolve()
     if not root.is_dir():
         raise FileNotFoundError(f"sweep dir {root} is not a directory")
     excl = Path(exclude).resolve() if exclude else None
-    runs, iters, skipped = [], [], []
+    runs, iters, skipped, configs = [], [], [], {}
     tuning = root / TUNING_DIR  # the tuning candidates' rows: in the tuning files, not runs
     for path in sorted(root.rglob(RESULT_NAME)):
         if (excl is not None and excl in path.parents) or tuning in path.parents:
@@ -334,12 +339,14 @@ def load_sweep(sweep_dir: str | Path, exclude: str | Path | None = None) -> Swee
             continue
         runs.append(run)
         iters.extend(its)
+        configs[(run["sweep"], run["job_dir"])] = ran_with(result)
     if not runs:
         raise ValueError(f"no loadable {RESULT_NAME} under {root} "
                          f"({len(skipped)} skipped); is this a sweep dir?")
-    return Sweep(name=root.name, root=root, runs=_typed(runs, RUN_COLUMNS),
-                 iterations=_typed(iters, ITERATION_COLUMNS), skipped=skipped,
-                 not_run=load_not_run(root))
+    frame = _typed(runs, RUN_COLUMNS)
+    check_one_config(frame, configs)
+    return Sweep(name=root.name, root=root, runs=frame, iterations=_typed(iters, ITERATION_COLUMNS),
+                 skipped=skipped, not_run=load_not_run(root), configs=configs)
 
 
 def describe(sweep: Sweep) -> str:

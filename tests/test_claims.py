@@ -17,7 +17,7 @@ from analysis import claims as cl
 from analysis import load_sweep
 from analysis.fairness import fairness_frame, fairness_table
 from analysis.tables import throughput_table
-from test_analysis import write_run
+from test_analysis import set_config, write_run
 
 REPO = Path(__file__).resolve().parents[1]
 REF = REPO / "runs" / "reference" / "h200"
@@ -268,3 +268,11 @@ def test_c18_reads_the_schedule_search_teraio_runs_by_default(tmp_path):
     path.write_text(json.dumps({"entries": entries}))
     f = cl.c18(cl.Evidence([], plan_compile=path))
     assert f.verdict == cl.SUPPORTED and "recompute=auto" not in f.ours
+
+
+def test_trials_of_different_configs_in_two_sweeps_are_refused(tmp_path):
+    for t, (name, lr) in enumerate((("fig7_a", 1e-4), ("fig7_b", 1e-3))):
+        job = write_run(tmp_path / name, "mixed", system="teraio_mixed", trial=t, tps=1.0, **WL)
+        set_config(job, "workload.lr", lr)
+    with pytest.raises(ValueError, match=r"workload\.lr: 0\.0001 in fig7_a/mixed, 0\.001 in fig7_b/mixed"):
+        cl.Evidence([load_sweep(tmp_path / n) for n in ("fig7_a", "fig7_b")])
