@@ -34,13 +34,14 @@ INSTRUMENTED = {"ideal", "teraio_ssd", "teraio_mixed"}
 
 def write_run(root, name, *, system, batch, seq, micro, trial, tps=None, status="ok",
               host_cap=8 * GIB, n_ssd=2, m=1.5, artifacts=None, hardware="cpu_test",
-              measure="measured", iteration_extra=None):
+              measure="measured", iteration_extra=None, device="cuda"):
     """One hand-made result.json: two measured iterations at ``tps`` tokens/s; TeraIO and
     Ideal report stalls (10 % of the time) and migration (50 %), ZeRO reports neither;
-    ``iteration_extra`` is added to each iteration."""
+    ``iteration_extra`` is added to each iteration; ``device``: the config's, a GPU's unless
+    told."""
     point = {"model": "tiny", "system": system, "hardware": hardware, "batch_size": batch,
              "micro_batch_size": micro, "seq_len": seq, "trial": trial}
-    config = {"hardware": {"name": hardware, "host_mem_cap_bytes": host_cap,
+    config = {"hardware": {"name": hardware, "device": device, "host_mem_cap_bytes": host_cap,
                            "ssd_dirs": [f"/ssd{i}" for i in range(n_ssd)], "prices": PRICES,
                            "n_gpus": 1}}
     r = result_row(point, config)

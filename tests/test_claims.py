@@ -270,6 +270,43 @@ def test_c18_reads_the_schedule_search_teraio_runs_by_default(tmp_path):
     assert f.verdict == cl.SUPPORTED and "recompute=auto" not in f.ours
 
 
+def cpu_rows(root: Path, mixed: float = 5537.0) -> Path:
+    """A sweep of CPU rows, as the smoke sweep makes: Ideal, TeraIO-Mixed at 553.7 % of it and
+    a ZeRO-Offload whose capacity nothing enforced."""
+    write_run(root, "ideal", system="ideal", trial=0, tps=1000.0, device="cpu", **WL)
+    write_run(root, "mixed", system="teraio_mixed", trial=0, tps=mixed, device="cpu", **WL)
+    edit(write_run(root, "zero", system="zero_offload", trial=0, tps=700.0, device="cpu", **WL),
+         capacity_enforced=False)
+    return root
+
+
+def test_claims_of_a_folder_without_a_fig7_sweep_are_not_measured(tmp_path, capsys):
+    smoke = cpu_rows(tmp_path / "smoke")
+    cl.main([str(smoke), "--out", str(tmp_path / "out")])  # once a KeyError in C16
+    found = {c.id: f for c, f in cl.findings(cl.Evidence([load_sweep(smoke)]))}
+    assert found["C2"].verdict == found["C16"].verdict == cl.NOT_MEASURED
+    assert found["C16"].ours == "no fig7* sweep given" and found["C14"].ours == "no fig9* sweep given"
+
+
+def test_a_gpu_claim_is_not_measured_from_rows_with_no_gpu(tmp_path):
+    ev = cl.Evidence([load_sweep(cpu_rows(tmp_path / "fig7_cpu"))])
+    found = {c.id: f for c, f in cl.findings(ev)}
+    assert found["C2"].verdict == cl.NOT_MEASURED  # once supported, at 553.7 % of Ideal
+    assert found["C2"].ours == "no row of the fig7* sweeps to read: 3 rows with no GPU"
+    for claim in cl.CLAIMS:
+        if claim.reads == "fig7":
+            assert found[claim.id].verdict == cl.NOT_MEASURED, claim.id
+    cl.write_claims(ev, tmp_path / "out")
+    text = " ".join((tmp_path / "out" / "claims.md").read_text().split())
+    assert "Read by no claim: 3 rows with no GPU" in text and "fig7_cpu/mixed" in text
+
+
+def test_a_share_of_ideal_above_100_percent_is_flagged_and_never_supported(tmp_path):
+    f = finding(fig7(tmp_path, 1500.0, 700.0), "C2")
+    assert f.verdict == cl.PARTLY and "mean 150.0 %" in f.ours
+    assert "flagged: 150.0 % of Ideal at 1 point, above Ideal" in f.ours
+
+
 def test_trials_of_different_configs_in_two_sweeps_are_refused(tmp_path):
     for t, (name, lr) in enumerate((("fig7_a", 1e-4), ("fig7_b", 1e-3))):
         job = write_run(tmp_path / name, "mixed", system="teraio_mixed", trial=t, tps=1.0, **WL)
