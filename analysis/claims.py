@@ -14,13 +14,13 @@ it used, and a verdict by the rule written beside the claim in :data:`CLAIMS`:
 Fig. 7 claims read the sweeps whose name begins ``fig7``, Fig. 9 claims those beginning
 ``fig9``; the sweeps are pooled (a point and trial in two sweeps, or trials of a point made
 with different configs, ``analysis.trials``, would be pooled as one, so that is refused). A
-claim reads only rows that ran on a GPU held to its capacity (:func:`set_aside` says why
-another is not read; with no row left a claim is ``not measured``), and a share of Ideal above
-100 % is flagged, never ``supported``. An Ideal that is ``modeled`` (trace sums,
-``teraio.systems.ideal``) is never averaged with measured ones: claims on % of Ideal use
-measured Ideal points, and say what a modeled one would add. ``ideal_bias`` tables modeled ÷
-measured Ideal wherever a point has a measured Ideal and a TeraIO trace to model it from (the
-modeled Ideal's method: the trace's summed op times).
+claim reads only rows that ran on a GPU held to its capacity and measured the steps their point
+asks (:func:`set_aside` says why another is not read; with no row left a claim is
+``not measured``), and a share of Ideal above 100 % is flagged, never ``supported``. An Ideal that is
+``modeled`` (trace sums, ``teraio.systems.ideal``) is never averaged with measured ones: claims
+on % of Ideal use measured Ideal points, and say what a modeled one would add. ``ideal_bias``
+tables modeled ÷ measured Ideal wherever a point has a measured Ideal and a TeraIO trace to
+model it from (the modeled Ideal's method: the trace's summed op times).
 
 Writes ``claims.md``/``.tex`` (the claims table), ``claims_detail.md``/``.tex`` (each
 claim's rule, its figure point by point, the rows used), ``ideal_bias.md``/``.tex`` and
@@ -90,11 +90,13 @@ class Claim:
 def set_aside(sweep: Sweep) -> pd.Series:
     """Per row of ``sweep.runs``, why no claim reads it: ``"no GPU"`` (its config's
     ``hardware.device`` is not CUDA: a machinery check), ``"capacity not enforced"`` (its
-    ``capacity_enforced`` is false: nothing held it to its GPU capacity), else ``""``."""
+    ``capacity_enforced`` is false: nothing held it to its GPU capacity), ``"fewer measured
+    steps than asked"`` (``aggregate.cut_short``: its time limit cut it short), else ``""``."""
     device = [str(((sweep.configs.get((s, j)) or {}).get("hardware") or {}).get("device"))
               for s, j in zip(sweep.runs["sweep"], sweep.runs["job_dir"])]
-    why = ["no GPU" if not d.startswith("cuda") else "capacity not enforced" if loose else ""
-           for d, loose in zip(device, sweep.runs["cap_not_enforced"])]
+    why = ["no GPU" if not d.startswith("cuda") else "capacity not enforced" if loose
+           else "fewer measured steps than asked" if short else ""
+           for d, loose, short in zip(device, sweep.runs["cap_not_enforced"], agg.cut_short(sweep.runs))]
     return pd.Series(why, index=sweep.runs.index, dtype=object)
 
 
@@ -111,8 +113,8 @@ class Evidence:
     generated files of the CPU analyses (``None`` where not given).
 
     ``given``: the sweeps as given (captions, names); ``sweeps`` and ``runs``: their rows that
-    ran on a GPU held to its capacity (:func:`read_by_claims`), the only ones a claim reads;
-    ``aside``: the sweep, job dir and why of every other row."""
+    ran on a GPU held to its capacity and measured the steps asked (:func:`read_by_claims`),
+    the only ones a claim reads; ``aside``: the sweep, job dir and why of every other row."""
 
     def __init__(self, sweeps: list[Sweep], characterize: Path | None = None,
                  roofline: Path | None = None, plan_compile: Path | None = None):

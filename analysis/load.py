@@ -15,7 +15,9 @@ into two tidy pandas frames.
   ``measure`` (measured | modeled);
 - throughput: ``tokens_per_s`` (tokens/s), ``n_iterations``, ``iteration_seconds`` (mean, s),
   ``warmup_steps`` (the run config's ``workload.warmup_steps``: steps run before the measured
-  ones, not measured; null where the config has none);
+  ones, not measured; null where the config has none), ``asked_steps`` (its
+  ``workload.measure_steps``: the measured steps the point asks; an ok ``measured`` row with
+  fewer, ``n_iterations``, was cut short by its time limit, ``teraio.systems.loop.measure_steps``);
 - stalls: ``stall_count``, ``stall_seconds`` (totals over measured iterations, s),
   ``stall_count_per_iter``, ``stall_seconds_per_iter``;
 - bytes: ``bytes_ssd``, ``bytes_host`` (offloaded + prefetched over measured iterations);
@@ -224,7 +226,7 @@ def _rows(result: dict, root: Path, job_rel: Path) -> tuple[dict, list[dict]]:
     run = {
         **ident,
         "tokens_per_s": _num(result.get("tokens_per_s")), "n_iterations": n_it,
-        "warmup_steps": workload.get("warmup_steps"),
+        "warmup_steps": workload.get("warmup_steps"), "asked_steps": workload.get("measure_steps"),
         "iteration_seconds": (float(np.mean([_num(i.get("seconds")) for i in its]))
                               if its else math.nan),
         "stall_count": _num(result.get("stall_count")),
@@ -287,7 +289,7 @@ def _typed(rows: list[dict], columns: list[str]) -> pd.DataFrame:
             df[c] = df[c].astype("str").where(df[c].notna())
         elif c in ("failed", "cap_not_enforced"):
             df[c] = df[c].astype(bool)
-        elif c in ("step", "n_iterations", "warmup_steps"):
+        elif c in ("step", "n_iterations", "warmup_steps", "asked_steps"):
             df[c] = pd.to_numeric(df[c]).astype("Int64")
         else:
             df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
@@ -295,7 +297,7 @@ def _typed(rows: list[dict], columns: list[str]) -> pd.DataFrame:
 
 
 RUN_COLUMNS = list(ID_COLUMNS) + [
-    "tokens_per_s", "n_iterations", "warmup_steps", "iteration_seconds", "stall_count",
+    "tokens_per_s", "n_iterations", "warmup_steps", "asked_steps", "iteration_seconds", "stall_count",
     "stall_seconds", "stall_count_per_iter", "stall_seconds_per_iter", "bytes_ssd", "bytes_host",
     "peak_allocated_bytes", "peak_reserved_bytes", "peak_host_rss_bytes", "capacity_bytes",
     "cap_not_enforced", "unoffloaded_peak_bytes", "memory_pressure", "peak_fraction", *TIER_RATE_KEYS, "plan_compile_seconds",

@@ -845,3 +845,17 @@ def test_trials_pool_where_only_what_makes_them_trials_differs_or_auto_chose_the
     (jobs[2] / "result.json").write_text(json.dumps(r))
     with pytest.raises(ValueError, match=r"system\.options\.host_arena: False in .*/t0, False in .*/t1, True in "):
         load_sweep(tmp_path)
+
+
+def test_a_trial_its_time_limit_cut_short_is_marked_in_the_throughput_table(tmp_path):
+    for t in (0, 1):
+        job = write_run(tmp_path, f"t{t}", system="fsdp_offload", batch=4, seq=64, micro=2, trial=t, tps=100.0)
+        set_config(job, "workload.measure_steps", 2 if t == 0 else 3)  # trial 1 measured 2 of 3
+    runs = load_sweep(tmp_path).runs
+    assert agg.cut_short(runs).tolist() == [False, True]
+    from analysis.tables import throughput_table
+    table = throughput_table(agg.add_pct_of_ideal(agg.summarize_runs(runs)))
+    assert table["steps"].tolist() == ["2 (1 cut short)"]
+    analyze(tmp_path, tmp_path / "out")
+    text = " ".join((tmp_path / "out" / "tables" / "throughput.md").read_text().split())
+    assert "cut short: ok trials that measured fewer steps than their point asks" in text

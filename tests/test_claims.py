@@ -307,6 +307,20 @@ def test_a_share_of_ideal_above_100_percent_is_flagged_and_never_supported(tmp_p
     assert "flagged: 150.0 % of Ideal at 1 point, above Ideal" in f.ours
 
 
+def test_a_row_cut_short_by_its_time_limit_is_read_by_no_claim(tmp_path):
+    root = tmp_path / "fig7_x"
+    fig7(tmp_path, 950.0, 700.0)
+    job = root / "mixed1"
+    r = json.loads((job / "result.json").read_text())
+    r["config"]["workload"] = {"measure_steps": 3}  # it measured 2 of them
+    r["time_limited"] = {"reason": "cut", "measured_steps": 2, "asked_steps": 3, "timeout_s": 60}
+    (job / "result.json").write_text(json.dumps(r))
+    ev = cl.Evidence([load_sweep(root)])
+    assert ev.aside.values.tolist() == [["fig7_x", "mixed1", "fewer measured steps than asked"]]
+    f = finding(ev, "C2")
+    assert "fig7_x/mixed0/result.json" in f.used and "fig7_x/mixed1/result.json" not in f.used
+
+
 def test_trials_of_different_configs_in_two_sweeps_are_refused(tmp_path):
     for t, (name, lr) in enumerate((("fig7_a", 1e-4), ("fig7_b", 1e-3))):
         job = write_run(tmp_path / name, "mixed", system="teraio_mixed", trial=t, tps=1.0, **WL)
