@@ -47,7 +47,7 @@ import pandas as pd
 from . import aggregate as agg
 from . import cost
 from .fairness import fairness_frame, fairness_table
-from .load import Sweep, describe, load_sweep
+from .load import Sweep, describe, load_sweep, run_trace
 from .render import fmt, to_latex, to_markdown
 from .runtime import HOUR, runtime_frame, runtime_table
 from .trials import check_one_config
@@ -845,8 +845,8 @@ def ideal_bias_frame(ev: Evidence) -> pd.DataFrame:
     TeraIO row's trace of the whole step (the modeled Ideal's method, ``teraio.systems.ideal``:
     the trace's summed op times). Columns: ``model``, ``config``, ``trace`` (sweep/path),
     ``modeled_s``, ``measured_s`` (Ideal's mean iteration), ``ratio`` (> 1: the model runs slow,
-    so a % of a modeled Ideal reads high)."""
-    from teraio.core.trace import Trace
+    so a % of a modeled Ideal reads high). A damaged trace is left out, with a warning naming
+    it (``load.run_trace``)."""
     rows = []
     for s in ev.sweeps:
         r = s.runs
@@ -859,8 +859,8 @@ def ideal_bias_frame(ev: Evidence) -> pd.DataFrame:
             key = tuple(row[k] for k in agg.WORKLOAD_KEYS)
             if key not in measured.index:
                 continue
-            trace = Trace.load(s.root / row["trace_path"])
-            if trace.meta.get("batch_size") != row["batch_size"]:
+            trace = run_trace(s.root, row["trace_path"])
+            if trace is None or trace.meta.get("batch_size") != row["batch_size"]:
                 continue
             modeled = float(trace.op_seconds.sum())
             rows.append({"model": row["model"], "config": row["config"], "trace": f"{s.name}/{row['trace_path']}",

@@ -74,7 +74,8 @@ from teraio import systems
 from teraio.core.engine import RECOVERY_KEYS
 from teraio.harness.rows import read_row
 from teraio.harness.tune import TUNING_DIR
-from teraio.perf.jobdir import side_file
+from teraio.core.trace import Trace
+from teraio.perf.jobdir import read_trace, side_file
 
 from .trials import check_one_config, ran_with
 
@@ -161,6 +162,17 @@ def _artifact(root: Path, job_rel: Path, artifacts: dict, name: str) -> str | No
     rel = (artifacts or {}).get(name)
     found = side_file(root / job_rel, rel) if rel else None
     return None if found is None else str(found.relative_to(root))
+
+
+def run_trace(root: Path, trace_path: str) -> Trace | None:
+    """The trace a row names (``trace_path``, relative to the sweep dir ``root``); None, with
+    one warning naming the file and what is wrong, where it is damaged (truncated, not gzip,
+    not JSON: ``teraio.perf.jobdir.read_trace``): the row is analysed without it."""
+    try:
+        return read_trace(root / trace_path)
+    except (OSError, ValueError) as e:
+        warnings.warn(f"{e}; its run is analysed without its trace", stacklevel=2)
+        return None
 
 
 NON_FINITE = "non-finite"

@@ -18,8 +18,9 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 from rich.console import Console
 
-from teraio.perf.roofline import roofline, save_roofline
 from teraio.core.trace import Trace
+from teraio.perf.jobdir import read_trace
+from teraio.perf.roofline import roofline, save_roofline
 
 console = Console(highlight=False, emoji=False)
 
@@ -29,8 +30,9 @@ def load_models(section: DictConfig) -> tuple[dict[str, Trace], dict[str, int]]:
     ``paper_m`` in percent. A model whose ``trace`` is null is left out (no trace yet).
 
     Raises:
-        ValueError: a trace path that does not exist, or ``paper_m`` <= 100 (a model
-            that fits needs no offloading and has no roofline).
+        ValueError: a trace path that does not exist or a damaged trace (naming it,
+            ``teraio.perf.jobdir.read_trace``), or ``paper_m`` <= 100 (a model that fits
+            needs no offloading and has no roofline).
     """
     traces, caps = {}, {}
     for name, spec in section.items():
@@ -45,7 +47,7 @@ def load_models(section: DictConfig) -> tuple[dict[str, Trace], dict[str, int]]:
         if not float(spec.paper_m) > 100:
             raise ValueError(f"roofline.models.{name}.paper_m={spec.paper_m}: must be > 100 "
                              "(percent of the GPU capacity)")
-        traces[name] = Trace.load(path)
+        traces[name] = read_trace(path)
         caps[name] = int(traces[name].peak_bytes() / (float(spec.paper_m) / 100))
     if not traces:
         raise ValueError("roofline.models: every trace is null; nothing to plot")
