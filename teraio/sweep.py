@@ -5,8 +5,9 @@
 
 Before the first run, every point of the sweep is composed and checked
 (:class:`SweepCallback`); bad input stops the sweep naming the key and what is valid.
-Then, per point (:func:`run_point_job`), in ``<runs_dir>/<name>/<point>/`` — a directory
-named after the point keys, so a rerun finds it:
+Then, per point (:func:`run_point_job`), in ``<runs_dir>/<name>/<point>/`` (``sweep.runs_dir``,
+``runs`` by default, relative to the directory the sweep starts in; its first line names the
+folder) — a directory named after the point keys, so a rerun finds it:
 
 * ``result.json`` already ``ok``: skipped (resume), never overwritten — if it was made
   with the same config (``teraio.harness.rows.changed_keys``: every key but where the
@@ -352,9 +353,24 @@ class SweepCallback(Callback):
                                  "Nothing was run.")
             counts["changed" if changed else row_status(job_dir / "result.json")[0] or "new"] += 1
         self.job_dirs = list(seen)
-        console.print(f"[bold]{len(seen)} points[/bold] in {config.hydra.sweep.dir}: "
+        console.print(f"[bold]{len(seen)} points[/bold] in {Path(config.hydra.sweep.dir).resolve()}: "
                       + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
                       + (" (ok ones are skipped)" if counts["ok"] else ""))
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """A single run (``+experiment=fig3``, the roofline): check that its traces exist
+        before Hydra makes its run dir (``teraio.harness.fig3.check_models``).
+
+        Raises:
+            SystemExit: a missing trace or a bad value, named.
+        """
+        if "roofline" in config:
+            from teraio.harness.fig3 import check_models
+
+            try:
+                check_models(config.roofline.models)
+            except ValueError as e:
+                raise SystemExit(f"teraio.sweep: {e}\nNothing was run.") from e
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         ok = job_return.status == JobStatus.COMPLETED and isinstance(job_return.return_value, str)
@@ -417,7 +433,10 @@ def _hydra_main(cfg: DictConfig) -> str:
     if "roofline" in cfg:  # +experiment=fig3: modeled from saved traces, no worker, no GPU
         from teraio.harness.fig3 import run
 
-        run(cfg, Path(hc.runtime.output_dir))
+        try:
+            run(cfg, Path(hc.runtime.output_dir))
+        except ValueError as e:
+            raise SystemExit(f"teraio.sweep: {e}") from e
         return "ok"
     label = f"#{hc.job.num} " if hc.mode.name == "MULTIRUN" else ""
     status = run_point_job(cfg, Path(hc.runtime.output_dir), label)
