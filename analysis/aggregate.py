@@ -71,6 +71,15 @@ def sort_groups(df: pd.DataFrame) -> pd.DataFrame:
             .drop(columns="_rank").reset_index(drop=True))
 
 
+def cut_short(runs: pd.DataFrame) -> pd.Series:
+    """Per row of the per-run frame: an ok row that ran its steps (``measure`` measured) and
+    measured fewer of them (``n_iterations``) than its point asks (``asked_steps``): its time
+    limit stopped it (the row's ``time_limited``, ``teraio.systems.loop.measure_steps``)."""
+    short = (~runs["failed"] & (runs["measure"] == "measured")
+             & (runs["n_iterations"] < runs["asked_steps"]).fillna(False))
+    return short.astype(bool)
+
+
 def summarize_runs(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per group (``GROUP_KEYS``) of the per-run frame.
 
@@ -84,11 +93,13 @@ def summarize_runs(runs: pd.DataFrame) -> pd.DataFrame:
     ``peak_fraction`` (peak allocated ÷ capacity), ``measured_steps`` (the measured
     iterations of each ok trial, distinct counts joined by "/", e.g. ``"4"`` or ``"2/4"``;
     empty with no ok trial), ``warmup_steps`` (the same for the unmeasured steps before them;
-    both empty for a ``modeled`` group, where no step ran), ``ran_micro_batch`` (the
+    both empty for a ``modeled`` group, where no step ran), ``cut_short`` (its ok trials that
+    measured fewer steps than asked, :func:`cut_short`), ``ran_micro_batch`` (the
     micro-batches the group's rows trained with, :func:`ran_micro_batch`),
     ``transfers_path``/``oplog_path``/``job_dir`` of the first ok trial.
     """
     rows = []
+    short = cut_short(runs)
     for _, g in runs.groupby(GROUP_KEYS, dropna=False, sort=False):
         ok = g[~g["failed"]]
         first = g.iloc[0]
@@ -104,6 +115,7 @@ def summarize_runs(runs: pd.DataFrame) -> pd.DataFrame:
         for name, col in (("measured_steps", "n_iterations"), ("warmup_steps", "warmup_steps")):
             ran = ok[ok["measure"] != "modeled"]
             out[name] = "/".join(str(int(n)) for n in sorted(ran[col].dropna().unique()))
+        out["cut_short"] = int(short[g.index].sum())
         out["ran_micro_batch"] = ran_micro_batch(g)
         ok_sorted = ok.sort_values("trial", na_position="last")
         for name in ("job_dir", "transfers_path", "oplog_path"):

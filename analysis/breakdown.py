@@ -26,6 +26,8 @@ from teraio.config import ModelConfig
 from teraio.workload.models import pipeline_estimate, softmax_working_bytes
 from teraio.core.trace import Trace
 
+from .load import run_trace
+
 GROUPS: dict[str, tuple[str, ...]] = {
     "parameters": ("param",), "gradients": ("grad",), "optimizer state": ("optim",),
     "activations": ("activation",), "temporaries": ("temp", "input")}
@@ -79,10 +81,14 @@ def measured_frame(runs: pd.DataFrame, root: Path) -> pd.DataFrame:
     """One row per run with a trace: its point and status, the un-offloaded peak, each group's
     bytes at that peak and the persistent share there and over the iteration. A TeraIO run
     saves the trace of its profiled, un-offloaded step before it plans, so a run that failed
-    later (its status says how) still measured its make-up."""
+    later (its status says how) still measured its make-up. A damaged trace is left out,
+    with a warning naming it (``load.run_trace``)."""
     rows = []
     for _, r in runs[runs["trace_path"].notna()].iterrows():
-        b = trace_breakdown(Trace.load(root / r["trace_path"]))
+        trace = run_trace(root, r["trace_path"])
+        if trace is None:  # damaged: named in a warning
+            continue
+        b = trace_breakdown(trace)
         rows.append({**{k: r[k] for k in ("model", "system", "config", "micro_batch_size", "trial", "status")},
                      "peak_bytes": b["peak_bytes"], **b["at_peak"],
                      "persistent_at_peak": persistent_share(b["at_peak"]),

@@ -30,6 +30,7 @@ from matplotlib.figure import Figure
 
 from teraio.core.planner import inactive_periods
 from teraio.core.trace import Trace
+from teraio.perf.jobdir import read_trace
 
 from .figures import new_figure, save_figure, suptitle
 from .render import write_table
@@ -135,14 +136,15 @@ def characterize(paths: list[Path], out: Path, capacity_bytes: float = 94e9) -> 
     """Write the table and both figures for ``paths`` into ``out``; return the files.
 
     Raises:
-        ValueError: no trace given, or a file that is not a trace.
+        ValueError: no trace given, or a file that is not a trace or is damaged (named,
+            ``teraio.perf.jobdir.read_trace``).
         FileNotFoundError: a missing trace file.
     """
     if not paths:
         raise ValueError("no trace given")
     traces = []
     for p in paths:
-        trace = Trace.load(p)
+        trace = read_trace(p)
         traces.append((trace_label(trace, p), trace))
     table = pd.DataFrame([summary_row(t, label, capacity_bytes) for label, t in traces])
     out.mkdir(parents=True, exist_ok=True)

@@ -12,12 +12,15 @@ it used, and a verdict by the rule written beside the claim in :data:`CLAIMS`:
 - ``not measured``: no row (or input) the claim needs, with why.
 
 Fig. 7 claims read the sweeps whose name begins ``fig7``, Fig. 9 claims those beginning
-``fig9``; the sweeps are pooled (a point in two sweeps would pool its trials, so that is
-refused). An Ideal that is ``modeled`` (trace sums, ``teraio.systems.ideal``) is never
-averaged with measured ones: claims on % of Ideal use measured Ideal points, and say what a
-modeled one would add. ``ideal_bias`` tables modeled ÷ measured Ideal wherever a point has a
-measured Ideal and a TeraIO trace to model it from (the modeled Ideal's method: the trace's
-summed op times).
+``fig9``; the sweeps are pooled (a point and trial in two sweeps, or trials of a point made
+with different configs, ``analysis.trials``, would be pooled as one, so that is refused). A
+claim reads only rows that ran on a GPU held to its capacity and measured the steps their point
+asks (:func:`set_aside` says why another is not read; with no row left a claim is
+``not measured``), and a share of Ideal above 100 % is flagged, never ``supported``. An Ideal that is
+``modeled`` (trace sums, ``teraio.systems.ideal``) is never averaged with measured ones: claims
+on % of Ideal use measured Ideal points, and say what a modeled one would add. ``ideal_bias``
+tables modeled ÷ measured Ideal wherever a point has a measured Ideal and a TeraIO trace to
+model it from (the modeled Ideal's method: the trace's summed op times).
 
 Writes ``claims.md``/``.tex`` (the claims table), ``claims_detail.md``/``.tex`` (each
 claim's rule, its figure point by point, the rows used), ``ideal_bias.md``/``.tex`` and
@@ -44,9 +47,10 @@ import pandas as pd
 from . import aggregate as agg
 from . import cost
 from .fairness import fairness_frame, fairness_table
-from .load import Sweep, describe, load_sweep
+from .load import Sweep, describe, load_sweep, run_trace
 from .render import fmt, to_latex, to_markdown
 from .runtime import HOUR, runtime_frame, runtime_table
+from .trials import check_one_config
 
 SUPPORTED, PARTLY, NOT_SUPPORTED, NOT_MEASURED = "supported", "partly", "not supported", "not measured"
 NEAR_IDEAL = 90.0  # % of Ideal the rules take as "near Ideal" (the paper gives no bar)
@@ -71,7 +75,8 @@ class Finding:
 @dataclasses.dataclass(frozen=True)
 class Claim:
     """One claim of the paper: ``text`` and ``paper`` (its figure) as the paper states them
-    (NeurIPS 2025 camera-ready, where shown), ``rule`` how the verdict is reached."""
+    (NeurIPS 2025 camera-ready, where shown), ``rule`` how the verdict is reached; ``reads``:
+    the sweeps whose rows it reads, those named ``<reads>*`` (None: it reads no row)."""
 
     id: str
     text: str
@@ -79,24 +84,66 @@ class Claim:
     paper: str
     rule: str
     compute: Callable[["Evidence"], Finding]
+    reads: str | None = "fig7"
+
+
+def set_aside(sweep: Sweep) -> pd.Series:
+    """Per row of ``sweep.runs``, why no claim reads it: ``"no GPU"`` (its config's
+    ``hardware.device`` is not CUDA: a machinery check), ``"capacity not enforced"`` (its
+    ``capacity_enforced`` is false: nothing held it to its GPU capacity), ``"fewer measured
+    steps than asked"`` (``aggregate.cut_short``: its time limit cut it short), else ``""``."""
+    device = [str(((sweep.configs.get((s, j)) or {}).get("hardware") or {}).get("device"))
+              for s, j in zip(sweep.runs["sweep"], sweep.runs["job_dir"])]
+    why = ["no GPU" if not d.startswith("cuda") else "capacity not enforced" if loose
+           else "fewer measured steps than asked" if short else ""
+           for d, loose, short in zip(device, sweep.runs["cap_not_enforced"], agg.cut_short(sweep.runs))]
+    return pd.Series(why, index=sweep.runs.index, dtype=object)
+
+
+def read_by_claims(sweep: Sweep) -> Sweep:
+    """``sweep`` with only the rows no claim sets aside (:func:`set_aside`)."""
+    keep = sweep.runs[set_aside(sweep) == ""]
+    jobs = set(keep["job_dir"])
+    its = sweep.iterations[sweep.iterations["job_dir"].isin(jobs)]
+    return dataclasses.replace(sweep, runs=keep.reset_index(drop=True), iterations=its.reset_index(drop=True))
 
 
 class Evidence:
     """The pooled rows of the sweeps given, summarised once (``aggregate``), and the
-    generated files of the CPU analyses (``None`` where not given)."""
+    generated files of the CPU analyses (``None`` where not given).
+
+    ``given``: the sweeps as given (captions, names); ``sweeps`` and ``runs``: their rows that
+    ran on a GPU held to its capacity and measured the steps asked (:func:`read_by_claims`),
+    the only ones a claim reads; ``aside``: the sweep, job dir and why of every other row."""
 
     def __init__(self, sweeps: list[Sweep], characterize: Path | None = None,
                  roofline: Path | None = None, plan_compile: Path | None = None):
-        self.sweeps = sweeps
+        self.given = sweeps
         runs = pd.concat([s.runs for s in sweeps], ignore_index=True) if sweeps else pd.DataFrame()
         if len(runs):
             dup = runs[runs.duplicated(agg.GROUP_KEYS + ["trial"], keep=False)]
             if len(dup):
                 raise ValueError(f"the same point and trial is in two sweeps ({', '.join(sorted(set(dup['sweep'])))}): "
                                  f"{dup['job_dir'].iloc[0]}; give each point's rows once")
-        self.runs = runs
+            check_one_config(runs, {k: c for s in sweeps for k, c in s.configs.items()})
+        self.aside = pd.DataFrame(
+            [(s.name, j, why) for s in sweeps for j, why in zip(s.runs["job_dir"], set_aside(s)) if why],
+            columns=["sweep", "job_dir", "why"])
+        self.sweeps = [read_by_claims(s) for s in sweeps]
+        self.runs = pd.concat([s.runs for s in self.sweeps], ignore_index=True) if sweeps else pd.DataFrame()
         self.characterize, self.roofline, self.plan_compile = characterize, roofline, plan_compile
         self._figures: dict[str, pd.DataFrame] = {}
+
+    def unmeasured(self, prefix: str | None) -> Finding | None:
+        """Why a claim that reads the sweeps named ``<prefix>*`` has no row to read (no such
+        sweep, or every row of them set aside: :func:`set_aside`), as its finding; None where
+        it has rows, or reads none (``prefix`` None)."""
+        if prefix is None or (len(self.runs) and self.runs["sweep"].str.startswith(prefix).any()):
+            return None
+        aside = self.aside[self.aside["sweep"].str.startswith(prefix)]
+        if not len(aside):
+            return Finding(f"no {prefix}* sweep given", NOT_MEASURED)
+        return Finding(f"no row of the {prefix}* sweeps to read: {_why_aside(aside)}", NOT_MEASURED)
 
     def figure(self, prefix: str) -> pd.DataFrame:
         """The best-micro-batch groups (``aggregate.select_best``) with % of Ideal, of the
@@ -256,6 +303,18 @@ def _pct_of_ideal(ev: Evidence, best: pd.DataFrame, system: str, models: tuple[s
     return v[v["ideal_measure"].isin(MEASURED_IDEAL)], v
 
 
+def _above_ideal(found: Finding, pct_of_ideal) -> Finding:
+    """``found``, flagged where a share of Ideal it rests on (``pct_of_ideal``, percent) is
+    above 100 %: a run faster than the un-offloaded step says that the Ideal or the run is
+    not what it should be, so such a finding is never ``supported`` (``partly`` at most)."""
+    over = [float(p) for p in pct_of_ideal if math.isfinite(float(p)) and float(p) > 100.0]
+    if not over:
+        return found
+    flag = f"; flagged: {_span(over, ' %', 1)} of Ideal at {_n(len(over), 'point')}, above Ideal: suspect"
+    return dataclasses.replace(found, ours=found.ours + flag, detail=found.detail + flag if found.detail else "",
+                               verdict=PARTLY if found.verdict == SUPPORTED else found.verdict)
+
+
 def _with_ideal_rows(ev: Evidence, best: pd.DataFrame, groups: pd.DataFrame) -> tuple[str, ...]:
     ideal = best[best["system"] == "ideal"].merge(groups[agg.WORKLOAD_KEYS].drop_duplicates(), on=agg.WORKLOAD_KEYS)
     return ev.rows(pd.concat([groups, ideal], ignore_index=True))
@@ -276,7 +335,7 @@ def c2(ev: Evidence) -> Finding:
                                                                 measured["pct_of_ideal"], measured["ideal_measure"]))
               + _modeled_note(allv, "teraio_mixed"))
     verdict = SUPPORTED if m >= 0.9 * 80.7 else PARTLY if m >= 0.5 * 80.7 else NOT_SUPPORTED
-    return Finding(ours, verdict, _with_ideal_rows(ev, best, allv), detail)
+    return _above_ideal(Finding(ours, verdict, _with_ideal_rows(ev, best, allv), detail), allv["pct_of_ideal"])
 
 
 def c4(ev: Evidence) -> Finding:
@@ -313,7 +372,8 @@ def c4(ev: Evidence) -> Finding:
                      + ([f"ZeRO failed at {_n(len(failed), 'point')}"] if len(failed) else [])
                      + ([] if tuned else ["not tuned"]))
     verdict = SUPPORTED if all(holds) else PARTLY if any(holds) else NOT_SUPPORTED
-    return Finding(ours, verdict, _with_ideal_rows(ev, best, pd.concat(used + [failed], ignore_index=True)), detail)
+    rows = _with_ideal_rows(ev, best, pd.concat(used + [failed], ignore_index=True))
+    return _above_ideal(Finding(ours, verdict, rows, detail), pd.concat(used)["pct_of_ideal"])
 
 
 def _not_measured_model(ev: Evidence, prefix: str, what: str) -> Finding | None:
@@ -339,7 +399,7 @@ def c5(ev: Evidence) -> Finding:
     ours = (f"ZeRO-Offload {'failed' if off_failed else 'ran'}; ZeRO-Infinity {_pct(inf['pct_of_ideal'].mean())}, "
             f"TeraIO-Mixed {_pct(mix['pct_of_ideal'].mean())} of Ideal; {_x(ratio)}")
     verdict = SUPPORTED if off_failed and ratio >= 0.9 * 1.33 else PARTLY if ratio > 1.0 else NOT_SUPPORTED
-    return Finding(ours, verdict, ev.rows(g))
+    return _above_ideal(Finding(ours, verdict, ev.rows(g)), pd.concat([inf, mix])["pct_of_ideal"])
 
 
 def c6(ev: Evidence) -> Finding:
@@ -374,7 +434,8 @@ def c6(ev: Evidence) -> Finding:
     ours = "; ".join(short) + ". The +9 % of a bigger micro-batch: not measured."
     verdict = (SUPPORTED if all(near_measured) else
                PARTLY if any(near_measured) or any(near_modeled) else NOT_SUPPORTED)
-    return Finding(ours, verdict, _with_ideal_rows(ev, best, pd.concat(used, ignore_index=True)), detail)
+    groups = pd.concat(used, ignore_index=True)
+    return _above_ideal(Finding(ours, verdict, _with_ideal_rows(ev, best, groups), detail), groups["pct_of_ideal"])
 
 
 def c7(ev: Evidence) -> Finding:
@@ -409,7 +470,7 @@ def c7(ev: Evidence) -> Finding:
     if not holds:
         return Finding(ours, NOT_MEASURED, _with_ideal_rows(ev, best, g), detail)
     verdict = SUPPORTED if all(holds) else PARTLY if any(holds) else NOT_SUPPORTED
-    return Finding(ours, verdict, _with_ideal_rows(ev, best, g), detail)
+    return _above_ideal(Finding(ours, verdict, _with_ideal_rows(ev, best, g), detail), measured["pct_of_ideal"])
 
 
 def c8(ev: Evidence) -> Finding:
@@ -521,7 +582,7 @@ def c11(ev: Evidence) -> Finding:
 
 
 def c12(ev: Evidence) -> Finding:
-    sweep = next((s for s in ev.sweeps if s.name.startswith("fig7")), None)
+    sweep = next((s for s in ev.given if s.name.startswith("fig7")), None)
     if sweep is None:
         return Finding("no fig7 sweep given", NOT_MEASURED)
     sav = cost.cost_saving(sweep)
@@ -581,7 +642,8 @@ def c14(ev: Evidence) -> Finding:
     if not two:
         missing = "; the claim's 2 SSDs: not measured (every row has fewer drives)"
         return Finding(ours + missing, NOT_MEASURED, ev.rows(groups), detail + missing)
-    return Finding(ours, SUPPORTED if max(two) >= NEAR_IDEAL else NOT_SUPPORTED, ev.rows(groups), detail)
+    verdict = SUPPORTED if max(two) >= NEAR_IDEAL else NOT_SUPPORTED
+    return _above_ideal(Finding(ours, verdict, ev.rows(groups), detail), pct)
 
 
 def c15(ev: Evidence) -> Finding:
@@ -705,34 +767,36 @@ CLAIMS: tuple[Claim, ...] = (
           "Fig. 10(2)", "> 64 % / 82.3 %", "TeraIO-Mixed's share above the paper's at every point of that model",
           c11),
     Claim("C12", "Hardware cost vs all-GPU: TeraIO-SSD / TeraIO-Mixed cheaper", "Table 3", "5.88× / 5.41×",
-          "recomputed from Table 3's prices, equal to the 2 digits printed", c12),
+          "recomputed from Table 3's prices, equal to the 2 digits printed", c12, reads=None),
     Claim("C13", "Cost efficiency vs ZeRO-Offload / ZeRO-Infinity (Llama3-70B)", "Table 3 + Fig. 7",
           "1.45× / 1.47×", "needs Llama3-70B rows of TeraIO and both ZeRO", c13),
     Claim("C14", "Llama3-8B near Ideal with 2 SSDs + 64 GB of CPU memory", "Fig. 9a", "near Ideal",
-          f"a TeraIO-Mixed row with ≥ 2 SSDs at ≥ {NEAR_IDEAL:.0f} % of Ideal", c14),
+          f"a TeraIO-Mixed row with ≥ 2 SSDs at ≥ {NEAR_IDEAL:.0f} % of Ideal", c14, reads="fig9"),
     Claim("C15", "Llama3-70B: 2 SSDs + 512 GB give this share of 4 SSDs + 1 TB", "Fig. 9b", "73.1 %",
           "needs Llama3-70B rows at 2 and 4 SSDs", c15),
     Claim("C16", "ZeRO-Infinity needs this much CPU memory (Llama3-8B / Llama3-70B)", "Fig. 9, §4.4",
           "170 GB / 770 GB", "ZeRO-Infinity's peak host memory at the full models", c16),
     Claim("C17", "GDS cuts host CPU use and host memory bandwidth", "Fig. 11", "12.3 % / 97.4 %",
           "needs nvidia-fs, host CPU and memory-bandwidth counters, 2 GPUs × 4 SSDs",
-          _never("no row records host CPU or memory bandwidth, and no GDS (nvidia-fs) run exists")),
+          _never("no row records host CPU or memory bandwidth, and no GDS (nvidia-fs) run exists"), reads=None),
     Claim("C18", "One-time plan compilation (Llama3-8B / Granite-8B / Llama3-70B)", "Table 1",
-          "31.2 / 37.9 / 396.6 s", "median compile time no longer than the paper's, for all three", c18),
+          "31.2 / 37.9 / 396.6 s", "median compile time no longer than the paper's, for all three", c18, reads=None),
     Claim("C19", "Active tensors < 14 % (1.7 % on average) of GPU capacity per kernel", "Fig. 1",
-          "< 14 % (1.7 %)", "every trace's active max below 14 %; partly as GPT2-40B and T5-11B are not built", c19),
+          "< 14 % (1.7 %)", "every trace's active max below 14 %; partly as GPT2-40B and T5-11B are not built", c19,
+          reads=None),
     Claim("C20", "> 40 % of 10 MB–1 GB tensors inactive > 10^4 µs, longer than their migration at 6.5 GB/s",
-          "Fig. 2", "> 40 %", "every trace's share above 40 %", c20),
+          "Fig. 2", "> 40 %", "every trace's share above 40 %", c20, reads=None),
     Claim("C21", "32–48 GB/s per GPU is enough for near-Ideal throughput", "Fig. 3", "near Ideal",
-          f"modeled normalized throughput at 48 GB/s ≥ {NEAR_IDEAL / 100:.2f} for every trace", c21),
+          f"modeled normalized throughput at 48 GB/s ≥ {NEAR_IDEAL / 100:.2f} for every trace", c21, reads=None),
     Claim("C22", "BERT-Large: 48 % of tensors > 100 MB; their inactive periods ~100× shorter", "§2.1", "48 %; 100×",
-          "needs a BERT-Large trace", _never("BERT-Large is not built")),
+          "needs a BERT-Large trace", _never("BERT-Large is not built"), reads=None),
 )
 
 
 def findings(ev: Evidence) -> list[tuple[Claim, Finding]]:
-    """Every claim's finding, in order."""
-    return [(c, c.compute(ev)) for c in CLAIMS]
+    """Every claim's finding, in order: ``not measured`` for a claim whose sweeps have no row
+    to read (:meth:`Evidence.unmeasured`)."""
+    return [(c, ev.unmeasured(c.reads) or c.compute(ev)) for c in CLAIMS]
 
 
 def _trials(used: str) -> int:
@@ -781,8 +845,8 @@ def ideal_bias_frame(ev: Evidence) -> pd.DataFrame:
     TeraIO row's trace of the whole step (the modeled Ideal's method, ``teraio.systems.ideal``:
     the trace's summed op times). Columns: ``model``, ``config``, ``trace`` (sweep/path),
     ``modeled_s``, ``measured_s`` (Ideal's mean iteration), ``ratio`` (> 1: the model runs slow,
-    so a % of a modeled Ideal reads high)."""
-    from teraio.core.trace import Trace
+    so a % of a modeled Ideal reads high). A damaged trace is left out, with a warning naming
+    it (``load.run_trace``)."""
     rows = []
     for s in ev.sweeps:
         r = s.runs
@@ -795,8 +859,8 @@ def ideal_bias_frame(ev: Evidence) -> pd.DataFrame:
             key = tuple(row[k] for k in agg.WORKLOAD_KEYS)
             if key not in measured.index:
                 continue
-            trace = Trace.load(s.root / row["trace_path"])
-            if trace.meta.get("batch_size") != row["batch_size"]:
+            trace = run_trace(s.root, row["trace_path"])
+            if trace is None or trace.meta.get("batch_size") != row["batch_size"]:
                 continue
             modeled = float(trace.op_seconds.sum())
             rows.append({"model": row["model"], "config": row["config"], "trace": f"{s.name}/{row['trace_path']}",
@@ -819,21 +883,37 @@ def _write(df: pd.DataFrame, stem: Path, caption: str, notes: list[str]) -> list
     return [md, tex]
 
 
+def _why_aside(aside: pd.DataFrame) -> str:
+    """``"14 rows with no GPU, 2 rows with capacity not enforced"``: the rows set aside, by why."""
+    return ", ".join(f"{_n(n, 'row')} with {why}" for why, n in aside["why"].value_counts().items())
+
+
+def _aside_note(aside: pd.DataFrame) -> list[str]:
+    """The claims table's note on the rows no claim read (:attr:`Evidence.aside`); none where
+    there are none."""
+    if not len(aside):
+        return []
+    return [f"Read by no claim: {_why_aside(aside)} (a claim is about complete runs on a GPU held to its "
+            "capacity): "
+            + ", ".join(f"{s}/{j}" for s, j in zip(aside["sweep"], aside["job_dir"])) + "."]
+
+
 def write_claims(ev: Evidence, out: Path) -> dict[str, Path]:
     """Write ``claims``, ``claims_detail``, ``ideal_bias``, ``fairness`` and ``runtime``
     (``.md`` and ``.tex``) under ``out``; return ``{name: markdown path}`` of the :data:`BLOCKS`."""
-    who = "; ".join(describe(s) for s in ev.sweeps)
-    rows_of = "the rows of " + (", ".join(s.name for s in ev.sweeps) or "no sweep")  # the other captions
+    who = "; ".join(describe(s) for s in ev.given)
+    rows_of = "the rows of " + (", ".join(s.name for s in ev.given) or "no sweep")  # the other captions
     found = findings(ev)
     counts = pd.Series([f.verdict for _, f in found]).value_counts()
     tally = ", ".join(f"{counts.get(v, 0)} {v}" for v in (SUPPORTED, PARTLY, NOT_SUPPORTED, NOT_MEASURED))
-    _write(claims_table(found, [s.name for s in ev.sweeps]), out / "claims",
+    _write(claims_table(found, [s.name for s in ev.given]), out / "claims",
            f"The paper's claims, computed from rows — {who}",
            [f"Verdicts: {tally}. Each verdict follows the rule beside its claim in analysis.claims.CLAIMS; "
             "claims_detail.md beside this file gives the rule, the figure point by point and every row used.",
             f"Near Ideal is ≥ {NEAR_IDEAL:.0f} % (the paper gives no bar). % of Ideal averages measured "
             "(or composed: timed in phases) Ideals only; a modeled Ideal is named where used (its bias: "
-            "ideal_bias). Fig. 7 claims read the sweeps named fig7*, Fig. 9 claims those named fig9*."])
+            "ideal_bias). Fig. 7 claims read the sweeps named fig7*, Fig. 9 claims those named fig9*.",
+            *_aside_note(ev.aside)])
     _write(claims_detail_table(found), out / "claims_detail",
            f"The paper's claims: rules, figures point by point, rows used — {rows_of}",
            ["Rows used: result.json files, trials folded (-t{0,1,2}), paths relative to the sweeps' parent."])

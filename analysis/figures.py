@@ -42,7 +42,7 @@ from teraio import systems as registry
 
 from . import aggregate as agg
 from .bandwidth import run_bandwidth
-from .load import Sweep, config_label, describe
+from .load import Sweep, config_label, describe, run_trace
 from .stats import t_interval
 
 BAR_WIDTH = 0.8  # seaborn's default; bars of n hue levels sit at i + (j - (n-1)/2) * 0.8/n
@@ -388,20 +388,21 @@ def fig10_memory_breakdown(sweep: Sweep) -> Figure:
     (:mod:`analysis.breakdown`). Areas carry ``gid`` = the group's name.
 
     Raises:
-        NoData: no ok run lists a ``trace`` artifact.
+        NoData: no ok run lists a ``trace`` artifact, or none of theirs can be read (a damaged
+            one is left out with a warning naming it, ``load.run_trace``).
     """
-    from teraio.core.trace import Trace
-
     from . import breakdown as bd
 
     ok = sweep.runs[(~sweep.runs["failed"]) & sweep.runs["trace_path"].notna()]
     if ok.empty:
         raise NoData("no ok run lists a 'trace' artifact (TeraIO's profiled step)")
     firsts = ok.sort_values("trial").groupby(["model", "hardware", "config", "system"], sort=True).head(1)
-    fig, axes = new_figure(len(firsts), 7.0, 3.0)
+    traced = [(r, t) for _, r in firsts.iterrows() if (t := run_trace(sweep.root, r["trace_path"])) is not None]
+    if not traced:
+        raise NoData("no ok run's trace could be read (each damaged one is named in a warning)")
+    fig, axes = new_figure(len(traced), 7.0, 3.0)
     with sns.axes_style("whitegrid"), sns.plotting_context("paper"):
-        for ax, (_, r) in zip(axes, firsts.iterrows()):
-            trace = Trace.load(sweep.root / r["trace_path"])
+        for ax, (r, trace) in zip(axes, traced):
             kinds = trace.live_bytes_by_kind()
             series = {g: sum(kinds[k] for k in ks) for g, ks in bd.GROUPS.items()}
             series[bd.ALLOCATOR] = trace.required_bytes() - trace.live_bytes()

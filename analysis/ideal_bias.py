@@ -15,16 +15,14 @@ Writes ``ideal_bias.md``/``.tex`` (default into the first sweep dir's ``analysis
 from __future__ import annotations
 
 import argparse
-import warnings
 from pathlib import Path
 
 import pandas as pd
 
 from teraio import systems
-from teraio.core.trace import Trace
 from teraio.systems.ideal import trace_step_seconds
 
-from .load import Sweep, load_sweep
+from .load import Sweep, load_sweep, run_trace
 from .render import fmt, write_table
 
 POINT = ["model", "batch_size", "micro_batch_size", "seq_len", "gpu_name"]
@@ -34,16 +32,14 @@ def estimates(sweep: Sweep) -> pd.DataFrame:
     """One row per modeled or composed Ideal iteration of ``sweep``: every ok TeraIO run's
     trace (``how`` "modeled from <system>"), every ok composed Ideal row (``how``
     "composed"); columns :data:`POINT`, ``how``, ``seconds``, ``job_dir``. A trace that
-    cannot be read is left out, with a warning."""
+    cannot be read is left out, with a warning naming it (``load.run_trace``)."""
     runs = sweep.runs[(sweep.runs["status"] == "ok") & (sweep.runs["pipeline_stages"].fillna(1) == 1)]
     teraio = set(systems.with_role("teraio"))
     out = []
     for r in runs.itertuples(index=False):
         if r.system in teraio and isinstance(r.trace_path, str):
-            try:
-                trace = Trace.load(sweep.root / r.trace_path)
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                warnings.warn(f"{r.job_dir}: trace {r.trace_path} not read ({e}); left out of the Ideal bias")
+            trace = run_trace(sweep.root, r.trace_path)
+            if trace is None:  # damaged: named in a warning
                 continue
             seconds = trace_step_seconds(trace, int(r.batch_size), int(r.micro_batch_size))
             out.append({**{k: getattr(r, k) for k in POINT}, "how": f"modeled from {r.system}",

@@ -15,7 +15,9 @@ into two tidy pandas frames.
   ``measure`` (measured | modeled);
 - throughput: ``tokens_per_s`` (tokens/s), ``n_iterations``, ``iteration_seconds`` (mean, s),
   ``warmup_steps`` (the run config's ``workload.warmup_steps``: steps run before the measured
-  ones, not measured; null where the config has none);
+  ones, not measured; null where the config has none), ``asked_steps`` (its
+  ``workload.measure_steps``: the measured steps the point asks; an ok ``measured`` row with
+  fewer, ``n_iterations``, was cut short by its time limit, ``teraio.systems.loop.measure_steps``);
 - stalls: ``stall_count``, ``stall_seconds`` (totals over measured iterations, s),
   ``stall_count_per_iter``, ``stall_seconds_per_iter``;
 - bytes: ``bytes_ssd``, ``bytes_host`` (offloaded + prefetched over measured iterations);
@@ -70,15 +72,15 @@ import yaml
 
 from teraio import systems
 from teraio.core.engine import RECOVERY_KEYS
+from teraio.harness.rows import read_row
 from teraio.harness.tune import TUNING_DIR
-from teraio.perf.jobdir import side_file
-from teraio.result import FORMAT, STATUSES
+from teraio.core.trace import Trace
+from teraio.perf.jobdir import read_trace, side_file
+
+from .trials import check_one_config, ran_with
 
 RESULT_NAME = "result.json"
 NOT_RUN_NAME = "not_run.yaml"
-# Keys every row of FORMAT has (teraio.result.result_row) and this loader reads: a row
-# lacking one is skipped, never counted.
-REQUIRED_KEYS = ("status", "point", "config", "iterations", "tokens_per_s")
 POINT_KEYS = ("model", "system", "hardware", "batch_size", "micro_batch_size", "seq_len", "trial")
 INT_KEYS = ("batch_size", "micro_batch_size", "seq_len", "trial", "host_mem_cap_bytes", "n_ssd",
             "pipeline_stages", "n_gpus", "ran_micro_batch_size")
@@ -94,7 +96,8 @@ ID_COLUMNS = ("sweep", "job_dir", *POINT_KEYS, "config", "host_mem_cap_bytes", "
 @dataclasses.dataclass
 class Sweep:
     """A loaded sweep. ``skipped``: (path, reason) for each ``result.json`` not loaded;
-    ``not_run``: :func:`load_not_run`."""
+    ``not_run``: :func:`load_not_run`; ``configs``: ``(sweep, job_dir)`` of each loaded row ->
+    the config its run ran with (``analysis.trials.ran_with``)."""
 
     name: str
     root: Path
@@ -102,6 +105,7 @@ class Sweep:
     iterations: pd.DataFrame
     skipped: list[tuple[str, str]]
     not_run: dict[str, str] = dataclasses.field(default_factory=dict)
+    configs: dict[tuple[str, str], dict] = dataclasses.field(default_factory=dict)
 
 
 def load_not_run(root: Path) -> dict[str, str]:
@@ -158,6 +162,17 @@ def _artifact(root: Path, job_rel: Path, artifacts: dict, name: str) -> str | No
     rel = (artifacts or {}).get(name)
     found = side_file(root / job_rel, rel) if rel else None
     return None if found is None else str(found.relative_to(root))
+
+
+def run_trace(root: Path, trace_path: str) -> Trace | None:
+    """The trace a row names (``trace_path``, relative to the sweep dir ``root``); None, with
+    one warning naming the file and what is wrong, where it is damaged (truncated, not gzip,
+    not JSON: ``teraio.perf.jobdir.read_trace``): the row is analysed without it."""
+    try:
+        return read_trace(root / trace_path)
+    except (OSError, ValueError) as e:
+        warnings.warn(f"{e}; its run is analysed without its trace", stacklevel=2)
+        return None
 
 
 NON_FINITE = "non-finite"
@@ -223,7 +238,7 @@ def _rows(result: dict, root: Path, job_rel: Path) -> tuple[dict, list[dict]]:
     run = {
         **ident,
         "tokens_per_s": _num(result.get("tokens_per_s")), "n_iterations": n_it,
-        "warmup_steps": workload.get("warmup_steps"),
+        "warmup_steps": workload.get("warmup_steps"), "asked_steps": workload.get("measure_steps"),
         "iteration_seconds": (float(np.mean([_num(i.get("seconds")) for i in its]))
                               if its else math.nan),
         "stall_count": _num(result.get("stall_count")),
@@ -276,33 +291,6 @@ def _ran_micro_batch(result: dict):
     return None
 
 
-def check_row(result) -> None:
-    """Refuse a row this loader cannot read faithfully.
-
-    Raises:
-        ValueError: not a JSON object; ``format`` other than ``teraio.result/1``; a key of
-            :data:`REQUIRED_KEYS` missing; ``status`` not one of ``teraio.result.STATUSES``;
-            ``point`` lacking a key of :data:`POINT_KEYS`; ``iterations`` not a list, or
-            empty in an ``ok`` row (each message names the key).
-    """
-    if not isinstance(result, dict):
-        raise ValueError(f"not a result row (a JSON {type(result).__name__}, not an object)")
-    if result.get("format") != FORMAT:
-        raise ValueError(f"format {result.get('format')!r} is not {FORMAT!r}, the one this analysis reads")
-    missing = [k for k in REQUIRED_KEYS if k not in result]
-    if missing:
-        raise ValueError(f"required key {', '.join(map(repr, missing))} missing")
-    if result["status"] not in STATUSES:
-        raise ValueError(f"status {result['status']!r} not in {STATUSES}")
-    point = result["point"]
-    lacking = [k for k in POINT_KEYS if not isinstance(point, dict) or k not in point]
-    if lacking:
-        raise ValueError(f"required key point.{lacking[0]} missing (a point has {', '.join(POINT_KEYS)})")
-    if not isinstance(result["iterations"], list) or (result["status"] == "ok" and not result["iterations"]):
-        raise ValueError("required key 'iterations' empty in an ok row" if isinstance(result["iterations"], list)
-                         else f"iterations is a {type(result['iterations']).__name__}, not a list")
-
-
 def _typed(rows: list[dict], columns: list[str]) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=columns)
     for c in columns:
@@ -313,7 +301,7 @@ def _typed(rows: list[dict], columns: list[str]) -> pd.DataFrame:
             df[c] = df[c].astype("str").where(df[c].notna())
         elif c in ("failed", "cap_not_enforced"):
             df[c] = df[c].astype(bool)
-        elif c in ("step", "n_iterations", "warmup_steps"):
+        elif c in ("step", "n_iterations", "warmup_steps", "asked_steps"):
             df[c] = pd.to_numeric(df[c]).astype("Int64")
         else:
             df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
@@ -321,7 +309,7 @@ def _typed(rows: list[dict], columns: list[str]) -> pd.DataFrame:
 
 
 RUN_COLUMNS = list(ID_COLUMNS) + [
-    "tokens_per_s", "n_iterations", "warmup_steps", "iteration_seconds", "stall_count",
+    "tokens_per_s", "n_iterations", "warmup_steps", "asked_steps", "iteration_seconds", "stall_count",
     "stall_seconds", "stall_count_per_iter", "stall_seconds_per_iter", "bytes_ssd", "bytes_host",
     "peak_allocated_bytes", "peak_reserved_bytes", "peak_host_rss_bytes", "capacity_bytes",
     "cap_not_enforced", "unoffloaded_peak_bytes", "memory_pressure", "peak_fraction", *TIER_RATE_KEYS, "plan_compile_seconds",
@@ -338,26 +326,26 @@ def load_sweep(sweep_dir: str | Path, exclude: str | Path | None = None) -> Swee
     """Read every ``result.json`` under ``sweep_dir`` (recursively) into a :class:`Sweep`.
 
     Files that are unreadable, of another format than ``teraio.result/1`` (an unknown
-    version, newer or older) or missing a required key (:func:`check_row`) are skipped with
-    one warning each, naming the file and the format or key, and listed in
+    version, newer or older) or missing a required key (``teraio.harness.rows.read_row``) are
+    skipped with one warning each, naming the file and the format or key, and listed in
     ``Sweep.skipped``: such a row is never counted. Files under ``exclude`` are ignored.
 
     Raises:
         FileNotFoundError: ``sweep_dir`` is not a directory.
-        ValueError: no loadable ``result.json`` under it, or a bad ``not_run.yaml``.
+        ValueError: no loadable ``result.json`` under it, a bad ``not_run.yaml``, or trials of
+            one point made with different configs (``analysis.trials.check_one_config``).
     """
     root = Path(sweep_dir).resolve()
     if not root.is_dir():
         raise FileNotFoundError(f"sweep dir {root} is not a directory")
     excl = Path(exclude).resolve() if exclude else None
-    runs, iters, skipped = [], [], []
+    runs, iters, skipped, configs = [], [], [], {}
     tuning = root / TUNING_DIR  # the tuning candidates' rows: in the tuning files, not runs
     for path in sorted(root.rglob(RESULT_NAME)):
         if (excl is not None and excl in path.parents) or tuning in path.parents:
             continue
         try:
-            result = json.loads(path.read_text())
-            check_row(result)
+            result = read_row(path)
             run, its = _rows(result, root, path.parent.relative_to(root))
         except (OSError, ValueError, AttributeError, TypeError) as e:
             skipped.append((str(path), str(e)))
@@ -365,12 +353,14 @@ def load_sweep(sweep_dir: str | Path, exclude: str | Path | None = None) -> Swee
             continue
         runs.append(run)
         iters.extend(its)
+        configs[(run["sweep"], run["job_dir"])] = ran_with(result)
     if not runs:
         raise ValueError(f"no loadable {RESULT_NAME} under {root} "
                          f"({len(skipped)} skipped); is this a sweep dir?")
-    return Sweep(name=root.name, root=root, runs=_typed(runs, RUN_COLUMNS),
-                 iterations=_typed(iters, ITERATION_COLUMNS), skipped=skipped,
-                 not_run=load_not_run(root))
+    frame = _typed(runs, RUN_COLUMNS)
+    check_one_config(frame, configs)
+    return Sweep(name=root.name, root=root, runs=frame, iterations=_typed(iters, ITERATION_COLUMNS),
+                 skipped=skipped, not_run=load_not_run(root), configs=configs)
 
 
 def describe(sweep: Sweep) -> str:

@@ -78,10 +78,11 @@ def analyze(sweep_dir: str | Path, out_dir: str | Path | None = None) -> dict[st
     lines += ["", "## Figures skipped", ""] + ([f"- {k}: {v}" for k, v in skipped.items()] or ["- none"])
     lines += ["", "## result.json not loaded", ""] + (
         [f"- `{p}`: {why}" for p, why in sweep.skipped] or ["- none"])
+    once = list({str(w.message): w for w in caught}.values())  # a file read by several tables: one line
     lines += ["", "## Warnings", ""] + (
-        [f"- {w.message}" for w in caught] or ["- none"])
+        [f"- {w.message}" for w in once] or ["- none"])
     index.write_text("\n".join(lines) + "\n")
     written.append(index)
-    for w in caught:
+    for w in once:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return {str(p.relative_to(out)): p for p in written}

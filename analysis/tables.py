@@ -64,7 +64,8 @@ def throughput_table(summary: pd.DataFrame) -> pd.DataFrame:
     d = pd.DataFrame(_key_columns(summary))
     d["n"] = summary["n"].astype(int).astype(str)
     d["warm-up"] = summary["warmup_steps"].replace("", NA)
-    d["steps"] = summary["measured_steps"].replace("", NA)
+    d["steps"] = [NA if steps == "" else steps + (f" ({int(k)} cut short)" if k and pd.notna(k) else "")
+                  for steps, k in zip(summary["measured_steps"], summary["cut_short"])]
     d["n failed"] = [str(int(n)) + (f" ({f})" if f else "")
                      for n, f in zip(summary["n_failed"], summary["failures"])]
     d["tokens/s (mean ± 95% CI)"] = [
@@ -236,6 +237,9 @@ def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
                    "the rows: " + "; ".join(f"{agg.system_label(s)}: {why}" for s, why in sweep.not_run.items())
                    ] if sweep.not_run else []
     loose = sorted({agg.system_label(s) for s in sweep.runs.loc[sweep.runs["cap_not_enforced"], "system"]})
+    cut_note = ["cut short: ok trials that measured fewer steps than their point asks "
+                "(workload.measure_steps): the time limit stopped them (their rows' time_limited); "
+                "no claim reads their rows"] if summary["cut_short"].any() else []
     cap_note = [f"cap not enforced: {', '.join(loose)} ran where nothing held it to "
                 "hardware.gpu_capacity_bytes (a CPU: the cap binds CUDA's allocator only; the rows' "
                 "capacity_enforced is false), so its tokens/s are not those of the capped GPU"] if loose else []
@@ -243,7 +247,7 @@ def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
                         out_dir / "throughput", f"Training throughput (tokens/s) and % of Ideal — {who}",
                         [ci_note, "% of Ideal: ratio of means against Ideal of the same model, "
                          "batch, sequence length and hardware at its best micro-batch; 'Ideal "
-                         "is' says whether that Ideal was measured or modeled.", *why_not_run, *cap_note])
+                         "is' says whether that Ideal was measured or modeled.", *why_not_run, *cut_note, *cap_note])
     fair = fairness_frame(sweep.runs)
     paths += write_table(fairness_table(fair), out_dir / "fairness",
                          f"What each system ran with, and how it was chosen — {who}",

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import refusing
 from benchmarks.replan import write_rows
 from teraio.core.plan import MigrationPlan
 from teraio.core.slots import HOST_ALIGN, HostArena
@@ -118,7 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if any(c is not None and c <= 0 for c in args.host_cap_bytes):
         ap.error(f"--host-cap-bytes {args.host_cap_bytes}: each must be > 0 (TeraIO-Mixed)")
-    rows = [compare(j, cap) for j in args.jobs for cap in args.host_cap_bytes]
+    with refusing("benchmarks.host_packing"):
+        rows = [compare(j, cap) for j in args.jobs for cap in args.host_cap_bytes]
     write_rows(args.out, "benchmarks.host_packing", argv, rows, ("slots", *PACKINGS))
 
 

@@ -25,7 +25,7 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks import command
+from benchmarks import command, refusing
 from teraio.files import write_atomic
 from teraio.perf.replan import replan
 
@@ -43,8 +43,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="the new plans' room for SSD files, bytes (default: each committed plan's)")
     argv = sys.argv[1:] if argv is None else argv
     args, arena = parse_plan_options(ap, argv)
-    rows = [replan(j, cap, arena, args.released_grads, args.ssd_cap_bytes)
-            for j in args.jobs for cap in args.host_cap_bytes]
+    with refusing("benchmarks.replan"):
+        rows = [replan(j, cap, arena, args.released_grads, args.ssd_cap_bytes)
+                for j in args.jobs for cap in args.host_cap_bytes]
     write_rows(args.out, "benchmarks.replan", argv, rows, ("committed", "replanned"))
 
 

@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks import command
+from benchmarks import command, refusing
 from teraio.files import write_atomic
 from teraio.perf import jobdir
 from teraio.perf.replay import plan_tiers, replay_run
@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     jobs = []
     for job in args.jobs:
-        j = replay(job)
+        with refusing("benchmarks.replay_runs"):
+            j = replay(job)
         print(f"{job}: {j['status']}, recompute {j['recompute']} ({j['recomputes']} chains), measured "
               f"{j['measured_iteration_seconds']:.2f} s over {j['measured_steps']} steps, simulated "
               f"{j['simulated_iteration_seconds']:.2f} s ({j['simulated_over_measured']:.3f})")

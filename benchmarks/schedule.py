@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import command
+from benchmarks import command, refusing
 from teraio.core.plan import MigrationPlan
 from teraio.core.recompute import is_inplace
 from teraio.core.trace import Trace
@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     rows = []
     for job in args.jobs:
-        r = schedule(job)
+        with refusing("benchmarks.schedule"):
+            r = schedule(job)
         rows.append(r)
         print(f"{job.name}: ideal {r['ideal_s']:.1f} s, today {r['today_simulated_s']:.1f} s, schedule "
               f"{r['schedule_simulated_s']:.1f} s (recomputed {r['recomputed_bytes'] / 1e9:.1f} GB, "

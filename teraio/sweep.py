@@ -5,17 +5,20 @@
 
 Before the first run, every point of the sweep is composed and checked
 (:class:`SweepCallback`); bad input stops the sweep naming the key and what is valid.
-Then, per point (:func:`run_point_job`), in ``<runs_dir>/<name>/<point>/`` — a directory
-named after the point keys, so a rerun finds it:
+Then, per point (:func:`run_point_job`), in ``<runs_dir>/<name>/<point>/`` (``sweep.runs_dir``,
+``runs`` by default, relative to the directory the sweep starts in; its first line names the
+folder) — a directory named after the point keys, so a rerun finds it:
 
 * ``result.json`` already ``ok``: skipped (resume), never overwritten — if it was made
-  with the same config (:func:`changed_keys`: every key but where the drives are and
-  ``timeout_s``); one made with another config stops the sweep before anything runs
-  (a result is never shown under a config it was not made with), unless
+  with the same config (``teraio.harness.rows.changed_keys``: every key but where the
+  drives are and ``timeout_s``); one made with another config stops the sweep before
+  anything runs (a result is never shown under a config it was not made with), unless
   ``sweep.rerun_changed=true``: then it is kept as ``result.<n>.json`` and the point runs again;
-* an earlier failed ``result.json`` (oom, error, timeout) is kept as ``result.<n>.json``,
-  the side files of that attempt (trace, plan, logs of the run, ``resolved.yaml``) move to
-  ``attempt.<n>/`` (:func:`keep_attempt`), and the point runs again;
+* an earlier failed ``result.json`` (oom, error, timeout), or one the analysis would skip
+  (``teraio.harness.rows.row_status``: not JSON, another format, a key missing; never
+  counted ``ok``), is kept as ``result.<n>.json``, the side files of that attempt (trace,
+  plan, logs of the run, ``resolved.yaml``) move to ``attempt.<n>/`` (:func:`keep_attempt`),
+  and the point runs again;
 * ``resolved.yaml`` is written and ``python -m teraio.harness.run resolved.yaml`` runs as a
   subprocess (``torchrun`` for ``hardware.n_gpus`` > 1), its output streamed to the
   terminal and appended to ``worker.log``; past ``timeout_s`` its process group is killed
@@ -79,6 +82,7 @@ from teraio.files import SCRATCH, remove_orphans
 from teraio.harness.launch import console, launch_worker
 from teraio.harness.tune import decided, tune_settings, tuned_run, write_job_tuning
 from teraio.result import lock_path, read_status, result_row, write_result
+from teraio.harness.rows import UNREADABLE, changed_keys, row_status
 from teraio.harness.run import iso_time
 
 
@@ -154,34 +158,11 @@ def keep_attempt(job_dir: Path, kept_result: Path) -> None:
         entry.rename(dest / name)
 
 
-# Keys of the run config that do not change what a run measures: where its drives are
-# (so a runs dir copied elsewhere keeps its rows) and how long it may take.
-NOT_IDENTITY = ("hardware.ssd_dirs", "system.options.nvme_path", "timeout_s")
-
-
-# The config's sections (RunConfig's dataclasses): a field only one side has is a field
-# added or dropped since the row was made, not compared; below them a value (a map such as
-# hardware.prices) is compared whole.
-SECTIONS = ("", "model.", "workload.", "system.", "hardware.", "system.options.")
-
-
-def changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
-    """Dotted keys of the run config whose values differ between ``old`` (the config a row
-    was made with) and ``new``, but for :data:`NOT_IDENTITY`; a field of a section
-    (:data:`SECTIONS`) that only one side has (a row made before the field existed) is
-    not compared."""
-    if prefix in SECTIONS and isinstance(old, dict) and isinstance(new, dict):
-        return [k for key in sorted(set(old) & set(new), key=str)
-                for k in changed_keys(old[key], new[key], f"{prefix}{key}.")]
-    key = prefix.rstrip(".")
-    return [] if old == new or key in NOT_IDENTITY else [key]
-
-
 def changed_ok_row(job_dir: Path, run: RunConfig) -> list[str]:
     """The keys that :func:`changed_keys` finds between the ok row in ``job_dir`` and
     ``run``; empty where there is no ok row or it was made with the same config."""
     path = job_dir / "result.json"
-    if read_status(path) != "ok":
+    if row_status(path)[0] != "ok":
         return []
     done, now = json.loads(path.read_text()), run.to_dict()
     tuning = done.get("tuning") or {}
@@ -260,7 +241,8 @@ def _run_owned_point(cfg: DictConfig, job_dir: Path) -> str:
     if changed and not cfg.sweep.rerun_changed:
         console.print(f"[red]✗ changed:[/red] {escape(changed_message(job_dir, changed))}")
         return "changed"
-    if read_status(result_path) == "ok" and not changed:
+    status, unreadable = row_status(result_path)
+    if status == "ok" and not changed:
         console.print("  skip (ok)")
         return "skip"
     try:
@@ -278,6 +260,9 @@ def _run_owned_point(cfg: DictConfig, job_dir: Path) -> str:
         kept = history_path(result_path)
         result_path.rename(kept)
         keep_attempt(job_dir, kept)
+        if status == UNREADABLE:
+            console.print(f"  result.json is no row the analysis reads ({escape(unreadable)}): kept as "
+                          f"{kept.name}, running the point again")
     try:
         validate(run, check_device=cfg.sweep.check_device, make_ssd_dirs=cfg.sweep.make_ssd_dirs,
                  runs_dir=cfg.sweep.runs_dir)
@@ -346,7 +331,7 @@ class SweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Compose every point as the launcher will, build and validate its RunConfig,
         and refuse two points that share a job dir, and a point whose job dir holds an ok
-        row made with another config (:func:`changed_keys`) unless ``sweep.rerun_changed``.
+        row made with another config (``teraio.harness.rows.changed_keys``) unless ``sweep.rerun_changed``.
 
         Raises:
             SystemExit: for the first bad point, with its overrides and the reason.
@@ -375,11 +360,26 @@ class SweepCallback(Callback):
             if changed and not point.sweep.rerun_changed:
                 raise SystemExit(f"teraio.sweep: point [{where}]: {changed_message(job_dir, changed)}. "
                                  "Nothing was run.")
-            counts["changed" if changed else read_status(job_dir / "result.json") or "new"] += 1
+            counts["changed" if changed else row_status(job_dir / "result.json")[0] or "new"] += 1
         self.job_dirs = list(seen)
-        console.print(f"[bold]{len(seen)} points[/bold] in {config.hydra.sweep.dir}: "
+        console.print(f"[bold]{len(seen)} points[/bold] in {Path(config.hydra.sweep.dir).resolve()}: "
                       + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
                       + (" (ok ones are skipped)" if counts["ok"] else ""))
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """A single run (``+experiment=fig3``, the roofline): check that its traces exist
+        before Hydra makes its run dir (``teraio.harness.fig3.check_models``).
+
+        Raises:
+            SystemExit: a missing trace or a bad value, named.
+        """
+        if "roofline" in config:
+            from teraio.harness.fig3 import check_models
+
+            try:
+                check_models(config.roofline.models)
+            except ValueError as e:
+                raise SystemExit(f"teraio.sweep: {e}\nNothing was run.") from e
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         ok = job_return.status == JobStatus.COMPLETED and isinstance(job_return.return_value, str)
@@ -388,7 +388,7 @@ class SweepCallback(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         # What this sweep's own jobs ended with; a launcher that runs jobs elsewhere
         # (Slurm) reports none here, and then the rows on disk stand in.
-        statuses = self.outcomes or collections.Counter(read_status(d / "result.json") or "missing"
+        statuses = self.outcomes or collections.Counter(row_status(d / "result.json")[0] or "missing"
                                                         for d in self.job_dirs)
         console.print("[bold]sweep done:[/bold] " + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())))
         if statuses["changed"]:
@@ -442,7 +442,10 @@ def _hydra_main(cfg: DictConfig) -> str:
     if "roofline" in cfg:  # +experiment=fig3: modeled from saved traces, no worker, no GPU
         from teraio.harness.fig3 import run
 
-        run(cfg, Path(hc.runtime.output_dir))
+        try:
+            run(cfg, Path(hc.runtime.output_dir))
+        except ValueError as e:
+            raise SystemExit(f"teraio.sweep: {e}") from e
         return "ok"
     label = f"#{hc.job.num} " if hc.mode.name == "MULTIRUN" else ""
     status = run_point_job(cfg, Path(hc.runtime.output_dir), label)

@@ -34,13 +34,14 @@ INSTRUMENTED = {"ideal", "teraio_ssd", "teraio_mixed"}
 
 def write_run(root, name, *, system, batch, seq, micro, trial, tps=None, status="ok",
               host_cap=8 * GIB, n_ssd=2, m=1.5, artifacts=None, hardware="cpu_test",
-              measure="measured", iteration_extra=None):
+              measure="measured", iteration_extra=None, device="cuda"):
     """One hand-made result.json: two measured iterations at ``tps`` tokens/s; TeraIO and
     Ideal report stalls (10 % of the time) and migration (50 %), ZeRO reports neither;
-    ``iteration_extra`` is added to each iteration."""
+    ``iteration_extra`` is added to each iteration; ``device``: the config's, a GPU's unless
+    told."""
     point = {"model": "tiny", "system": system, "hardware": hardware, "batch_size": batch,
              "micro_batch_size": micro, "seq_len": seq, "trial": trial}
-    config = {"hardware": {"name": hardware, "host_mem_cap_bytes": host_cap,
+    config = {"hardware": {"name": hardware, "device": device, "host_mem_cap_bytes": host_cap,
                            "ssd_dirs": [f"/ssd{i}" for i in range(n_ssd)], "prices": PRICES,
                            "n_gpus": 1}}
     r = result_row(point, config)
@@ -800,3 +801,61 @@ def test_a_row_whose_micro_batch_teraio_chose_reads_as_the_choice(tmp_path):
     assert runs.set_index("system").loc["teraio_mixed", "micro_batch_size"] == 2
     assert runs.set_index("system").loc["teraio_mixed", "ran_micro_batch_size"] == 2
     analyze(tmp_path, tmp_path / "out")  # the tables and figures of such a sweep are made
+
+
+def set_config(job, key: str, value) -> None:
+    """Set the dotted ``key`` of the run config in ``job``'s row to ``value``."""
+    r = json.loads((job / "result.json").read_text())
+    *sections, name = key.split(".")
+    cfg = r["config"]
+    for s in sections:
+        cfg = cfg.setdefault(s, {})
+    cfg[name] = value
+    (job / "result.json").write_text(json.dumps(r))
+
+
+@pytest.mark.parametrize("key, values", [("workload.lr", [1e-4, 1e-3]),
+                                         ("hardware.gpu_capacity_bytes", [4 * GIB, 8 * GIB])])
+def test_trials_made_with_different_configs_are_refused_naming_the_key_and_values(tmp_path, key, values):
+    for t, v in enumerate(values):
+        set_config(write_run(tmp_path / "s", f"t{t}", system="ideal", batch=4, seq=64, micro=2, trial=t, tps=100.0),
+                   key, v)
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")) as e:
+        load_sweep(tmp_path / "s")
+    assert f"{values[0]!r} in s/t0" in str(e.value) and f"{values[1]!r} in s/t1" in str(e.value)
+    with pytest.raises(SystemExit, match=f"python -m analysis: .*{key}"):
+        main([str(tmp_path / "s")])
+    assert not (tmp_path / "s" / "analysis").exists()  # refused before anything is written
+
+
+def test_trials_pool_where_only_what_makes_them_trials_differs_or_auto_chose_the_same(tmp_path):
+    jobs = [write_run(tmp_path, f"t{t}", system="teraio_mixed", batch=4, seq=64, micro=2, trial=t, tps=100.0)
+            for t in range(3)]
+    for t, job in enumerate(jobs):
+        set_config(job, "seed", t)
+        set_config(job, "timeout_s", 100 * (t + 1))
+        set_config(job, "workload.measure_steps", 2 + t)
+        set_config(job, "system.options.host_arena", False if t == 0 else "auto")
+        r = json.loads((job / "result.json").read_text())
+        r["plan"] = {"host_arena": False}  # auto chose what trial 0 was told
+        (job / "result.json").write_text(json.dumps(r))
+    assert len(load_sweep(tmp_path).runs) == 3
+    r = json.loads((jobs[2] / "result.json").read_text())
+    r["plan"] = {"host_arena": True}  # now auto chose otherwise
+    (jobs[2] / "result.json").write_text(json.dumps(r))
+    with pytest.raises(ValueError, match=r"system\.options\.host_arena: False in .*/t0, False in .*/t1, True in "):
+        load_sweep(tmp_path)
+
+
+def test_a_trial_its_time_limit_cut_short_is_marked_in_the_throughput_table(tmp_path):
+    for t in (0, 1):
+        job = write_run(tmp_path, f"t{t}", system="fsdp_offload", batch=4, seq=64, micro=2, trial=t, tps=100.0)
+        set_config(job, "workload.measure_steps", 2 if t == 0 else 3)  # trial 1 measured 2 of 3
+    runs = load_sweep(tmp_path).runs
+    assert agg.cut_short(runs).tolist() == [False, True]
+    from analysis.tables import throughput_table
+    table = throughput_table(agg.add_pct_of_ideal(agg.summarize_runs(runs)))
+    assert table["steps"].tolist() == ["2 (1 cut short)"]
+    analyze(tmp_path, tmp_path / "out")
+    text = " ".join((tmp_path / "out" / "tables" / "throughput.md").read_text().split())
+    assert "cut short: ok trials that measured fewer steps than their point asks" in text

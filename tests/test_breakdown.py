@@ -479,3 +479,35 @@ def test_the_capacity_estimate_tracks_ideals_measured_peaks_on_the_h200():
     assert round(100 * max(g for g, _ in gaps.values()), 1) == 4.2  # as tests/test_config.py allows for
     assert {k for k, (g, _) in gaps.items() if g < 0} == {("granite_8b_8l", 4, 2560), ("granite_8b_8l", 2, 5120)}
     assert round(100 * min(g for g, _ in gaps.values()), 1) == -2.7
+
+
+def test_a_truncated_trace_is_named_once_and_the_other_rows_are_analysed(tmp_path):
+    import gzip
+    import json
+    import warnings
+
+    from analysis import analyze
+    from teraio.result import result_row, write_result
+
+    for trial in (0, 1):
+        job = tmp_path / "sweep" / f"run{trial}"
+        job.mkdir(parents=True)
+        packed = gzip.compress(json.dumps(hand_trace().to_dict()).encode())
+        (job / "trace.json.gz").write_bytes(packed if trial == 0 else packed[: len(packed) // 2])
+        point = {"model": "tiny", "system": "teraio_mixed", "hardware": "cpu", "batch_size": 2,
+                 "micro_batch_size": 1, "seq_len": 8, "trial": trial}
+        row = result_row(point, {"hardware": {"prices": {}, "host_mem_cap_bytes": 1 << 20, "ssd_dirs": ["/ssd"],
+                                              "n_gpus": 1}})
+        row.update(status="ok", tokens_per_s=10.0, artifacts={"trace": "trace.json"},
+                   iterations=[{"step": 2, "seconds": 1.0, "tokens": 16, "tokens_per_s": 16.0, "loss": 1.0}])
+        write_result(job / "result.json", row)
+    damaged = tmp_path / "sweep" / "run1" / "trace.json.gz"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        paths = analyze(tmp_path / "sweep")  # once gzip's EOFError, naming no file
+    named = [str(w.message) for w in caught if "trace" in str(w.message)]
+    assert len(named) == 1 and str(damaged) in named[0] and "EOFError" in named[0]
+    table = paths["tables/memory_breakdown.md"].read_text()
+    assert "| tiny | teraio_mixed | bs2_seq8 | 1 | 0 |" in table  # trial 0's, and not trial 1's:
+    assert "| tiny | teraio_mixed | bs2_seq8 | 1 | 1 |" not in table
+    assert str(damaged) in paths["index.md"].read_text()  # flagged where the analysis says what it skipped

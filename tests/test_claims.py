@@ -17,7 +17,7 @@ from analysis import claims as cl
 from analysis import load_sweep
 from analysis.fairness import fairness_frame, fairness_table
 from analysis.tables import throughput_table
-from test_analysis import write_run
+from test_analysis import set_config, write_run
 
 REPO = Path(__file__).resolve().parents[1]
 REF = REPO / "runs" / "reference" / "h200"
@@ -268,3 +268,62 @@ def test_c18_reads_the_schedule_search_teraio_runs_by_default(tmp_path):
     path.write_text(json.dumps({"entries": entries}))
     f = cl.c18(cl.Evidence([], plan_compile=path))
     assert f.verdict == cl.SUPPORTED and "recompute=auto" not in f.ours
+
+
+def cpu_rows(root: Path, mixed: float = 5537.0) -> Path:
+    """A sweep of CPU rows, as the smoke sweep makes: Ideal, TeraIO-Mixed at 553.7 % of it and
+    a ZeRO-Offload whose capacity nothing enforced."""
+    write_run(root, "ideal", system="ideal", trial=0, tps=1000.0, device="cpu", **WL)
+    write_run(root, "mixed", system="teraio_mixed", trial=0, tps=mixed, device="cpu", **WL)
+    edit(write_run(root, "zero", system="zero_offload", trial=0, tps=700.0, device="cpu", **WL),
+         capacity_enforced=False)
+    return root
+
+
+def test_claims_of_a_folder_without_a_fig7_sweep_are_not_measured(tmp_path, capsys):
+    smoke = cpu_rows(tmp_path / "smoke")
+    cl.main([str(smoke), "--out", str(tmp_path / "out")])  # once a KeyError in C16
+    found = {c.id: f for c, f in cl.findings(cl.Evidence([load_sweep(smoke)]))}
+    assert found["C2"].verdict == found["C16"].verdict == cl.NOT_MEASURED
+    assert found["C16"].ours == "no fig7* sweep given" and found["C14"].ours == "no fig9* sweep given"
+
+
+def test_a_gpu_claim_is_not_measured_from_rows_with_no_gpu(tmp_path):
+    ev = cl.Evidence([load_sweep(cpu_rows(tmp_path / "fig7_cpu"))])
+    found = {c.id: f for c, f in cl.findings(ev)}
+    assert found["C2"].verdict == cl.NOT_MEASURED  # once supported, at 553.7 % of Ideal
+    assert found["C2"].ours == "no row of the fig7* sweeps to read: 3 rows with no GPU"
+    for claim in cl.CLAIMS:
+        if claim.reads == "fig7":
+            assert found[claim.id].verdict == cl.NOT_MEASURED, claim.id
+    cl.write_claims(ev, tmp_path / "out")
+    text = " ".join((tmp_path / "out" / "claims.md").read_text().split())
+    assert "Read by no claim: 3 rows with no GPU" in text and "fig7_cpu/mixed" in text
+
+
+def test_a_share_of_ideal_above_100_percent_is_flagged_and_never_supported(tmp_path):
+    f = finding(fig7(tmp_path, 1500.0, 700.0), "C2")
+    assert f.verdict == cl.PARTLY and "mean 150.0 %" in f.ours
+    assert "flagged: 150.0 % of Ideal at 1 point, above Ideal" in f.ours
+
+
+def test_a_row_cut_short_by_its_time_limit_is_read_by_no_claim(tmp_path):
+    root = tmp_path / "fig7_x"
+    fig7(tmp_path, 950.0, 700.0)
+    job = root / "mixed1"
+    r = json.loads((job / "result.json").read_text())
+    r["config"]["workload"] = {"measure_steps": 3}  # it measured 2 of them
+    r["time_limited"] = {"reason": "cut", "measured_steps": 2, "asked_steps": 3, "timeout_s": 60}
+    (job / "result.json").write_text(json.dumps(r))
+    ev = cl.Evidence([load_sweep(root)])
+    assert ev.aside.values.tolist() == [["fig7_x", "mixed1", "fewer measured steps than asked"]]
+    f = finding(ev, "C2")
+    assert "fig7_x/mixed0/result.json" in f.used and "fig7_x/mixed1/result.json" not in f.used
+
+
+def test_trials_of_different_configs_in_two_sweeps_are_refused(tmp_path):
+    for t, (name, lr) in enumerate((("fig7_a", 1e-4), ("fig7_b", 1e-3))):
+        job = write_run(tmp_path / name, "mixed", system="teraio_mixed", trial=t, tps=1.0, **WL)
+        set_config(job, "workload.lr", lr)
+    with pytest.raises(ValueError, match=r"workload\.lr: 0\.0001 in fig7_a/mixed, 0\.001 in fig7_b/mixed"):
+        cl.Evidence([load_sweep(tmp_path / n) for n in ("fig7_a", "fig7_b")])

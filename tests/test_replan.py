@@ -244,3 +244,20 @@ def test_the_drive_room_replan_is_reproduced():
     assert first["replanned"]["shortfall_bytes"] == 3_159_051_069
     assert trial0["replanned"]["migrations"] == trial0["committed"]["migrations"]
     assert trial0["replanned"]["bytes_per_tier"] == trial0["committed"]["bytes_per_tier"]
+
+
+@pytest.mark.parametrize("tool", ["replan", "replay_runs", "schedule", "host_packing"])
+def test_a_truncated_trace_stops_a_tool_with_one_line_naming_it(tmp_path, tool):
+    import importlib
+    import shutil
+
+    job = tmp_path / "job"
+    shutil.copytree(ROOT / "runs/reference/h200/fig7_h200/llama3_8b_4l-teraio_mixed-h200-bs8-mb2-seq3072-t0", job)
+    trace = jobdir.side_file(job, "trace.json")
+    trace.write_bytes(trace.read_bytes()[:1000])
+    out = tmp_path / "out.json"
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(f"benchmarks.{tool}").main([str(job), "--out", str(out)])
+    assert str(e.value) == f"python -m benchmarks.{tool}: {trace} is damaged (EOFError: Compressed file ended " \
+                           "before the end-of-stream marker was reached)"
+    assert not out.exists()

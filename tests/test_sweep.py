@@ -449,3 +449,42 @@ def test_the_sweep_ends_with_the_analysis_index_and_the_table_not_every_path(tmp
     assert f"files in {runs / 'smoke' / 'analysis'}; see " in out and "index.md" in out
     assert "tables/throughput.tex" not in out and "| System" in p.stdout  # the table, not the list
     assert (runs / "smoke" / ".analysis.lock").exists()  # concurrent sweeps' analyses take turns
+
+
+@pytest.mark.parametrize("broken", [
+    lambda r: r.pop("tokens_per_s"),         # a key the analysis needs
+    lambda r: r.update(iterations=[]),      # an ok row that measured nothing
+    lambda r: r.update(format="teraio.result/0"),
+])
+def test_an_ok_row_the_analysis_would_skip_is_run_again_and_kept(tmp_path, fake_worker, broken):
+    runs = tmp_path / "runs"
+    assert run_sweep(runs, {}, fake_worker, "trial=0").returncode == 0
+    r = row(runs, 0)
+    broken(r)
+    (job_dir(runs, 0) / "result.json").write_text(json.dumps(r))
+    skipped = (job_dir(runs, 0) / "result.json").read_bytes()
+    p = run_sweep(runs, {}, fake_worker, "trial=0")
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = " ".join(p.stdout.split())
+    assert "1 unreadable" in out and "skip (ok)" not in out
+    assert "kept as result.1.json, running the point again" in out
+    assert calls(runs, 0) == 2 and row(runs, 0)["status"] == "ok" and "tokens_per_s" in row(runs, 0)
+    assert (job_dir(runs, 0) / "result.1.json").read_bytes() == skipped
+
+
+def test_a_sweep_started_elsewhere_writes_under_that_dirs_runs_and_says_where(tmp_path, fake_worker):
+    p = subprocess.run([sys.executable, "-m", "teraio.sweep", "+experiment=smoke", "system=ideal", "trial=0",
+                        "sweep.analyze=false"], cwd=tmp_path, env=sweep_env({}, fake_worker),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert (tmp_path / "runs" / "smoke" / "llama3_tiny-ideal-cpu_ci-bs4-mb2-seq64-t0" / "result.json").exists()
+    assert f"1 points in {tmp_path / 'runs' / 'smoke'}:" in " ".join(p.stdout.split())
+
+
+def test_the_roofline_from_another_dir_names_the_missing_trace_in_one_line(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "teraio.sweep", "+experiment=fig3"], cwd=tmp_path,
+                       env=sweep_env({}, None), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "Traceback" not in p.stdout + p.stderr, p.stdout + p.stderr
+    assert p.stderr.startswith("teraio.sweep: roofline.models.llama3_8b.trace=benchmarks/results/"), p.stderr
+    assert f"taken from the directory the command runs in, {tmp_path}" in p.stderr
+    assert not (tmp_path / "runs").exists()  # refused before Hydra made its run dir

@@ -18,10 +18,40 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 from rich.console import Console
 
-from teraio.perf.roofline import roofline, save_roofline
 from teraio.core.trace import Trace
+from teraio.perf.jobdir import read_trace
+from teraio.perf.roofline import roofline, save_roofline
 
 console = Console(highlight=False, emoji=False)
+
+
+def check_models(section: DictConfig) -> dict[str, tuple[Path, float]]:
+    """``{name: (trace file, paper_m)}`` of the models of ``roofline.models`` whose ``trace``
+    is not null, each file found (a relative path is taken from the directory the command
+    runs in); nothing is read.
+
+    Raises:
+        ValueError: a trace path that does not exist (naming it and where it was looked for),
+            ``paper_m`` <= 100 (a model that fits needs no offloading and has no roofline), or
+            every trace null.
+    """
+    found = {}
+    for name, spec in section.items():
+        if spec.trace is None:
+            continue
+        path = Path(to_absolute_path(str(spec.trace)))
+        if not path.is_file():
+            raise ValueError(f"roofline.models.{name}.trace={spec.trace}: no such file ({path}; a relative path "
+                             f"is taken from the directory the command runs in, {Path.cwd()}): run from the "
+                             "repository root, or give a saved trace (.json or .json.gz), or null to leave the "
+                             "model out")
+        if not float(spec.paper_m) > 100:
+            raise ValueError(f"roofline.models.{name}.paper_m={spec.paper_m}: must be > 100 "
+                             "(percent of the GPU capacity)")
+        found[name] = (path, float(spec.paper_m))
+    if not found:
+        raise ValueError("roofline.models: every trace is null; nothing to plot")
+    return found
 
 
 def load_models(section: DictConfig) -> tuple[dict[str, Trace], dict[str, int]]:
@@ -29,26 +59,17 @@ def load_models(section: DictConfig) -> tuple[dict[str, Trace], dict[str, int]]:
     ``paper_m`` in percent. A model whose ``trace`` is null is left out (no trace yet).
 
     Raises:
-        ValueError: a trace path that does not exist, or ``paper_m`` <= 100 (a model
-            that fits needs no offloading and has no roofline).
+        ValueError: as :func:`check_models`, or a damaged trace (naming it,
+            ``teraio.perf.jobdir.read_trace``).
     """
-    traces, caps = {}, {}
     for name, spec in section.items():
         if spec.trace is None:
             console.print(f"[yellow]{name}: roofline.models.{name}.trace is null, left out "
                           "(no trace yet)[/yellow]")
-            continue
-        path = Path(to_absolute_path(str(spec.trace)))
-        if not path.is_file():
-            raise ValueError(f"roofline.models.{name}.trace={spec.trace}: no such file ({path}); "
-                             "give a saved trace (.json or .json.gz), or null to leave the model out")
-        if not float(spec.paper_m) > 100:
-            raise ValueError(f"roofline.models.{name}.paper_m={spec.paper_m}: must be > 100 "
-                             "(percent of the GPU capacity)")
-        traces[name] = Trace.load(path)
-        caps[name] = int(traces[name].peak_bytes() / (float(spec.paper_m) / 100))
-    if not traces:
-        raise ValueError("roofline.models: every trace is null; nothing to plot")
+    traces, caps = {}, {}
+    for name, (path, paper_m) in check_models(section).items():
+        traces[name] = read_trace(path)
+        caps[name] = int(traces[name].peak_bytes() / (paper_m / 100))
     return traces, caps
 
 

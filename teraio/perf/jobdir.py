@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from pathlib import Path
 
 from teraio.config import RunConfig, load_run_config
@@ -37,9 +38,28 @@ def side_file(job: str | Path, name: str) -> Path | None:
 
 
 def read_json(path: str | Path) -> dict:
-    """The JSON document in ``path``, gunzipped first where the name ends in ``.gz``."""
+    """The JSON document in ``path``, gunzipped first where the name ends in ``.gz``.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is damaged (truncated, not gzip where named ``.gz``, not JSON), naming
+            the file and what is wrong.
+    """
     raw = Path(path).read_bytes()
-    return json.loads(gzip.decompress(raw) if Path(path).suffix == ".gz" else raw)
+    try:
+        return json.loads(gzip.decompress(raw) if Path(path).suffix == ".gz" else raw)
+    except (EOFError, OSError, ValueError, zlib.error) as e:  # gzip's: EOFError, BadGzipFile, zlib.error
+        raise ValueError(f"{path} is damaged ({type(e).__name__}: {e})") from e
+
+
+def read_trace(path: str | Path) -> Trace:
+    """The profiled step saved in ``path`` (``Trace.save``'s ``.json`` or ``.json.gz``).
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: as :func:`read_json`.
+    """
+    return Trace.from_dict(read_json(path))
 
 
 def _required(job: str | Path, name: str) -> Path:
@@ -53,7 +73,7 @@ def result(job: str | Path, prefix: str = "") -> dict:
     """The run's row (``<prefix>result.json``).
 
     Raises:
-        ValueError: the folder holds no such file.
+        ValueError: the folder holds no such file, or a damaged one (:func:`read_json`).
     """
     return read_json(_required(job, prefix + RESULT))
 
@@ -73,9 +93,9 @@ def trace(job: str | Path, prefix: str = "", released_grads: bool = False) -> Tr
     (``Trace.with_released_grads``).
 
     Raises:
-        ValueError: the folder holds no such file.
+        ValueError: the folder holds no such file, or a damaged one (:func:`read_json`).
     """
-    t = Trace.from_dict(read_json(_required(job, prefix + TRACE)))
+    t = read_trace(_required(job, prefix + TRACE))
     return t.with_released_grads() if released_grads else t
 
 
@@ -83,7 +103,7 @@ def plan(job: str | Path, prefix: str = "") -> MigrationPlan:
     """The run's migration plan (``<prefix>plan.json``).
 
     Raises:
-        ValueError: the folder holds no such file.
+        ValueError: the folder holds no such file, or a damaged one (:func:`read_json`).
     """
     return MigrationPlan.from_dict(read_json(_required(job, prefix + PLAN)))
 

@@ -1,0 +1,72 @@
+"""Trials pooled as one point must be runs of one config: a mean over trials made with a
+different learning rate or GPU capacity would show as one point what are two.
+
+The trials of a group (``aggregate.GROUP_KEYS``) may differ only in what makes them trials
+(:data:`TRIAL_KEYS`: the trial, its seed, how many steps it ran and measured, which the tables
+show per group) and in what does not change what a run measures
+(``teraio.harness.rows.NOT_IDENTITY``: where the drives are, the time limit). A setting left to
+``auto`` compares as the choice its row records (:func:`ran_with`).
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+
+import pandas as pd
+
+from teraio.harness.rows import changed_keys
+
+from .aggregate import GROUP_KEYS
+
+TRIAL_KEYS = ("trial", "seed", "workload.warmup_steps", "workload.measure_steps")
+
+
+def ran_with(result: dict) -> dict:
+    """The config a row's run ran with: its ``config``, where ``workload.micro_batch_size`` is
+    ``auto`` the micro-batch TeraIO chose (``micro_batch.chosen``), and where
+    ``system.options.host_arena`` is ``auto`` the packing its plan chose (``plan.host_arena``)."""
+    cfg = copy.deepcopy(result.get("config") or {})
+    workload = cfg.get("workload") or {}
+    mb = (result.get("micro_batch") or {}).get("chosen")
+    if workload.get("micro_batch_size") == "auto" and mb is not None:
+        workload["micro_batch_size"] = mb
+    options = (cfg.get("system") or {}).get("options") or {}
+    arena = (result.get("plan") or {}).get("host_arena")
+    if options.get("host_arena") == "auto" and arena is not None:
+        options["host_arena"] = arena
+    return cfg
+
+
+def _value(cfg: dict, key: str):
+    for part in key.split("."):
+        cfg = cfg.get(part) if isinstance(cfg, dict) else None
+    return cfg
+
+
+def check_one_config(runs: pd.DataFrame, configs: Mapping[tuple[str, str], dict]) -> None:
+    """Refuse a group of ``runs`` (the per-run frame, ``analysis.load``) whose rows ran with
+    different configs.
+
+    Args:
+        configs: ``(sweep, job_dir)`` of every row of ``runs`` -> :func:`ran_with` of its row.
+
+    Raises:
+        ValueError: for the first such group: its point, each key that differs with the value
+            of each trial, and what to do.
+    """
+    for _, g in runs.groupby(GROUP_KEYS, dropna=False, sort=False):
+        if len(g) < 2:
+            continue
+        cfgs = [configs[(s, j)] for s, j in zip(g["sweep"], g["job_dir"])]
+        keys = sorted({k for c in cfgs[1:] for k in changed_keys(cfgs[0], c) if k not in TRIAL_KEYS})
+        if not keys:
+            continue
+        r = g.iloc[0]
+        trials = [f"{s}/{j}" for s, j in zip(g["sweep"], g["job_dir"])]
+        per_key = "; ".join(f"{k}: " + ", ".join(f"{_value(c, k)!r} in {t}" for c, t in zip(cfgs, trials))
+                            for k in keys)
+        raise ValueError(
+            f"the trials of {r['model']} {r['system']} {r['config']} (micro-batch {r['micro_batch_size']}) were made "
+            f"with different configs, so their mean would pool different runs as one point: {per_key}; analyse "
+            "each config apart (move the job dirs of one into a sweep dir of their own) or run the point's trials "
+            "again with one config (sweep.rerun_changed=true)")
