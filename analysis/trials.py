@@ -10,10 +10,12 @@ show per group) and in what does not change what a run measures
 from __future__ import annotations
 
 import copy
+import importlib
 from collections.abc import Mapping
 
 import pandas as pd
 
+from teraio import systems
 from teraio.harness.rows import changed_keys
 
 from .aggregate import GROUP_KEYS
@@ -22,18 +24,23 @@ TRIAL_KEYS = ("trial", "seed", "workload.warmup_steps", "workload.measure_steps"
 
 
 def ran_with(result: dict) -> dict:
-    """The config a row's run ran with: its ``config``, where ``workload.micro_batch_size`` is
-    ``auto`` the micro-batch TeraIO chose (``micro_batch.chosen``), and where
-    ``system.options.host_arena`` is ``auto`` the packing its plan chose (``plan.host_arena``)."""
+    """The config a row's run ran with: its ``config``, where a setting is ``auto`` the choice
+    its run made, as the system's decider reads it from an ok row (the registry's
+    ``SystemSpec.decider``; TeraIO: ``recompute`` ``on`` or ``off`` by its plan's recomputes,
+    ``host_arena`` the packing its plan kept, ``workload.micro_batch_size`` the micro-batch it
+    chose), so that a point's trial that made its choices pools with the trials that ran them
+    (``teraio.harness.tune.decided``)."""
     cfg = copy.deepcopy(result.get("config") or {})
-    workload = cfg.get("workload") or {}
-    mb = (result.get("micro_batch") or {}).get("chosen")
-    if workload.get("micro_batch_size") == "auto" and mb is not None:
-        workload["micro_batch_size"] = mb
-    options = (cfg.get("system") or {}).get("options") or {}
-    arena = (result.get("plan") or {}).get("host_arena")
-    if options.get("host_arena") == "auto" and arena is not None:
-        options["host_arena"] = arena
+    name = (cfg.get("system") or {}).get("name") or (result.get("point") or {}).get("system")
+    ref = systems.get(name).decider if name in systems.names() else None
+    if ref is None or result.get("status") != "ok" or not result.get("plan"):
+        return cfg
+    options, workload = importlib.import_module(ref).decision(result)
+    options_now = cfg.setdefault("system", {}).setdefault("options", {})
+    for section, chosen in ((options_now, options), (cfg.setdefault("workload", {}), workload)):
+        for key, value in chosen.items():
+            if section.get(key) == "auto":
+                section[key] = value
     return cfg
 
 

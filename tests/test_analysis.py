@@ -847,6 +847,22 @@ def test_trials_pool_where_only_what_makes_them_trials_differs_or_auto_chose_the
         load_sweep(tmp_path)
 
 
+def test_the_trial_that_decided_a_point_pools_with_the_trials_that_ran_its_choice(tmp_path):
+    # teraio.harness.tune.decided: trial 0 ran with recompute auto and kept a plan that
+    # recomputes; trials 1 and 2 ran with "on", its choice
+    jobs = [write_run(tmp_path, f"t{t}", system="teraio_mixed", batch=4, seq=64, micro=2, trial=t, tps=100.0)
+            for t in range(3)]
+    for t, job in enumerate(jobs):
+        set_config(job, "system.options.recompute", "auto" if t == 0 else "on")
+        r = json.loads((job / "result.json").read_text())
+        r["plan"] = {"host_arena": False, "recomputes": 3}
+        (job / "result.json").write_text(json.dumps(r))
+    assert len(load_sweep(tmp_path).runs) == 3
+    set_config(jobs[2], "system.options.recompute", "off")
+    with pytest.raises(ValueError, match=r"system\.options\.recompute: 'on' in .*/t0, 'on' in .*/t1, 'off' in "):
+        load_sweep(tmp_path)
+
+
 def test_a_trial_its_time_limit_cut_short_is_marked_in_the_throughput_table(tmp_path):
     for t in (0, 1):
         job = write_run(tmp_path, f"t{t}", system="fsdp_offload", batch=4, seq=64, micro=2, trial=t, tps=100.0)
