@@ -221,3 +221,12 @@ def test_ideal_checks_its_options():
             ideal.check_options("ideal", options)
     with pytest.raises(ValueError, match=r"measure=modeled needs modeled_traces.llama3_small"):
         ideal.run(small_cfg(measure="modeled"), Path("."), torch.device("cpu"))
+
+
+def test_a_modeled_ideal_from_a_damaged_trace_names_the_file(tmp_path):
+    damaged = tmp_path / "trace.json.gz"
+    damaged.write_bytes(b"\x1f\x8b\x08\x00truncated")
+    cfg = run_config_from_dict({"model": {"name": "m"}, "system": {"name": "ideal"},
+                                "workload": {"batch_size": 2, "micro_batch_size": 1}})
+    with pytest.raises(ValueError, match=rf"{damaged} is damaged"):
+        ideal.run_modeled(cfg, damaged)

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from teraio.core.bandwidth import TierBandwidth
 from teraio.core.planner import plan_migrations
 from teraio.core.trace import Trace
+from teraio.perf.jobdir import read_trace
 from teraio.perf.simulator import POLICIES, simulate
 
 BANDWIDTHS_GBPS: tuple[float, ...] = (0, 4, 8, 12, 16, 24, 32, 48, 64)  # paper Fig. 3's x ticks
@@ -167,7 +168,7 @@ def main(trace_paths: list[str | Path], capacities: list[int], out_dir: str | Pa
     traces: dict[str, Trace] = {}
     caps: dict[str, int] = {}
     for path, cap in zip(trace_paths, capacities):
-        trace = Trace.load(path)
+        trace = read_trace(path)  # a damaged file: a ValueError naming it
         name = str(trace.meta.get("model") or Path(path).name.split(".")[0])
         if name in traces:
             raise ValueError(f"two traces are named {name!r} ({path}); model names must differ")

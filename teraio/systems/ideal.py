@@ -36,6 +36,7 @@ from teraio.workload.models import build_model
 from teraio.workload.pipeline import build_training, gather_stages
 from teraio.workload.step import make_batch, make_optimizer
 from teraio.core.trace import Trace
+from teraio.perf.jobdir import read_trace
 
 NO_BYTES = {"ssd": 0, "host": 0}
 # Nothing moves, nothing stalls.
@@ -303,7 +304,7 @@ def run_modeled(cfg: RunConfig, trace_file: Path) -> Measurements:
     """
     if not trace_file.is_file():
         raise ValueError(f"system.options.modeled_traces.{cfg.model.name}: no such file {trace_file}")
-    trace = Trace.load(trace_file)
+    trace = read_trace(trace_file)  # a damaged file: a ValueError naming it
     w, meta = cfg.workload, trace.meta
     whole_step = meta.get("batch_size") == w.batch_size
     want = {"model": cfg.model.name, "n_layers": cfg.model.n_layers, "micro_batch_size": w.micro_batch_size,
