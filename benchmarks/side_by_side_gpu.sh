@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
-# What TeraIO costs beside Ideal on one GPU, in one device call: benchmarks/engine_tax.py at
-# fig7_h200's Llama3-8B cut seq_short (Ideal's step, the engine with a plan that moves nothing,
-# the profiled op times with and without the pager), then Ideal and TeraIO-Mixed there through
-# the sweep (TRIALS; the transfer log times each host copy on its stream), then
-# benchmarks/host_adam.py (AdamW's update rate in host memory: torch's three CPU
-# implementations and DeepSpeed's CPU Adam, whose op is built first).
+# TeraIO beside what it is compared with on one GPU, in one device call, any of:
+#   tax:  benchmarks/engine_tax.py at fig7_h200's Llama3-8B cut seq_short (Ideal's step, the
+#         engine with a plan that moves nothing, the profiled op times with and without the
+#         pager, the GPU's clock and power per step);
+#   rows: a fig7_h200 sweep (ROWS, default Ideal and TeraIO-Mixed at that point; the transfer
+#         and op logs hold the GPU's own timeline), the GPU's clock sampled through it;
+#   adam: benchmarks/host_adam.py (AdamW's update rate in host memory: torch's three CPU
+#         implementations and DeepSpeed's CPU Adam, whose op is built first).
 # Writes into OUT (default ./tax_out): engine_tax.json, its three traces in tax_traces.tar.gz,
 # rows.tar.gz (the sweep's job dirs whole: rows, traces, plans, logs, and the GPU's clock and
 # power sampled through them, clocks.csv), a summary line per row
 # (summary.txt), host_adam.json.
 # Run from the repository root on the GPU machine:
-#   source scripts/remote_env.sh && bash benchmarks/engine_tax_gpu.sh
-#   TRIALS (default 0)   BUDGET_S (default 540)   TIMEOUT_S (per point, default 200)
-#   WHICH: any of tax,rows,adam, comma-separated (default all three)
+#   source scripts/remote_env.sh && bash benchmarks/side_by_side_gpu.sh
+#   ROWS (the sweep's overrides; default below)   TRIALS (default 0)   BUDGET_S (default 540)
+#   TIMEOUT_S (per point, default 200)   WHICH: any of tax,rows,adam, comma-separated (default all three)
 set -uo pipefail
 OUT=${OUT:-tax_out}
 RUNS=${RUNS:-/tmp/tax_runs}
 TRIALS=${TRIALS:-0}
+ROWS=${ROWS:-model=llama3_8b_4l fig7.point=seq_short system=ideal,teraio_mixed}
 BUDGET_S=${BUDGET_S:-540}
 TIMEOUT_S=${TIMEOUT_S:-200}
 WHICH=${WHICH:-tax,rows,adam}
@@ -33,7 +36,8 @@ case ,$WHICH, in *,rows,*)
   # the GPU's clock and power through the rows (nvidia-smi every 100 ms; epoch times in the rows)
   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms=100 \
     > "$RUNS/clocks.csv" 2>/dev/null & sampler=$!
-  fig7_sweep side_by_side model=llama3_8b_4l fig7.point=seq_short system=ideal,teraio_mixed "trial=$TRIALS"
+  # shellcheck disable=SC2086  # ROWS holds several overrides
+  fig7_sweep side_by_side $ROWS "trial=$TRIALS"
   kill "$sampler"
   tar czf "$OUT/rows.tar.gz" -C "$RUNS" --exclude '*.lock' .
   python - "$RUNS" <<'PY' | tee "$OUT/summary.txt"
