@@ -87,10 +87,10 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from teraio.core.plan import Migration, MigrationPlan, cyclic_between
-from teraio.core.profiler import fresh_outputs, iter_tensors, parse_intermediate, storage_id, storage_key
+from teraio.core.profiler import fresh_outputs, iter_tensors, storage_id, storage_key
 from teraio.core.rerun import Reruns
 from teraio.core.tiers.base import Transfer, byte_view
-from teraio.core.trace import Trace
+from teraio.core.trace import Trace, parse_intermediate
 
 RESIDENT, OFFLOADING, OFFLOADED, PREFETCHING = "resident", "offloading", "offloaded", "prefetching"
 # The :class:`StepStats` fields that count the engine's unplanned work in a step: fetches the

@@ -12,7 +12,8 @@ Model
   later iteration), each gap between consecutive uses ``a = u_i`` and ``b = u_{i+1}`` with
   ``b - a >= 2``; for a persistent tensor also the wrap-around gap from its last use to its
   first use of the next iteration (paper §3.1: global tensors' periods may span two
-  iterations).
+  iterations), except for a parameter updated in host memory (``meta["host_update"]``,
+  ``Trace.with_host_update``), whose copy comes back refreshed across that gap.
 * **Time.** Op k occupies ``[T[k], T[k+1])`` with ``T = trace.op_start_seconds()``; call
   that interval *slot* k.
 * **Bandwidth timeline** (paper Fig. 6a), one per (tier, direction): a fluid model in
@@ -182,8 +183,11 @@ def inactive_periods(trace: Trace, min_tensor_bytes: int = 1 << 20) -> Periods:
     b = np.empty_like(uses)
     b[:-1] = uses[1:]
     b[end - 1] = uses[end - count] + n
-    persistent = np.fromiter((t.persistent for t in tensors), bool, len(tensors))
-    keep = (~last | persistent[of]) & (b - uses >= 2)
+    # a parameter updated in host memory (Trace.with_host_update) comes back refreshed every
+    # iteration: its wrap-around gap is the host update's, never a candidate
+    refreshed = trace.meta.get("host_update", {})
+    wraps = np.fromiter((t.persistent and t.name not in refreshed for t in tensors), bool, len(tensors))
+    keep = (~last | wraps[of]) & (b - uses >= 2)
     tid = np.fromiter((t.tid for t in tensors), np.int64, len(tensors))
     nbytes = np.fromiter((t.nbytes for t in tensors), np.int64, len(tensors))
     return Periods(tid[of][keep], nbytes[of][keep], uses[keep], b[keep])

@@ -55,18 +55,6 @@ def storage_key(t: torch.Tensor) -> int:
     return storage_id(t.untyped_storage())
 
 
-def parse_intermediate(name: str) -> tuple[int, int]:
-    """``"op<k>:out<j>"`` (the name the profiler gives output slot j of op k) -> (k, j).
-
-    Raises:
-        ValueError: ``name`` is not such a name.
-    """
-    op, out = name.split(":")
-    if not (op.startswith("op") and out.startswith("out")):
-        raise ValueError(f"{name!r} is not an intermediate tensor name (op<k>:out<j>)")
-    return int(op[2:]), int(out[3:])
-
-
 def fresh_outputs(out, in_keys: set[int]) -> list[torch.Tensor]:
     """The outputs of an op that live in newly allocated storages, in output order (their
     position is the ``out<j>`` slot of the intermediate's name). Outputs that alias an input

@@ -35,8 +35,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_map_only
 
 from teraio.core.plan import Recompute
-from teraio.core.profiler import fresh_outputs, iter_tensors, parse_intermediate, storage_key
+from teraio.core.profiler import fresh_outputs, iter_tensors, storage_key
 from teraio.core.recompute import out_variant
+from teraio.core.trace import parse_intermediate
 
 
 @dataclasses.dataclass(frozen=True)

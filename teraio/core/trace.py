@@ -37,6 +37,28 @@ TensorKind = Literal["param", "grad", "optim", "activation", "temp", "input"]
 TENSOR_KINDS: tuple[str, ...] = ("param", "grad", "optim", "activation", "temp", "input")
 
 
+def parse_intermediate(name: str) -> tuple[int, int]:
+    """``"op<k>:out<j>"`` (the name the profiler gives output slot j of op k) -> (k, j).
+
+    Raises:
+        ValueError: ``name`` is not such a name.
+    """
+    op, _, out = name.partition(":")
+    if not (op.startswith("op") and out.startswith("out") and op[2:].isdigit() and out[3:].isdigit()):
+        raise ValueError(f"{name!r} is not an intermediate tensor name (op<k>:out<j>)")
+    return int(op[2:]), int(out[3:])
+
+
+def param_of(name: str) -> str | None:
+    """The parameter a persistent tensor belongs to (``"param:<fqn>"`` for ``"param:<fqn>"``
+    and ``"optim:<fqn>:<state key>"``); None for any other name."""
+    if name.startswith("param:"):
+        return name
+    if name.startswith("optim:"):
+        return "param:" + name[len("optim:"):].rpartition(":")[0]
+    return None
+
+
 @dataclasses.dataclass
 class TensorRecord:
     """One storage seen during the profiled iteration.
@@ -189,6 +211,106 @@ class Trace:
             return self
         return dataclasses.replace(self, op_allocated_bytes=self.op_allocated_bytes - held,
                                    meta={**self.meta, "released_grads": True})
+
+    def update_blocks(self) -> dict[str, tuple[int, int, str | None]]:
+        """Per parameter updated in ``optimizer.step``, ``(first, end, grad)``: the ops
+        ``[first, end)`` of its update and the name of the gradient it reads. A per-tensor
+        optimizer (``teraio.workload.step.make_optimizer``) updates one parameter after the
+        other, so each parameter's ops are one run: those touching its parameter, state or
+        gradient, and those touching only what such an op made (its temporaries).
+
+        Raises:
+            ValueError: no ``meta["optimizer_ops"]``, or a parameter whose ops are not one run
+                (an optimizer that updates several at once, e.g. ``foreach``).
+        """
+        if len(self.meta.get("optimizer_ops", ())) != 2:
+            raise ValueError("trace has no meta['optimizer_ops'] = [first, end) of optimizer.step; "
+                             "profile it again with teraio.core.profiler.profile_step")
+        first, end = (int(x) for x in self.meta["optimizer_ops"])
+        by_op: dict[int, list[TensorRecord]] = {}
+        for t in self.tensors:
+            for u in t.uses:
+                if first <= u < end:
+                    by_op.setdefault(u, []).append(t)
+        owner: dict[int, str] = {}  # tid -> the parameter whose update touched it
+        ops: dict[str, list[int]] = {}
+        grads: dict[str, str] = {}
+        for k in range(first, end):
+            touched = by_op.get(k, [])
+            params = {param_of(t.name) for t in touched if t.persistent} - {None}
+            params |= {owner[t.tid] for t in touched if t.tid in owner}
+            if len(params) > 1:
+                raise ValueError(f"op {k} ({self.op_names[k]}) of optimizer.step updates {sorted(params)} at once; "
+                                 "a host update needs a per-tensor optimizer (foreach=False, fused=False)")
+            if not params:
+                continue  # the step's own bookkeeping (profiler records, ...)
+            (p,) = params
+            ops.setdefault(p, []).append(k)
+            for t in touched:
+                if not t.persistent:
+                    owner[t.tid] = p
+                    if t.kind == "grad":
+                        grads[p] = t.name
+        out = {}
+        for p, ks in ops.items():
+            if ks[-1] - ks[0] + 1 != len(ks):
+                raise ValueError(f"the update of {p} is not one run of ops of optimizer.step ({ks[0]}..{ks[-1]}, "
+                                 f"{len(ks)} ops); a host update needs a per-tensor optimizer")
+            out[p] = (ks[0], ks[-1] + 1, grads.get(p))
+        return out
+
+    def with_host_update(self, params: list[str]) -> "Trace":
+        """This trace as run with the AdamW update of ``params`` (``"param:<fqn>"`` names) in
+        host memory (``teraio.core.host_update``): their ops of ``optimizer.step``
+        (:meth:`update_blocks`) removed, their optimizer states gone from the device, their
+        gradients' last use their last write in backward, and the ops after the removed ones
+        renumbered (intermediates renamed ``op<k>:out<j>`` after their new op), which is the
+        op sequence of a step whose device optimizer no longer holds ``params``. The
+        allocator's measured peaks (``op_allocated_bytes``) drop the removed states' bytes.
+
+        ``meta["host_update"]`` maps each of ``params`` to ``{"grad", "grad_write",
+        "last_use", "first_use", "nbytes"}``: its gradient's name and last write (the op after
+        which it goes to host memory), the parameter's last use in the step (after which
+        its device copy may be overwritten) and first use (before which the updated copy
+        must be back), and its bytes. ``meta["optimizer_ops"]`` is renumbered.
+
+        Raises:
+            ValueError: a name that :meth:`update_blocks` does not find, or as it.
+        """
+        blocks = self.update_blocks()
+        missing = [p for p in params if p not in blocks or blocks[p][2] is None]
+        if missing:
+            raise ValueError(f"not updated with a gradient in optimizer.step: {missing[:3]} "
+                             f"({len(missing)} of {len(params)}); valid: {sorted(blocks)[:3]} ...")
+        keep = np.ones(self.n_ops, dtype=bool)
+        for p in params:
+            keep[blocks[p][0]:blocks[p][1]] = False
+        new = np.cumsum(keep) - 1  # old op -> new op, for kept ops
+        dropped = {f"optim:{p[len('param:'):]}:" for p in params}
+        tensors, info = [], {}
+        for t in self.tensors:
+            if t.persistent and any(t.name.startswith(d) for d in dropped):
+                continue
+            uses = [int(new[u]) for u in t.uses if keep[u]]
+            if not uses:
+                continue  # a temporary of a removed update
+            name = t.name
+            if not t.persistent and t.kind != "input":  # inputs are named by record, not by op
+                k, j = parse_intermediate(name)
+                name = f"op{int(new[k])}:out{j}"
+            tensors.append(TensorRecord(len(tensors), name, t.nbytes, t.kind, t.persistent, uses))
+        by_name = {t.name: t for t in tensors}
+        for p in params:
+            grad, param = by_name[blocks[p][2]], by_name[p]
+            info[p] = {"grad": grad.name, "grad_write": grad.uses[-1], "last_use": param.uses[-1],
+                       "first_use": param.uses[0], "nbytes": param.nbytes}
+        state_bytes = sum(t.nbytes for t in self.tensors if t.persistent and any(t.name.startswith(d) for d in dropped))
+        first, end = (int(x) for x in self.meta["optimizer_ops"])
+        meta = {**self.meta, "optimizer_ops": [int(keep[:first].sum()), int(keep[:end].sum())],
+                "host_update": {**self.meta.get("host_update", {}), **info}}
+        allocated = None if self.op_allocated_bytes is None else self.op_allocated_bytes[keep] - state_bytes
+        return Trace(op_names=[n for n, k in zip(self.op_names, keep) if k], op_seconds=self.op_seconds[keep],
+                     tensors=tensors, meta=meta, op_allocated_bytes=allocated)
 
     def active_bytes(self) -> np.ndarray:
         """int64 ``[n_ops]``: bytes of the tensors op k itself touches (paper Fig. 1 "active")."""

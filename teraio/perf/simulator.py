@@ -30,6 +30,13 @@ Model
   one).
 * A recompute (``plan.recomputes``) re-runs its chain's ops before op ``recompute_before``,
   after that op's waits, on the compute stream: its ``seconds`` add to that op's run.
+* A parameter updated in host memory (``trace.meta["host_update"]``,
+  ``Trace.with_host_update``; ``teraio.core.host_update``): its gradient goes to host memory
+  on the ``host_d2h`` channel when op ``grad_write`` ends; the host's AdamW, one parameter at
+  a time in the order their gradients arrive, takes ``nbytes / host_update_gbps`` once it
+  is there; the updated parameter comes back on the ``host_h2d`` channel once that is done
+  and op ``last_use`` has ended, and op ``first_use`` of the next iteration waits for it.
+  FIFO channels only (an update's times are read as it is issued).
 * Ideal (paper §4, a GPU with unlimited memory) is the sum of op times. Memory is not
   modelled: the plan is trusted to fit.
 """
@@ -96,7 +103,7 @@ _ITERATIONS = 2  # replayed; the last is reported (module docstring)
 
 
 def simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: str = "fifo",
-             shared_ssd: bool = False) -> SimResult:
+             shared_ssd: bool = False, host_update_gbps: float | None = None) -> SimResult:
     """Predict the steady-state iteration of ``trace`` under ``plan`` (module docstring).
 
     Args:
@@ -105,10 +112,13 @@ def simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: st
         tiers: bandwidths in GB/s per tier and direction.
         policy: ``"fifo"`` or ``"edf"``, the order in which a channel serves transfers.
         shared_ssd: the SSD tier's reads and writes share one queue (module docstring).
+        host_update_gbps: GB of parameters the host's AdamW updates per second; needed
+            where the trace has parameters updated in host memory.
 
     Raises:
-        ValueError: unknown policy, a plan for another op count, or a migration whose ops
-            are not in cyclic order offload_after < free_before <= prefetch_before <= needed_by.
+        ValueError: unknown policy, a plan for another op count, a migration whose ops
+            are not in cyclic order offload_after < free_before <= prefetch_before <= needed_by,
+            or host updates without a positive ``host_update_gbps`` or with EDF.
     """
     if policy not in POLICIES:
         raise ValueError(f"policy={policy!r}; valid: {POLICIES}")
@@ -117,6 +127,12 @@ def simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: st
         raise ValueError(f"plan is for {plan.n_ops} ops but the trace has {n}")
     total = _ITERATIONS * n
     transfers = _Transfers(plan, n, total)
+    updates = trace.meta.get("host_update") or {}
+    if updates:
+        if not (host_update_gbps and host_update_gbps > 0) or policy != "fifo":
+            raise ValueError(f"the trace updates {len(updates)} parameters in host memory: simulate them with "
+                             f"policy='fifo' and a positive host_update_gbps (got {policy!r}, {host_update_gbps!r})")
+        transfers.add_host_updates(updates, n, total, host_update_gbps * 1e9)
     tau = trace.op_seconds
     run = tau.copy()  # each op's run, with the recomputes before it
     for r in plan.recomputes:
@@ -187,6 +203,30 @@ class _Transfers:
             g, k = g[inside], k[inside]
             order = np.argsort(g, kind="stable")
             self.events[kind] = (g[order].tolist() + [-1], k[order].tolist())
+        # host updates (add_host_updates): per op, the gradients sent after it, the updates
+        # whose parameter is free after it, the refreshed parameters waited for before it
+        self.grads: dict[int, list[int]] = {}
+        self.released: dict[int, list[int]] = {}
+        self.refreshed: dict[int, list[int]] = {}
+        self.update_seconds: dict[int, float] = {}  # per gradient key: the host AdamW's seconds
+
+    def add_host_updates(self, updates: dict, n: int, total: int, bytes_per_s: float) -> None:
+        """Each iteration's host update of each parameter of ``updates``
+        (``Trace.with_host_update``'s ``meta["host_update"]``): its gradient's transfer
+        (``host_d2h``) and its refreshed parameter's (``host_h2d``, key + 1), when the replay
+        meets them (module docstring)."""
+        for u in updates.values():
+            for it in range(_ITERATIONS):
+                key = len(self.channel)
+                self.channel += ["host_d2h", "host_h2d"]
+                self.nbytes += [u["nbytes"], u["nbytes"]]
+                need = (it + 1) * n + u["first_use"]
+                self.deadline += [it * n + u["last_use"], need]
+                self.update_seconds[key] = u["nbytes"] / bytes_per_s
+                self.grads.setdefault(it * n + u["grad_write"], []).append(key)
+                self.released.setdefault(it * n + max(u["last_use"], u["grad_write"]), []).append(key)
+                if need < total:
+                    self.refreshed.setdefault(need, []).append(key + 1)
 
 
 def _replay(run: list[float], transfers: _Transfers, chans: dict[str, "_Channel"]):
@@ -211,8 +251,14 @@ def _replay(run: list[float], transfers: _Transfers, chans: dict[str, "_Channel"
     stalls = [0] * total
     run = run * _ITERATIONS  # op g runs run[g]
     t = 0.0
+    cpu = 0.0  # the host's AdamW is busy until then
+    ready: list[tuple[float, int]] = []  # (when, key): refreshed parameters, their update done by then
     for g in range(total):
         boundary[g] = t
+        while ready and ready[0][0] <= t:  # refreshes whose update is done, in that order
+            when, key = heapq.heappop(ready)
+            chan[key].issue(when, key, nbytes[key], deadline[key], name[key])
+            issued[key] = 1
         t0 = t
         while free_g[jf] == g:
             key = free_k[jf]
@@ -235,6 +281,17 @@ def _replay(run: list[float], transfers: _Transfers, chans: dict[str, "_Channel"
                 if done > t:
                     stalls[g] += 1
                     t = done
+        for key in transfers.refreshed.get(g, ()):
+            if not issued[key]:  # its update ends later: issued then, and waited for
+                when = next(w for w, k in ready if k == key)
+                ready.remove((when, key))
+                heapq.heapify(ready)
+                chan[key].issue(when, key, nbytes[key], deadline[key], name[key])
+                issued[key] = 1
+            done = chan[key].done_time(key, t)
+            if done > t:
+                stalls[g] += 1
+                t = done
         op_stall[g] = t - t0
         op_start[g] = t
         t += run[g]
@@ -243,6 +300,12 @@ def _replay(run: list[float], transfers: _Transfers, chans: dict[str, "_Channel"
             jo += 1
             chan[key].issue(t, key, nbytes[key], deadline[key], name[key])
             issued[key] = 1
+        for key in transfers.grads.get(g, ()):
+            chan[key].issue(t, key, nbytes[key], deadline[key], name[key])
+            issued[key] = 1
+        for key in transfers.released.get(g, ()):  # FIFO: its gradient's arrival is known now
+            cpu = max(cpu, chan[key].done_time(key, t)) + transfers.update_seconds[key]
+            heapq.heappush(ready, (max(cpu, t), key + 1))
     boundary[total] = t
     return np.array(boundary), np.array(op_start), np.array(op_stall), np.array(stalls, dtype=np.int64)
 

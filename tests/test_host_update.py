@@ -1,0 +1,112 @@
+"""The optimizer update where its state lives (teraio.core.host_update): the trace of a step
+whose device optimizer no longer holds some parameters, the planner and simulator on it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from teraio.core.bandwidth import TierBandwidth
+from teraio.core.plan import MigrationPlan
+from teraio.core.planner import inactive_periods
+from teraio.core.profiler import profile_step
+from teraio.core.trace import TensorRecord, Trace
+from teraio.harness.compose import compose_run_config
+from teraio.perf.simulator import simulate
+from teraio.workload.models import build_model
+from teraio.workload.step import make_batch, make_optimizer, train_step
+
+CPU = torch.device("cpu")
+HOSTED = ["param:layers.0.attention.wq.weight", "param:output.weight", "param:tok_embeddings.weight"]
+
+
+def tiny():
+    cfg = compose_run_config(["model=llama3_tiny", "system=ideal", "workload.batch_size=4",
+                              "workload.micro_batch_size=2", "workload.seq_len=64"])
+    model = build_model(cfg.model, 64, CPU, 0)
+    opt = make_optimizer(model, 1e-3)
+
+    def step(s):
+        x, y = make_batch(s, cfg.workload, cfg.model.vocab_size, 0, CPU)
+        return lambda: train_step(model, opt, x, y, 2)
+    step(0)()
+    return model, opt, step
+
+
+def drop_from_optimizer(model, opt, names):
+    params = dict(model.named_parameters())
+    gone = {id(params[n[len("param:"):]]) for n in names}
+    for g in opt.param_groups:
+        g["params"] = [p for p in g["params"] if id(p) not in gone]
+    for n in names:
+        opt.state.pop(params[n[len("param:"):]])
+
+
+def shape(trace, hosted=()):
+    """What a step's trace is, but the names of its inputs (numbered by the profiler's
+    records) and the kind of a hosted gradient (a plain temporary to a profiler that no
+    longer sees its optimizer read it)."""
+    grads = {trace.meta["host_update"][p]["grad"] for p in hosted} if hosted else set()
+    return sorted((t.name if t.kind != "input" else "input", t.nbytes,
+                   "temp" if t.name in grads else t.kind, t.persistent, tuple(t.uses)) for t in trace.tensors)
+
+
+def test_a_trace_with_host_updates_is_the_step_whose_optimizer_no_longer_holds_those_parameters():
+    model, opt, step = tiny()
+    _, full = profile_step(step(1), model, opt, CPU)
+    hosted = full.with_host_update(HOSTED)
+    drop_from_optimizer(model, opt, HOSTED)
+    _, real = profile_step(step(2), model, opt, CPU)
+    assert hosted.op_names == real.op_names and hosted.meta["optimizer_ops"] == real.meta["optimizer_ops"]
+    assert shape(hosted, HOSTED) == shape(real)
+    assert hosted.n_ops == full.n_ops - 10 * len(HOSTED)  # a per-tensor AdamW: 10 ops per parameter
+    for p in HOSTED:
+        u = hosted.meta["host_update"][p]
+        grad = next(t for t in hosted.tensors if t.name == u["grad"])
+        param = next(t for t in hosted.tensors if t.name == p)
+        assert grad.kind == "grad" and u["grad_write"] == grad.uses[-1] < hosted.meta["optimizer_ops"][0]
+        assert (u["first_use"], u["last_use"], u["nbytes"]) == (param.uses[0], param.uses[-1], param.nbytes)
+        assert not any(t.name.startswith("optim:" + p[len("param:"):] + ":") for t in hosted.tensors)
+    # the planner offers no wrap-around period of a hosted parameter: its copy comes back refreshed
+    wrapping = {hosted.tensors[int(t)].name for t, b in zip(*(lambda P: (P.tid, P.b))(inactive_periods(hosted, 0)))
+                if b >= hosted.n_ops}
+    assert wrapping and not wrapping & set(HOSTED)
+    assert {p for p in HOSTED} <= {full.tensors[int(t)].name for t, b in
+                                   zip(inactive_periods(full, 0).tid, inactive_periods(full, 0).b) if b >= full.n_ops}
+
+
+def test_a_parameter_the_optimizer_does_not_update_is_refused_by_name():
+    model, opt, step = tiny()
+    _, full = profile_step(step(1), model, opt, CPU)
+    with pytest.raises(ValueError, match=r"not updated with a gradient in optimizer.step: \['param:nope'\]"):
+        full.with_host_update(["param:nope"])
+    with pytest.raises(ValueError, match="optimizer_ops"):
+        Trace(full.op_names, full.op_seconds, full.tensors, meta={}).with_host_update(HOSTED)
+
+
+def one_update_trace(first_use=0, grad_write=1, last_use=2, nbytes=int(1e9)):
+    """Four ops of 1 s; one parameter P updated in host memory."""
+    tensors = [TensorRecord(0, "param:P", nbytes, "param", True, sorted({first_use, last_use}))]
+    meta = {"host_update": {"param:P": {"grad": "op1:out0", "grad_write": grad_write, "last_use": last_use,
+                                        "first_use": first_use, "nbytes": nbytes}}}
+    return Trace(["aten.mm.default"] * 4, np.ones(4), tensors, meta=meta)
+
+
+@pytest.mark.parametrize("gbps,stall", [(0.5, 2.0), (10.0, 0.1)])
+def test_the_simulator_waits_for_a_refreshed_parameter_as_its_gradient_update_and_copy_allow(gbps, stall):
+    # 1 GB at 1 GB/s each way: the gradient leaves after op 1 (t = 2) and arrives at 3; the
+    # update takes 1/gbps s from then; the parameter is free after op 2 (t = 3); its copy back
+    # takes 1 s, and op 0 of the next iteration (t = 4) waits for it
+    trace = one_update_trace()
+    plan = MigrationPlan(4, 10**12, 10**12, 10**12, [])
+    sim = simulate(trace, plan, TierBandwidth(1.0, 1.0, 1.0, 1.0), host_update_gbps=gbps)
+    assert sim.stall_seconds == pytest.approx(stall) and sim.op_stall_seconds[0] == pytest.approx(stall)
+    assert sim.iteration_seconds == pytest.approx(4 + stall)
+
+
+def test_host_updates_need_a_rate_and_fifo_channels():
+    plan = MigrationPlan(4, 10**12, 10**12, 10**12, [])
+    with pytest.raises(ValueError, match="positive host_update_gbps"):
+        simulate(one_update_trace(), plan, TierBandwidth(1.0, 1.0, 1.0, 1.0))
+    with pytest.raises(ValueError, match="policy='fifo'"):
+        simulate(one_update_trace(), plan, TierBandwidth(1.0, 1.0, 1.0, 1.0), policy="edf", host_update_gbps=1.0)
