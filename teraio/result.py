@@ -40,8 +40,11 @@ Schema (keys always present; unknown values are ``null``):
                       ``teraio.core.probe``); null otherwise
 ``replans``           TeraIO: one entry per step where the workload shape changed and the
                       run profiled and planned again (``{step, shape, profile_seconds,
-                      plan_compile_seconds, plan, artifacts}``; that step is not measured);
-                      empty otherwise
+                      plan_compile_seconds, plan, artifacts}``; that step is not measured),
+                      or, for a shape seen before, reused its trace and plan (``reused:
+                      true``, ``profile_seconds`` null, ``plan_compile_seconds`` null unless
+                      the SSD room had shrunk and the trace was planned again; that step is
+                      measured); empty otherwise
 ``step_peak_allocated_bytes``  TeraIO on CUDA: the allocator's peak of every step, the
                       paged ones included (bytes, step order); empty otherwise
 ``unoffloaded_peak_bytes``  peak live bytes with no offloading (from the trace), null if unknown

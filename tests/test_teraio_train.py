@@ -204,6 +204,50 @@ def test_a_change_of_sequence_length_is_planned_anew_and_stays_bit_identical(tmp
         run_teraio(cfg, tmp_path / "strict")
 
 
+# 32, 16, 32, 16, 24, 16: two new lengths after the first, then lengths seen before.
+REPEATS = {"seq_len_schedule": [32] * 4 + [16] * 3 + [32] * 3 + [16] * 3 + [24] * 3 + [16], "measure_steps": 15}
+
+
+def test_a_length_seen_before_reuses_its_plan_and_a_replaced_engine_is_released(tmp_path, monkeypatch):
+    ref_losses, ref_digest = reference(workload=REPEATS)
+    engines: list[weakref.ref] = []
+    live_at_start: list[int] = []
+    init = teraio.core.engine.MigrationEngine.__init__
+
+    def count_live_engines(self, *args, **kwargs):
+        gc.collect()  # a replaced engine the run still held would survive this
+        live_at_start.append(sum(r() is not None for r in engines))
+        init(self, *args, **kwargs)
+        engines.append(weakref.ref(self))
+
+    (tmp_path / "ssd").mkdir()
+    probe = run_teraio(config("teraio_ssd", tmp_path / "ssd", None, workload=REPEATS), tmp_path / "probe")
+    capacity = int(probe["unoffloaded_peak_bytes"] * 0.45)
+    monkeypatch.setattr(teraio.core.engine.MigrationEngine, "__init__", count_live_engines)
+    result = run_teraio(config("teraio_ssd", tmp_path / "ssd", capacity, workload=REPEATS), tmp_path / "job")
+
+    assert result["losses"] == ref_losses and result["final_params_sha256"] == ref_digest
+    # Profiled: steps 1 (32), 4 (16) and 13 (24); the rest reuse a plan, with no profile.
+    assert [s["step"] for s in result["paged_steps"]] == [0, 1, 4, 13]
+    got = [(r["step"], r["shape"]["seq_len"], r.get("reused", False), r["artifacts"]["plan"]) for r in result["replans"]]
+    assert got == [(4, 16, False, "plan.step4.json"), (7, 32, True, "plan.json"), (10, 16, True, "plan.step4.json"),
+                   (13, 24, False, "plan.step13.json"), (16, 16, True, "plan.step4.json")]
+    assert all(r["profile_seconds"] is None and r["plan_compile_seconds"] is None
+               for r in result["replans"] if r.get("reused"))
+    assert sorted(p.name for p in (tmp_path / "job").glob("plan*.json")) == [
+        "plan.json", "plan.step13.json", "plan.step4.json"]
+    # A reused plan's step runs on the engine and is measured; a profiled one is not.
+    assert [it["step"] for it in result["iterations"]] == [2, 3, 5, 6, 7, 8, 9, 10, 11, 12, 14, 15, 16]
+    assert all(it["max_accounted_bytes"] <= capacity for it in result["iterations"])
+    # One engine per plan started (6), each replaced one gone when the next starts.
+    assert len(engines) == 6 and live_at_start == [0, 0, 0, 0, 0, 0]
+    # The replaced engines' logs are written all the same: every step from the first measured on.
+    with open(tmp_path / "job" / "oplog.csv") as f:
+        steps = {int(line.split(",")[0]) for line in list(f)[1:]}
+    assert steps == {it["step"] for it in result["iterations"]}
+    assert not list((tmp_path / "ssd").iterdir())
+
+
 def test_each_engines_audit_is_kept_in_the_row_though_its_step_is_a_warm_up(tmp_path, monkeypatch):
     # The allocator count stands in for CUDA's (off CUDA an engine audits nothing): 2 MiB more
     # than the plan accounts after every op. Each engine's first step (2, and 6 and 11 after
