@@ -235,6 +235,16 @@ def progress_line(step: int, seconds: float, tokens: int, loss: float, warmup: b
             + (" (warm-up)" if warmup else ""))
 
 
+def human_bytes(n: int | float) -> str:
+    """``n`` bytes for a reader, in decimal units with one decimal: ``0 B``, ``950 B``,
+    ``1.5 kB``, ``64.0 GB``."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
 def iteration_totals(its: list[dict]) -> dict[str, Any]:
     """The totals over measured ``its`` (a row's, or a pipeline stage's): mean tokens/s,
     summed stalls and bytes per tier (null where an iteration has null; empty when there is
