@@ -231,6 +231,34 @@ def test_library_chatter_goes_to_the_worker_log_not_the_terminal(tmp_path, fake_
     assert "noise from a library" in (job_dir(runs, 0) / "worker.log").read_text()
 
 
+def test_a_worker_that_dies_on_a_full_drive_gets_a_row_that_says_so(tmp_path, monkeypatch):
+    # DeepSpeed's aio op aborts the process (SIGABRT) on a write that finds no room: no row of
+    # its own. The drive looks full to the sweep (disk_usage patched) while the worker aborts.
+    from hydra import compose, initialize_config_dir
+
+    from teraio import sweep
+
+    runs = tmp_path / "runs"
+    sweep.register_resolvers()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        master = compose("config", overrides=["+experiment=smoke", "system=teraio_ssd", "trial=0",
+                                              f"sweep.runs_dir={runs}"], return_hydra_config=True)
+        (point,) = [compose("config", overrides=list(job), return_hydra_config=True)
+                    for job in sweep.job_overrides(master)]
+    drive = sweep.run_config(point).hardware.ssd_dirs[0]
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=4096) if str(p) == drive else real(p))
+    abort = "import os, resource; resource.setrlimit(resource.RLIMIT_CORE, (0, 0)); os.abort()"  # no core file
+    monkeypatch.setenv("TERAIO_WORKER_CMD", f"{sys.executable} -c '{abort}'")
+    job = Path(point.hydra.sweep.dir) / str(point.hydra.sweep.subdir)
+    assert sweep.run_point_job(point, job) == "error"
+    r = json.loads((job / "result.json").read_text())
+    assert r["error"].startswith(f"drive full: {drive}; worker ended (killed by signal 6, SIGABRT)"), r["error"]
+    monkeypatch.setattr(shutil, "disk_usage", real)  # room again: the cause is the signal alone
+    assert sweep.run_point_job(point, job) == "error"
+    assert json.loads((job / "result.json").read_text())["error"].startswith("worker ended (killed by signal 6")
+
+
 def test_worker_that_writes_nothing_and_exits_zero_is_an_error_row(tmp_path):
     runs = tmp_path / "runs"
     p = run_sweep(runs, {}, f"{sys.executable} -c pass", "trial=0")
