@@ -378,6 +378,63 @@ def test_a_system_added_through_the_registry_alone_runs_end_to_end(tmp_path):
     assert bad.returncode != 0 and "fake_offload takes only speed" in bad.stderr
 
 
+NOISY_PLUGIN = '''
+import logging, warnings
+import torch
+from teraio import systems
+from teraio.systems import SystemSpec
+
+systems.register(SystemSpec("noisy", "Noisy", "noisy_plugin", "noisy_plugin:check_options"))
+
+
+def check_options(system, options):
+    pass
+
+
+def deprecated(*args, **kwargs):
+    warnings.warn("old API.\\n\\n    Second line of a docstring.", FutureWarning, stacklevel=2)
+
+
+def wrapper(func, *args, **kwargs):
+    return func(*args, **kwargs)
+
+
+def run(cfg, job_dir, device):  # a library's warnings, then an expected out-of-memory
+    wrapper(deprecated)
+    logging.getLogger("somelib").warning("a record\\nits second line")
+    print("the runner's own line", flush=True)
+    wrapper(fail)
+
+
+def fail():
+    raise torch.OutOfMemoryError("CUDA out of memory (scripted)")
+'''
+
+
+def test_library_warnings_and_an_ooms_traceback_go_to_the_log_not_the_terminal(tmp_path):
+    (tmp_path / "plugin").mkdir()
+    (tmp_path / "plugin" / "noisy_plugin.py").write_text(NOISY_PLUGIN)
+    (tmp_path / "conf" / "system").mkdir(parents=True)
+    (tmp_path / "conf" / "system" / "noisy.yaml").write_text("name: noisy\noptions: {}\n")
+    env = {**sweep_env({}, None), "TERAIO_SYSTEM_MODULES": "noisy_plugin"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "plugin"), env["PYTHONPATH"]])
+    runs = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "teraio.sweep", "+experiment=smoke", "system=noisy", "trial=0",
+           f"sweep.runs_dir={runs}", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "sweep.analyze=false"]
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (job,) = (runs / "smoke").glob("llama3_tiny-noisy-*")
+    assert json.loads((job / "result.json").read_text())["status"] == "oom"
+    out = " ".join(p.stdout.split())  # the console wraps long lines
+    assert "the runner's own line" in out
+    assert f"oom (its traceback is in {job / 'worker.log'})" in out
+    assert "✗ oom torch.OutOfMemoryError: CUDA out of memory (scripted)" in out
+    for fragment in ("Second line of a docstring", "return func(*args, **kwargs)", "its second line",
+                     "Traceback", "raise torch.OutOfMemoryError"):
+        assert fragment not in p.stdout, fragment
+        assert fragment in (job / "worker.log").read_text(), fragment
+
+
 @pytest.mark.parametrize("change", ["workload.lr=0.001", "seed=1", "hardware.host_mem_cap_bytes=1048576",
                                     "+sweep.system_options.ideal.modeled_traces.llama3_70b=/x.json"])
 def test_a_changed_config_never_reuses_an_old_ok_row(tmp_path, fake_worker, change):
