@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 import weakref
 
 import pytest
@@ -111,7 +112,7 @@ class ResidentBytes(TorchDispatchMode):
     ("teraio_ssd", {}),
     ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}),
 ], ids=["ssd", "mixed"])
-def test_capped_from_the_first_allocation(tmp_path, ref, monkeypatch, system, hw):
+def test_capped_from_the_first_allocation(tmp_path, ref, monkeypatch, capsys, system, hw):
     # 40 % of the un-offloaded peak: parameters, gradients and AdamW state alone are more
     # than that, so no step (the first, the profiled one) can run without offloading.
     watcher = ResidentBytes()
@@ -166,6 +167,13 @@ def test_capped_from_the_first_allocation(tmp_path, ref, monkeypatch, system, hw
         assert it["max_accounted_bytes"] <= capacity
     assert result["plan"]["shortfall_bytes"] == 0
     assert result["capacity_bytes"] == capacity and result["capacity_emulated"] is True
+    # The host tier's line, for a reader: human units, not raw byte counts.
+    host_lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("host tier:")]
+    assert len(host_lines) == (1 if result["plan"]["bytes_per_tier"].get("host") else 0), host_lines
+    assert system == "teraio_ssd" or host_lines  # the slow drive leaves Mixed's plan a host tier
+    for ln in host_lines:
+        assert re.fullmatch(r"host tier: \d{1,3}(\.\d)? [kMGT]?B of \d{1,3}(\.\d)? [kMGT]?B adopted from the pager's "
+                            r"free buffers, \d{1,3}(\.\d)? [kMGT]?B more taken over or allocated", ln), ln
 
 
 # Sequence length 32 for steps 0-4, then 16 for steps 5-9, then 24.

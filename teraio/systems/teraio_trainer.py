@@ -48,7 +48,7 @@ from teraio.perf.simulator import simulate
 from teraio.core.profiler import persistent_tensors, profile_step
 from teraio.core.tiers.ssd import SSD_FREE_RESERVE, drive_room_bytes
 from teraio.core.trace import Trace
-from teraio.result import Measurements, iteration_totals, progress_line
+from teraio.result import Measurements, human_bytes, iteration_totals, progress_line
 from teraio.systems.loop import Step, Steps, StepStats, measure_steps
 from teraio.systems.measure import (apply_memory_cap, lift_memory_cap, param_digest, peak_memory, reset_peak_memory,
                                     synchronize, timed)
@@ -414,9 +414,9 @@ class TeraIOTrainer:
         engine.prime(pager)
         if pager is not None:
             if "host" in tiers and self.loud:
-                print(f"host tier: {adopted} B of {tiers['host'].nbytes} B adopted from the pager's "
-                      f"free buffers, {tiers['host'].allocated_bytes - adopted} B more taken over or "
-                      "allocated", flush=True)
+                print(f"host tier: {human_bytes(adopted)} of {human_bytes(tiers['host'].nbytes)} adopted from "
+                      f"the pager's free buffers, {human_bytes(tiers['host'].allocated_bytes - adopted)} more "
+                      "taken over or allocated", flush=True)
             pager.close()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
