@@ -354,17 +354,25 @@ def run(cfg, job_dir, device):  # trains as Ideal does, returning its teraio.res
 '''
 
 
-def test_a_system_added_through_the_registry_alone_runs_end_to_end(tmp_path):
+def plugin_sweep(tmp_path, module: str, source: str, system: str, options: str, *overrides: str):
+    """The command and environment of a sweep of smoke's trial 0 with ``system``, registered by
+    the module ``module`` (its text ``source``) with the options ``options`` (YAML); its rows
+    go to ``tmp_path/runs``."""
     (tmp_path / "plugin").mkdir()
-    (tmp_path / "plugin" / "fake_plugin.py").write_text(PLUGIN)
+    (tmp_path / "plugin" / f"{module}.py").write_text(source)
     (tmp_path / "conf" / "system").mkdir(parents=True)
-    (tmp_path / "conf" / "system" / "fake_offload.yaml").write_text("name: fake_offload\noptions:\n  speed: 1\n")
-    env = {**sweep_env({}, None), "TERAIO_SYSTEM_MODULES": "fake_plugin"}
+    (tmp_path / "conf" / "system" / f"{system}.yaml").write_text(f"name: {system}\noptions: {options}\n")
+    env = {**sweep_env({}, None), "TERAIO_SYSTEM_MODULES": module}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "plugin"), env["PYTHONPATH"]])
+    cmd = [sys.executable, "-m", "teraio.sweep", "+experiment=smoke", f"system={system}", "trial=0",
+           f"sweep.runs_dir={tmp_path / 'runs'}", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", *overrides]
+    return cmd, env
+
+
+def test_a_system_added_through_the_registry_alone_runs_end_to_end(tmp_path):
+    cmd, env = plugin_sweep(tmp_path, "fake_plugin", PLUGIN, "fake_offload", "{speed: 1}",
+                            "workload.warmup_steps=1", "workload.measure_steps=2")
     runs = tmp_path / "runs"
-    cmd = [sys.executable, "-m", "teraio.sweep", "+experiment=smoke", "system=fake_offload", "trial=0",
-           f"sweep.runs_dir={runs}", f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
-           "workload.warmup_steps=1", "workload.measure_steps=2"]
     p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     (job,) = (runs / "smoke").glob("llama3_tiny-fake_offload-*")
@@ -412,15 +420,8 @@ def fail():
 
 
 def test_library_warnings_and_an_ooms_traceback_go_to_the_log_not_the_terminal(tmp_path):
-    (tmp_path / "plugin").mkdir()
-    (tmp_path / "plugin" / "noisy_plugin.py").write_text(NOISY_PLUGIN)
-    (tmp_path / "conf" / "system").mkdir(parents=True)
-    (tmp_path / "conf" / "system" / "noisy.yaml").write_text("name: noisy\noptions: {}\n")
-    env = {**sweep_env({}, None), "TERAIO_SYSTEM_MODULES": "noisy_plugin"}
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "plugin"), env["PYTHONPATH"]])
+    cmd, env = plugin_sweep(tmp_path, "noisy_plugin", NOISY_PLUGIN, "noisy", "{}", "sweep.analyze=false")
     runs = tmp_path / "runs"
-    cmd = [sys.executable, "-m", "teraio.sweep", "+experiment=smoke", "system=noisy", "trial=0",
-           f"sweep.runs_dir={runs}", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "sweep.analyze=false"]
     p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     (job,) = (runs / "smoke").glob("llama3_tiny-noisy-*")
