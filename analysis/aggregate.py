@@ -159,17 +159,21 @@ def select_best(summary: pd.DataFrame) -> pd.DataFrame:
     return sort_groups(best.drop(columns=["_has_ok", "_measured", "_mean"]))
 
 
-def add_pct_of_ideal(summary: pd.DataFrame) -> pd.DataFrame:
+def add_pct_of_ideal(summary: pd.DataFrame, modeled: pd.DataFrame | None = None) -> pd.DataFrame:
     """Add ``ideal_tokens_per_s``, ``ideal_measure`` and ``pct_of_ideal`` (percent) to each
     group: Ideal of the same model, workload (batch, sequence) and hardware, its best
-    micro-batch (measured preferred over composed, composed over modeled). NaN where Ideal
-    has no ok trial."""
+    micro-batch (measured preferred over composed, composed over modeled); where Ideal has
+    no ok trial, the Ideal of ``modeled`` at the point (``analysis.ideal_bias.modeled_ideals``:
+    from TeraIO's traces, its ``ideal_measure`` saying so), if given. NaN where neither."""
     ideal = select_best(summary[summary["system"] == "ideal"])
     ideal = ideal[ideal["n"] > 0].assign(_m=lambda d: d["measure"].map(MEASURE_RANK).fillna(0))
     ideal = (ideal.sort_values(["_m", "tokens_per_s_mean"], ascending=False, kind="stable")
              .groupby(WORKLOAD_KEYS, dropna=False, sort=False).head(1))
     ideal = ideal[WORKLOAD_KEYS + ["tokens_per_s_mean", "measure"]].rename(
         columns={"tokens_per_s_mean": "ideal_tokens_per_s", "measure": "ideal_measure"})
+    if modeled is not None and not modeled.empty:
+        ideal = pd.concat([ideal, modeled[WORKLOAD_KEYS + ["ideal_tokens_per_s", "ideal_measure"]]],
+                          ignore_index=True).drop_duplicates(WORKLOAD_KEYS, keep="first")
     out = summary.drop(columns=[c for c in ("ideal_tokens_per_s", "ideal_measure", "pct_of_ideal")
                                 if c in summary.columns])
     out = out.merge(ideal, on=WORKLOAD_KEYS, how="left")

@@ -31,8 +31,8 @@ POINT = ["model", "batch_size", "micro_batch_size", "seq_len", "gpu_name"]
 def estimates(sweep: Sweep) -> pd.DataFrame:
     """One row per modeled or composed Ideal iteration of ``sweep``: every ok TeraIO run's
     trace (``how`` "modeled from <system>"), every ok composed Ideal row (``how``
-    "composed"); columns :data:`POINT`, ``how``, ``seconds``, ``job_dir``. A trace that
-    cannot be read is left out, with a warning naming it (``load.run_trace``)."""
+    "composed"); columns :data:`POINT`, ``hardware``, ``how``, ``seconds``, ``job_dir``. A
+    trace that cannot be read is left out, with a warning naming it (``load.run_trace``)."""
     runs = sweep.runs[(sweep.runs["status"] == "ok") & (sweep.runs["pipeline_stages"].fillna(1) == 1)]
     teraio = set(systems.with_role("teraio"))
     out = []
@@ -42,12 +42,36 @@ def estimates(sweep: Sweep) -> pd.DataFrame:
             if trace is None:  # damaged: named in a warning
                 continue
             seconds = trace_step_seconds(trace, int(r.batch_size), int(r.micro_batch_size))
-            out.append({**{k: getattr(r, k) for k in POINT}, "how": f"modeled from {r.system}",
-                        "seconds": seconds, "job_dir": r.job_dir})
+            out.append({**{k: getattr(r, k) for k in POINT}, "hardware": r.hardware,
+                        "how": f"modeled from {r.system}", "seconds": seconds, "job_dir": r.job_dir})
         elif r.system == "ideal" and r.measure == "composed":
-            out.append({**{k: getattr(r, k) for k in POINT}, "how": "composed",
+            out.append({**{k: getattr(r, k) for k in POINT}, "hardware": r.hardware, "how": "composed",
                         "seconds": float(r.iteration_seconds), "job_dir": r.job_dir})
-    return pd.DataFrame(out, columns=[*POINT, "how", "seconds", "job_dir"])
+    return pd.DataFrame(out, columns=[*POINT, "hardware", "how", "seconds", "job_dir"])
+
+
+def modeled_ideals(sweep: Sweep) -> pd.DataFrame:
+    """An Ideal modeled from TeraIO's traces (:func:`estimates`) at each point where Ideal ran
+    and no trial of it ended ok (``oom`` where not even one micro-batch fits) and a TeraIO
+    run profiled the step: ``tokens_per_step`` over the mean of those traces' modeled
+    iterations. Columns ``aggregate.WORKLOAD_KEYS``, ``ideal_tokens_per_s`` and
+    ``ideal_measure`` ("modeled from <systems>' trace"), for ``aggregate.add_pct_of_ideal``."""
+    keys = ["model", "hardware", "batch_size", "seq_len"]
+    cols = [*keys, "ideal_tokens_per_s", "ideal_measure"]
+    runs = sweep.runs
+    ideal = runs[runs["system"] == "ideal"]
+    failed = ideal.groupby(keys, dropna=False)["status"].agg(lambda st: not (st == "ok").any())
+    est = estimates(sweep)
+    est = est[est["how"].str.startswith("modeled from ")]
+    if est.empty or not failed.any():
+        return pd.DataFrame(columns=cols)
+    est = est.merge(failed[failed].reset_index()[keys], on=keys, how="inner")
+    rows = []
+    for point, g in est.groupby(keys, dropna=False, sort=False):
+        names = ", ".join(systems.get(h.removeprefix("modeled from ")).display for h in sorted(set(g["how"])))
+        rows.append({**dict(zip(keys, point)), "ideal_measure": f"modeled from {names}'s trace",
+                     "ideal_tokens_per_s": point[2] * point[3] / g["seconds"].mean()})
+    return pd.DataFrame(rows, columns=cols)
 
 
 def bias_frame(sweeps: list[Sweep]) -> pd.DataFrame:

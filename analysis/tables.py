@@ -221,8 +221,17 @@ def tier_rate_table(rates: pd.DataFrame) -> pd.DataFrame:
 def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
     """Write every table under ``out_dir`` (``<name>.md`` and ``<name>.tex``); return the
     paths written."""
+    from .ideal_bias import modeled_ideals  # here: python -m analysis.ideal_bias runs it as __main__
+
     who = describe(sweep)
-    summary = agg.add_pct_of_ideal(agg.summarize_runs(sweep.runs))
+    modeled = modeled_ideals(sweep)
+    summary = agg.add_pct_of_ideal(agg.summarize_runs(sweep.runs), modeled)
+    from_traces = [] if modeled.empty else [
+        "Ideal ran out of memory at " + ", ".join(f"{m} bs{b} seq{q}" for m, b, q in
+                                               zip(modeled["model"], modeled["batch_size"], modeled["seq_len"]))
+        + ": its % there is of an Ideal modeled from a TeraIO run's trace at the point (the sum of its "
+        "profiled kernel times, as a modeled Ideal row is; `python -m analysis.ideal_bias` gives the "
+        "method's bias where Ideal was also measured)"]
     sp = agg.speedups(agg.select_best(summary))
     its = agg.summarize_iterations(sweep.iterations)
     ci_note = ("mean ± 95% confidence interval over ok trials (Student t, n-1 degrees of "
@@ -247,7 +256,8 @@ def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
                         out_dir / "throughput", f"Training throughput (tokens/s) and % of Ideal — {who}",
                         [ci_note, "% of Ideal: ratio of means against Ideal of the same model, "
                          "batch, sequence length and hardware at its best micro-batch; 'Ideal "
-                         "is' says whether that Ideal was measured or modeled.", *why_not_run, *cut_note, *cap_note])
+                         "is' says whether that Ideal was measured or modeled.", *why_not_run, *cut_note, *cap_note,
+                         *from_traces])
     fair = fairness_frame(sweep.runs)
     paths += write_table(fairness_table(fair), out_dir / "fairness",
                          f"What each system ran with, and how it was chosen — {who}",

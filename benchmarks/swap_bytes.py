@@ -1,7 +1,7 @@
-"""What zero_infinity swaps to its drive at least, at points of an experiment, beside a
-drive's free bytes: :func:`teraio.systems.zero.swap_bytes_needed` (12 B per element of
-each parameter DeepSpeed swaps), which the runner checks before DeepSpeed starts. On CPU,
-from the configs alone.
+"""What zero_infinity's swap files take on its drive at points of an experiment, beside a
+drive's free bytes: :func:`teraio.systems.zero.swap_bytes_of` (the files as DeepSpeed sizes
+them), which the sweep and the runner check before DeepSpeed starts. On CPU, from the
+configs alone.
 
     python -m benchmarks.swap_bytes --experiment fig7_h200 \\
         --points "model=llama3_8b fig7.point=full" "model=granite_8b_8l fig7.point=seq_short" \\
@@ -24,10 +24,9 @@ from teraio.systems import zero
 
 
 def needed(experiment: str, point: str) -> dict:
-    """The point's model, its zero_infinity swap lower bound, bytes, on one rank."""
+    """The point's model and the bytes of its zero_infinity swap files, on one rank."""
     cfg = compose_run_config([f"+experiment={experiment}", *shlex.split(point), "system=zero_infinity"])
-    opts = zero.resolve_options("zero_infinity", cfg.system.options)
-    return {"point": point, "model": cfg.model.name, "swap_bytes_at_least": zero.swap_bytes_needed(zero.param_numels(cfg), opts)}
+    return {"point": point, "model": cfg.model.name, "swap_bytes": zero.swap_bytes_of(cfg)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -38,13 +37,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, required=True)
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
-    rows = [{**r, "fits": r["swap_bytes_at_least"] <= args.free_bytes}
+    rows = [{**r, "fits": r["swap_bytes"] <= args.free_bytes}
             for r in (needed(args.experiment, p) for p in args.points)]
     doc = {"command": command("benchmarks.swap_bytes", argv),
            "free_bytes": args.free_bytes, "points": rows}
     write_atomic(args.out, json.dumps(doc, indent=1).encode())
     for r in rows:
-        print(f"{r['point']}: at least {r['swap_bytes_at_least']} B, {'fits' if r['fits'] else 'does not fit'} "
+        print(f"{r['point']}: {r['swap_bytes']} B, {'fits' if r['fits'] else 'does not fit'} "
               f"{args.free_bytes} B free")
 
 

@@ -40,8 +40,11 @@ Schema (keys always present; unknown values are ``null``):
                       ``teraio.core.probe``); null otherwise
 ``replans``           TeraIO: one entry per step where the workload shape changed and the
                       run profiled and planned again (``{step, shape, profile_seconds,
-                      plan_compile_seconds, plan, artifacts}``; that step is not measured);
-                      empty otherwise
+                      plan_compile_seconds, plan, artifacts}``; that step is not measured),
+                      or, for a shape seen before, reused its trace and plan (``reused:
+                      true``, ``profile_seconds`` null, ``plan_compile_seconds`` null unless
+                      the SSD room had shrunk and the trace was planned again; that step is
+                      measured); empty otherwise
 ``step_peak_allocated_bytes``  TeraIO on CUDA: the allocator's peak of every step, the
                       paged ones included (bytes, step order); empty otherwise
 ``unoffloaded_peak_bytes``  peak live bytes with no offloading (from the trace), null if unknown
@@ -234,6 +237,16 @@ def progress_line(step: int, seconds: float, tokens: int, loss: float, warmup: b
     """The per-iteration line every worker prints (the sweep streams it to the terminal)."""
     return (f"step {step} {seconds:.3f}s {tokens / seconds:.1f} tokens/s loss {loss:.6f}{extra}"
             + (" (warm-up)" if warmup else ""))
+
+
+def human_bytes(n: int | float) -> str:
+    """``n`` bytes for a reader, in decimal units with one decimal: ``0 B``, ``950 B``,
+    ``1.5 kB``, ``64.0 GB``."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
 
 
 def iteration_totals(its: list[dict]) -> dict[str, Any]:

@@ -22,7 +22,8 @@ folder) — a directory named after the point keys, so a rerun finds it:
 * ``resolved.yaml`` is written and ``python -m teraio.harness.run resolved.yaml`` runs as a
   subprocess (``torchrun`` for ``hardware.n_gpus`` > 1), its output streamed to the
   terminal and appended to ``worker.log``; past ``timeout_s`` its process group is killed
-  and a ``timeout`` row written; a worker that dies without a row gets an ``error`` row;
+  and a ``timeout`` row written; a worker that dies without a row gets an ``error`` row
+  (``drive full: <dir>`` first where one of its drives is, :func:`full_drive`);
   SIGTERM or SIGINT to the sweep ends its worker, which writes an ``interrupted`` row (not
   counted; the next sweep runs the point again), and stops the sweep (:func:`main`); before
   and after every worker, what dead runs left on its drives is removed (:func:`remove_leftovers`);
@@ -56,6 +57,7 @@ import collections
 import fcntl
 import importlib.util
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -197,6 +199,25 @@ def drive_dirs(run: RunConfig) -> list[str]:
     return [*run.hardware.ssd_dirs, *([extra] if extra else [])]
 
 
+FULL_DRIVE_BYTES = 64 << 20
+"""A drive with less free room than this is *full*: a write that found no room stopped
+there (DeepSpeed's aio writes go in blocks of 1 MiB by default)."""
+
+
+def full_drive(run: RunConfig) -> str | None:
+    """The first of ``run``'s drive directories (:func:`drive_dirs`) whose drive has less than
+    :data:`FULL_DRIVE_BYTES` free, or None. Asked where a worker died without a row, before
+    its leftovers are removed: DeepSpeed's aio op aborts the process (SIGABRT) on a write
+    that finds no room, leaving no row to say so."""
+    for d in drive_dirs(run):
+        try:
+            if shutil.disk_usage(d).free < FULL_DRIVE_BYTES:
+                return d
+        except OSError:
+            continue
+    return None
+
+
 def remove_leftovers(run: RunConfig) -> None:
     """Remove what dead runs left on the drives of ``run`` (:func:`drive_dirs`): TeraIO's
     slot files and ZeRO-Infinity's swap directories whose process is gone
@@ -282,11 +303,12 @@ def _run_owned_point(cfg: DictConfig, job_dir: Path) -> str:
                 remove_leftovers(run)
                 try:
                     rc, tail = launch_worker(run, job_dir, resolved)
+                    full = full_drive(run)  # before the leftovers free its room
                 finally:
                     remove_leftovers(run)
     except ValueError as e:  # a check that only the machine running the job can make
         write_result(result_path, failure_row(run, "error", f"invalid config: {e}", started))
-        rc, tail = 0, []
+        rc, tail, full = 0, [], None
         tuning = None
     except Interrupted as e:  # the worker, ended, wrote its interrupted row; else the sweep does
         if read_status(result_path) is None:
@@ -302,7 +324,7 @@ def _run_owned_point(cfg: DictConfig, job_dir: Path) -> str:
             run, "timeout", f"{cause}; last output:\n{log_tail}", started, tuning))
     elif status is None:
         why = f"killed by signal {-rc}, {signal.Signals(-rc).name}" if rc and rc < 0 else f"exit code {rc}"
-        cause = f"worker ended ({why}) without writing result.json"
+        cause = (f"drive full: {full}; " if full else "") + f"worker ended ({why}) without writing result.json"
         write_result(result_path, failure_row(run, "error", f"{cause}; last output:\n{log_tail}", started, tuning))
     row = json.loads(result_path.read_text())
     if row["status"] == "ok":

@@ -11,14 +11,15 @@ from teraio.result import result_row, write_result
 
 
 def write_row(root, name, system, seconds, *, measure="measured", batch=4, micro=2, seq=8, trace=None,
-              gpu_name="GPU X"):
+              gpu_name="GPU X", status="ok"):
     point = {"model": "tiny", "system": system, "hardware": "gpu", "batch_size": batch,
              "micro_batch_size": micro, "seq_len": seq, "trial": int(name[-1])}
-    r = result_row(point, {"hardware": {"name": "gpu", "n_gpus": 1}}, status="ok", gpu_name=gpu_name)
+    r = result_row(point, {"hardware": {"name": "gpu", "n_gpus": 1}}, status=status, gpu_name=gpu_name,
+                   error=None if status == "ok" else "torch.OutOfMemoryError: CUDA out of memory")
     r["measure"] = measure
     r["iterations"] = [{"step": 2, "seconds": s, "tokens": batch * seq, "tokens_per_s": batch * seq / s}
                        for s in seconds]
-    r["tokens_per_s"] = batch * seq * len(seconds) / sum(seconds)
+    r["tokens_per_s"] = batch * seq * len(seconds) / sum(seconds) if seconds else None
     job = root / name
     job.mkdir(parents=True)
     if trace is not None:  # a whole step of the point: its kernel times add up to `trace`
@@ -82,3 +83,27 @@ def test_the_analysis_takes_a_composed_ideal_over_a_modeled_one(tmp_path):
     out = add_pct_of_ideal(summarize_runs(load_sweep(tmp_path).runs))
     mixed = out[out["system"] == "teraio_mixed"].iloc[0]
     assert mixed["ideal_measure"] == "measured" and mixed["pct_of_ideal"] == pytest.approx(100.0)
+
+
+def test_where_ideal_ran_out_of_memory_it_is_modeled_from_teraios_trace_and_labelled(tmp_path):
+    from analysis.ideal_bias import modeled_ideals
+    from analysis.tables import write_tables
+
+    write_row(tmp_path, "ideal-t0", "ideal", [], status="oom")  # not even one micro-batch fits
+    write_row(tmp_path, "mixed-t0", "teraio_mixed", [4.0, 4.0], trace=2.0)  # 8 tokens/s; its step's kernels 2 s
+    write_row(tmp_path, "mixed-t1", "teraio_mixed", [4.0], trace=2.0)
+    # Another point where Ideal ran ok: its own row, never a model.
+    write_row(tmp_path, "ideal-t2", "ideal", [1.0], seq=16)
+    write_row(tmp_path, "mixed-t2", "teraio_mixed", [4.0], seq=16, trace=2.0)
+    sweep = load_sweep(tmp_path)
+    modeled = modeled_ideals(sweep)
+    assert modeled.to_dict("records") == [{"model": "tiny", "hardware": "gpu", "batch_size": 4, "seq_len": 8,
+                                           "ideal_tokens_per_s": 16.0,
+                                           "ideal_measure": "modeled from TeraIO-Mixed's trace"}]
+    write_tables(sweep, tmp_path / "out")
+    md = (tmp_path / "out" / "throughput.md").read_text()
+    mixed = [ln for ln in md.splitlines() if "| TeraIO-Mixed |" in ln and "bs4_seq8 |" in ln]
+    assert len(mixed) == 1 and "| 50.0 |" in mixed[0] and "modeled from TeraIO-Mixed's trace" in mixed[0], md
+    assert "Ideal ran out of memory at tiny bs4 seq8" in md
+    other = [ln for ln in md.splitlines() if "| TeraIO-Mixed |" in ln and "bs4_seq16 |" in ln]
+    assert len(other) == 1 and "| 25.0 |" in other[0] and "| measured |" in other[0], md

@@ -2,6 +2,7 @@
 the simulator's charge, and the plan's round trip."""
 import numpy as np
 import pytest
+import torch
 
 from teraio.core.bandwidth import TierBandwidth
 from teraio.core.plan import MigrationPlan
@@ -14,12 +15,13 @@ from teraio.perf.simulator import simulate
 GB = 10**9
 
 
-def attention_trace(middle_op: str = "aten.mm.default", busy_at_use: int = 0, n_ops: int = 12) -> Trace:
+def attention_trace(middle_op: str = "aten.mm.default", busy_at_use: int = 0, n_ops: int = 12,
+                    softmax_op: str = "aten._safe_softmax.default") -> Trace:
     """q made at op 0 and read again at op 10; op 1 makes scores S from q (a temp), op 2
-    softmax P from S, read by op 3 and again by op 9 (its backward use); op 5 (``middle_op``)
-    touches q; ops 4..7 hold a 3 GB temp each, so memory peaks between P's uses, and op 9 one
-    of ``busy_at_use`` bytes."""
-    names = ["aten.mm.default", "aten.bmm.default", "aten._safe_softmax.default", "aten.bmm.default",
+    (``softmax_op``) softmax P from S, read by op 3 and again by op 9 (its backward use); op 5
+    (``middle_op``) touches q; ops 4..7 hold a 3 GB temp each, so memory peaks between P's
+    uses, and op 9 one of ``busy_at_use`` bytes."""
+    names = ["aten.mm.default", "aten.bmm.default", softmax_op, "aten.bmm.default",
              "aten.mm.default", middle_op] + ["aten.mm.default"] * (n_ops - 6)
     recs = [TensorRecord(0, "param:w", GB, "param", True, list(range(n_ops))),
             TensorRecord(1, "op0:out0", GB // 10, "activation", False, [0, 1, 5, 10]),
@@ -53,6 +55,47 @@ def test_op_classes():
     assert not is_inplace("aten._safe_softmax.default") and not is_inplace("aten.__and__.Tensor")
     assert not is_pure("aten.native_dropout.default") and not is_pure("aten.empty.memory_format")
     assert is_pure("aten._safe_softmax.default")
+    assert not is_pure("mylib.unknown.default") and not is_pure("not an op")  # nothing to vouch for it
+
+
+def random_aten_ops() -> list[str]:
+    """Every aten overload this PyTorch has that draws random numbers by its own metadata:
+    tagged ``nondeterministic_seeded`` or taking a ``Generator``."""
+    found = []
+    for schema in torch._C._jit_get_all_schemas():
+        ns, base = schema.name.split("::")
+        if ns != "aten":
+            continue
+        name = f"aten.{base}.{schema.overload_name or 'default'}"
+        op = getattr(getattr(torch.ops.aten, base), schema.overload_name or "default")
+        if (torch.Tag.nondeterministic_seeded in op.tags
+                or any("Generator" in str(a.type) for a in schema.arguments)):
+            found.append(name)
+    return found
+
+
+def test_every_random_aten_op_is_refused():
+    ops = random_aten_ops()
+    assert len(ops) > 100 and "aten.rrelu_with_noise.default" in ops  # the enumeration sees them
+    assert [o for o in ops if is_pure(o)] == []
+
+
+@pytest.mark.parametrize("op", ["aten.rrelu_with_noise.default", "aten.rrelu_with_noise_functional.default",
+                                "aten.rrelu.default", "aten.poisson.default", "aten.binomial.default",
+                                "aten._standard_gamma.default", "aten._sample_dirichlet.default",
+                                "aten.cauchy.default", "aten.geometric.default"])
+def test_random_ops_whose_names_say_nothing_are_refused(op):
+    assert not is_pure(op)
+    assert Chains(attention_trace(softmax_op=op)).chain(3, 9) is None  # P made by it: not recomputable
+
+
+@pytest.mark.parametrize("op", ["aten.mm.default", "aten.bmm.default", "aten.add.Tensor", "aten.mul.Tensor",
+                                "aten.silu.default", "aten._unsafe_view.default", "aten.transpose.int",
+                                "aten.native_dropout_backward.default", "aten.embedding.default",
+                                "aten._safe_softmax.default", "aten.rsqrt.default"])
+def test_the_deterministic_ops_of_a_step_stay_pure(op):
+    # the ops the planner recomputes on the committed CUDA traces: their plans are unchanged
+    assert is_pure(op)
 
 
 def plan(tr, recompute, capacity=int(5.2 * GB)):

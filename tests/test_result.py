@@ -103,3 +103,10 @@ def test_extras_cannot_replace_a_schema_key_and_facts_must_be_known():
         result_row(c.point(), c.to_dict(), status_code=1)
     with pytest.raises(ValueError, match="point lacks"):
         result_row({"model": "x"}, {})
+
+
+def test_human_bytes_reads_as_a_person_writes_it():
+    from teraio.result import human_bytes
+
+    assert [human_bytes(n) for n in (0, 950, 1500, 2 << 20, 63992496128, 4.2e13)] == [
+        "0 B", "950 B", "1.5 kB", "2.1 MB", "64.0 GB", "42.0 TB"]

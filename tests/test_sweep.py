@@ -231,6 +231,34 @@ def test_library_chatter_goes_to_the_worker_log_not_the_terminal(tmp_path, fake_
     assert "noise from a library" in (job_dir(runs, 0) / "worker.log").read_text()
 
 
+def test_a_worker_that_dies_on_a_full_drive_gets_a_row_that_says_so(tmp_path, monkeypatch):
+    # DeepSpeed's aio op aborts the process (SIGABRT) on a write that finds no room: no row of
+    # its own. The drive looks full to the sweep (disk_usage patched) while the worker aborts.
+    from hydra import compose, initialize_config_dir
+
+    from teraio import sweep
+
+    runs = tmp_path / "runs"
+    sweep.register_resolvers()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        master = compose("config", overrides=["+experiment=smoke", "system=teraio_ssd", "trial=0",
+                                              f"sweep.runs_dir={runs}"], return_hydra_config=True)
+        (point,) = [compose("config", overrides=list(job), return_hydra_config=True)
+                    for job in sweep.job_overrides(master)]
+    drive = sweep.run_config(point).hardware.ssd_dirs[0]
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=4096) if str(p) == drive else real(p))
+    abort = "import os, resource; resource.setrlimit(resource.RLIMIT_CORE, (0, 0)); os.abort()"  # no core file
+    monkeypatch.setenv("TERAIO_WORKER_CMD", f"{sys.executable} -c '{abort}'")
+    job = Path(point.hydra.sweep.dir) / str(point.hydra.sweep.subdir)
+    assert sweep.run_point_job(point, job) == "error"
+    r = json.loads((job / "result.json").read_text())
+    assert r["error"].startswith(f"drive full: {drive}; worker ended (killed by signal 6, SIGABRT)"), r["error"]
+    monkeypatch.setattr(shutil, "disk_usage", real)  # room again: the cause is the signal alone
+    assert sweep.run_point_job(point, job) == "error"
+    assert json.loads((job / "result.json").read_text())["error"].startswith("worker ended (killed by signal 6")
+
+
 def test_worker_that_writes_nothing_and_exits_zero_is_an_error_row(tmp_path):
     runs = tmp_path / "runs"
     p = run_sweep(runs, {}, f"{sys.executable} -c pass", "trial=0")
@@ -326,17 +354,25 @@ def run(cfg, job_dir, device):  # trains as Ideal does, returning its teraio.res
 '''
 
 
-def test_a_system_added_through_the_registry_alone_runs_end_to_end(tmp_path):
+def plugin_sweep(tmp_path, module: str, source: str, system: str, options: str, *overrides: str):
+    """The command and environment of a sweep of smoke's trial 0 with ``system``, registered by
+    the module ``module`` (its text ``source``) with the options ``options`` (YAML); its rows
+    go to ``tmp_path/runs``."""
     (tmp_path / "plugin").mkdir()
-    (tmp_path / "plugin" / "fake_plugin.py").write_text(PLUGIN)
+    (tmp_path / "plugin" / f"{module}.py").write_text(source)
     (tmp_path / "conf" / "system").mkdir(parents=True)
-    (tmp_path / "conf" / "system" / "fake_offload.yaml").write_text("name: fake_offload\noptions:\n  speed: 1\n")
-    env = {**sweep_env({}, None), "TERAIO_SYSTEM_MODULES": "fake_plugin"}
+    (tmp_path / "conf" / "system" / f"{system}.yaml").write_text(f"name: {system}\noptions: {options}\n")
+    env = {**sweep_env({}, None), "TERAIO_SYSTEM_MODULES": module}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "plugin"), env["PYTHONPATH"]])
+    cmd = [sys.executable, "-m", "teraio.sweep", "+experiment=smoke", f"system={system}", "trial=0",
+           f"sweep.runs_dir={tmp_path / 'runs'}", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", *overrides]
+    return cmd, env
+
+
+def test_a_system_added_through_the_registry_alone_runs_end_to_end(tmp_path):
+    cmd, env = plugin_sweep(tmp_path, "fake_plugin", PLUGIN, "fake_offload", "{speed: 1}",
+                            "workload.warmup_steps=1", "workload.measure_steps=2")
     runs = tmp_path / "runs"
-    cmd = [sys.executable, "-m", "teraio.sweep", "+experiment=smoke", "system=fake_offload", "trial=0",
-           f"sweep.runs_dir={runs}", f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
-           "workload.warmup_steps=1", "workload.measure_steps=2"]
     p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     (job,) = (runs / "smoke").glob("llama3_tiny-fake_offload-*")
@@ -348,6 +384,56 @@ def test_a_system_added_through_the_registry_alone_runs_end_to_end(tmp_path):
     bad = subprocess.run(cmd + ["+system.options.turbo=1"], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=300)
     assert bad.returncode != 0 and "fake_offload takes only speed" in bad.stderr
+
+
+NOISY_PLUGIN = '''
+import logging, warnings
+import torch
+from teraio import systems
+from teraio.systems import SystemSpec
+
+systems.register(SystemSpec("noisy", "Noisy", "noisy_plugin", "noisy_plugin:check_options"))
+
+
+def check_options(system, options):
+    pass
+
+
+def deprecated(*args, **kwargs):
+    warnings.warn("old API.\\n\\n    Second line of a docstring.", FutureWarning, stacklevel=2)
+
+
+def wrapper(func, *args, **kwargs):
+    return func(*args, **kwargs)
+
+
+def run(cfg, job_dir, device):  # a library's warnings, then an expected out-of-memory
+    wrapper(deprecated)
+    logging.getLogger("somelib").warning("a record\\nits second line")
+    print("the runner's own line", flush=True)
+    wrapper(fail)
+
+
+def fail():
+    raise torch.OutOfMemoryError("CUDA out of memory (scripted)")
+'''
+
+
+def test_library_warnings_and_an_ooms_traceback_go_to_the_log_not_the_terminal(tmp_path):
+    cmd, env = plugin_sweep(tmp_path, "noisy_plugin", NOISY_PLUGIN, "noisy", "{}", "sweep.analyze=false")
+    runs = tmp_path / "runs"
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (job,) = (runs / "smoke").glob("llama3_tiny-noisy-*")
+    assert json.loads((job / "result.json").read_text())["status"] == "oom"
+    out = " ".join(p.stdout.split())  # the console wraps long lines
+    assert "the runner's own line" in out
+    assert f"oom (its traceback is in {job / 'worker.log'})" in out
+    assert "✗ oom torch.OutOfMemoryError: CUDA out of memory (scripted)" in out
+    for fragment in ("Second line of a docstring", "return func(*args, **kwargs)", "its second line",
+                     "Traceback", "raise torch.OutOfMemoryError"):
+        assert fragment not in p.stdout, fragment
+        assert fragment in (job / "worker.log").read_text(), fragment
 
 
 @pytest.mark.parametrize("change", ["workload.lr=0.001", "seed=1", "hardware.host_mem_cap_bytes=1048576",

@@ -13,8 +13,17 @@ probabilities of an SDPA math kernel are the case this serves: ``_safe_softmax``
 
 A chain is refused (not *recomputable*) where re-running it might not give the same bytes:
 an op that draws random numbers, allocates without writing (``empty``), writes in place or
-into an ``out=`` argument, or is a collective; or where a tensor of the chain (a recomputed
-one or a resident input) is written in place by another op between its producer and b.
+into an ``out=`` argument, is a collective, or is not a registered op at all; or where a
+tensor of the chain (a recomputed one or a resident input) is written in place by another
+op between its producer and b.
+
+Random ops are told from PyTorch's own metadata, not their names (:func:`draws_random`):
+``rrelu_with_noise``, ``poisson`` or ``binomial`` name no distribution a pattern would catch.
+The fused attention kernels (``_scaled_dot_product_flash_attention_for_cpu``, the CUDA
+flash, efficient and cuDNN ones) carry the tag because of their ``dropout_p`` argument; a
+trace records op names, not arguments, so they are refused even where ``dropout_p`` was 0.
+On CUDA in FP32 the math kernel runs (``teraio.workload.models.attention_bytes``), whose
+ops (``bmm``, ``_safe_softmax``) are untagged, so the refusal costs the CPU kernel only.
 """
 from __future__ import annotations
 
@@ -27,9 +36,9 @@ import torch
 
 from teraio.core.trace import Trace
 
-# Ops whose outputs a re-run might not reproduce bit for bit, or that touch other ranks.
-_IMPURE = re.compile(r"rand|dropout|bernoulli|normal|uniform|multinomial|exponential|empty|c10d|"
-                     r"_foreach|copy_")
+# Ops, beside random ones (:func:`draws_random`), whose outputs a re-run might not reproduce
+# bit for bit (uninitialised memory), or that write their arguments or touch other ranks.
+_IMPURE = re.compile(r"empty|c10d|_foreach|copy_")
 
 
 def is_inplace(op_name: str) -> bool:
@@ -63,10 +72,33 @@ def out_variant(op_name: str):
     return out if outs == ["out"] and same and single else None
 
 
+def op_overload(op_name: str):
+    """The ``torch.ops`` overload that ``op_name`` (``"aten.add.Tensor"``, as the profiler
+    writes ``str(func)``) names; None where it names none."""
+    parts = op_name.split(".")
+    if len(parts) != 3:
+        return None
+    try:
+        return getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def draws_random(op) -> bool:
+    """Whether the op overload ``op`` may draw random numbers, by PyTorch's own metadata: it
+    is tagged ``nondeterministic_seeded`` or takes a ``Generator`` argument (the tag alone
+    misses a few, such as ``_no_grad_normal_``)."""
+    return (torch.Tag.nondeterministic_seeded in op.tags
+            or any("Generator" in str(a.type) for a in op._schema.arguments))
+
+
 def is_pure(op_name: str) -> bool:
     """Whether re-running ``op_name`` on the same inputs makes the same outputs and writes
-    nothing else (see the module docstring)."""
-    return not is_inplace(op_name) and not _IMPURE.search(op_name)
+    nothing else (see the module docstring): a registered op, not in place, not random
+    (:func:`draws_random`), not an allocation, collective or ``_foreach`` op."""
+    op = op_overload(op_name)
+    return (op is not None and not is_inplace(op_name) and not draws_random(op)
+            and not _IMPURE.search(op_name))
 
 
 @dataclasses.dataclass

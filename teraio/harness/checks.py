@@ -23,7 +23,8 @@ def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool =
     * ``hardware.ssd_dirs`` of systems that offload to SSDs: each exists (created first
       when it lies under ``runs_dir``, the sweep's own scratch, or with ``make_ssd_dirs``;
       elsewhere a missing one is a mistyped path or an unmounted drive), is a directory,
-      and takes a new file — checked only with
+      and takes a new file, and the system's own check of its drives passes
+      (``SystemSpec.check_drives``: ZeRO-Infinity's swap files fit) — checked only with
       ``check_device``, since otherwise the workers run elsewhere; the list must not be empty;
     * ``system.options``: every key and value, by the system's own check (``teraio.systems``);
     * a system that runs on CUDA only (``SystemSpec.cuda_only``) needs a CUDA device;
@@ -82,6 +83,7 @@ def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool =
     if spec.uses_drives:
         if check_device:
             check_ssd_dirs(hw.ssd_dirs, run.system.name, make=make_ssd_dirs, scratch=runs_dir)
+            systems.check_drives(run)
         elif not hw.ssd_dirs:  # the drives are the worker's machine's (e.g. Slurm nodes)
             raise ValueError(f"hardware.ssd_dirs is empty; {run.system.name} offloads to SSDs: "
                              "give one directory per drive")

@@ -48,10 +48,16 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-# Library chatter a worker prints (DeepSpeed's and torch's log lines, Python warnings and the
-# source line under each): worker.log keeps it, the terminal shows the worker's own lines.
+LOG_ONLY = "[log] "
+"""The start of a worker's line meant for ``worker.log`` alone: each line of a Python warning
+or of a library's log record (``teraio.harness.run.log_only_output``), and an expected
+failure's traceback."""
+
+# Library chatter a worker prints (DeepSpeed's and torch's log lines, the lines it marks
+# LOG_ONLY): worker.log keeps it, the terminal shows the worker's own lines.
 _LIBRARY_NOISE = re.compile(r"^\[\d{4}-\d\d-\d\d [^]]*\] \[(INFO|WARNING|DEBUG)\]|Warning: |^\s+warnings\.warn\(|"
-                            r"^\s*$|^Using .* as PyTorch extensions root|^(Emitting|Building|Loading|Time to load) ")
+                            r"^\s*$|^Using .* as PyTorch extensions root|^(Emitting|Building|Loading|Time to load) |"
+                            + "^" + re.escape(LOG_ONLY))
 
 
 def launch_worker(run: RunConfig, job_dir: Path, resolved: Path) -> tuple[int | None, list[str]]:

@@ -24,6 +24,7 @@ row and prints its status.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import sys
 import time
@@ -43,6 +44,7 @@ from teraio.config import RunConfig, load_run_config
 from teraio.systems.measure import environment_facts, peak_host_rss_bytes
 from teraio.interrupt import Interrupted, raise_on_signals
 from teraio.result import Measurements, check_finite, measured_before, result_row, write_result
+from teraio.harness.launch import LOG_ONLY
 from teraio.harness.tune import row_tuning
 
 Runner = Callable[[RunConfig, Path, torch.device], Measurements]
@@ -122,21 +124,51 @@ def run_point(cfg: RunConfig, job_dir: Path, runner: Runner | None = None) -> di
                       wall_seconds=time.perf_counter() - t0)
 
 
+class _LogOnlyLines(logging.Formatter):
+    """Each line of a record marked for ``worker.log`` alone (``LOG_ONLY``)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(LOG_ONLY + line for line in super().format(record).splitlines())
+
+
+def log_only_output() -> None:
+    """Send what libraries say through Python's warnings and logging (records of loggers
+    with no handler of their own) to ``worker.log`` alone: every line marked ``LOG_ONLY``,
+    so that a warning's source line or a multi-line message (a docstring) never reaches
+    the sweep's terminal as a bare fragment (``teraio.harness.launch``)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_LogOnlyLines("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler], force=True)
+    logging.captureWarnings(True)
+
+
+def end_lines(result: dict, log: Path) -> tuple[str, str | None]:
+    """What the worker prints of its row at its end: the status line (rank 0's) and its
+    failure, if any. An ``oom`` is an outcome, not a crash: its status line names ``log``,
+    where its traceback goes alone (marked ``LOG_ONLY``); any other failure's traceback is
+    printed whole."""
+    tps, error = result["tokens_per_s"], result["error"]
+    if result["status"] == "oom":
+        return f"oom (its traceback is in {log})", "\n".join(LOG_ONLY + line for line in (error or "").splitlines())
+    return f"{result['status']}" + (f": {tps:.1f} tokens/s" if tps else ""), error
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m teraio.harness.run <job dir>/resolved.yaml", file=sys.stderr)
         return 2
     resolved = Path(argv[0])
+    log_only_output()
     raise_on_signals()
     cfg = load_run_config(resolved)
     result = {**run_point(cfg, resolved.parent), **row_tuning(resolved.parent)}
-    tps = result["tokens_per_s"]
+    status, failure = end_lines(result, resolved.parent / "worker.log")
     if int(os.environ.get("RANK", 0)) == 0:
         write_result(resolved.parent / "result.json", result)
-        print(f"{result['status']}" + (f": {tps:.1f} tokens/s" if tps else ""), flush=True)
-    if result["error"]:  # every rank's own failure
-        print(result["error"], flush=True)
+        print(status, flush=True)
+    if failure:  # every rank's own failure
+        print(failure, flush=True)
     return 0
 
 

@@ -71,6 +71,10 @@ class SystemSpec:
             settings that make a finished row's choices again. The point's first trial makes
             them, the rest of its trials and later sweeps run with them
             (``teraio.harness.tune.decided``); None: nothing to decide.
+        check_drives: ``"module:function"`` taking the point's ``teraio.config.RunConfig``
+            and raising ``ValueError`` where its drives lack what it needs (room), run by the
+            sweep before any point runs (``teraio.harness.checks.validate``); None: nothing
+            beyond the directories' own checks.
         cuda_only: it runs on a CUDA device only (the sweep refuses a point on another
             device before anything runs: ``teraio.harness.checks.validate``).
         paper: one of the paper's systems (§4.1); False for those beyond its comparison.
@@ -90,6 +94,7 @@ class SystemSpec:
     pipeline: bool = False
     tuner: str | None = None
     decider: str | None = None
+    check_drives: str | None = None
     cuda_only: bool = False
     paper: bool = True
 
@@ -100,7 +105,7 @@ _BUILT_IN = (
                cost_server="server_1tb", legend_rank=1, tuner="teraio.systems.zero:tuning_candidates"),
     SystemSpec("zero_infinity", "ZeRO-Infinity", "teraio.systems.zero", "teraio.systems.zero:check_options",
                uses_drives=True, cost_server="server_1tb", legend_rank=0,
-               tuner="teraio.systems.zero:tuning_candidates"),
+               tuner="teraio.systems.zero:tuning_candidates", check_drives="teraio.systems.zero:check_swap_room"),
     SystemSpec("teraio_ssd", "TeraIO-SSD", "teraio.systems.teraio", "teraio.systems.teraio_options:check_options",
                uses_drives=True, cost_server="server_base", role="teraio", legend_rank=2, pipeline=True,
                decider="teraio.systems.teraio_options"),
@@ -186,6 +191,17 @@ def check_options(name: str, options: dict) -> None:
         ValueError: unknown system, or the system's check refuses a key or value.
     """
     _named(get(name).check_options)(name, options or {})
+
+
+def check_drives(run) -> None:
+    """The check of ``run.system``'s drives (``SystemSpec.check_drives``), where it has one.
+
+    Raises:
+        ValueError: unknown system, or the check refuses the drives.
+    """
+    ref = get(run.system.name).check_drives
+    if ref is not None:
+        _named(ref)(run)
 
 
 def load_runner(name: str) -> Callable:

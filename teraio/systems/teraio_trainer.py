@@ -20,7 +20,8 @@ tokens at the same step):
   tensors (:meth:`~TeraIOTrainer.start_engine`), and steps ``2 .. warmup_steps-1`` warm the
   engine up; steps ``warmup_steps ..`` are measured (:meth:`~TeraIOTrainer.measured_step`);
   a step whose workload shape differs from the one before it is profiled and planned
-  again (:meth:`~TeraIOTrainer.replan`).
+  again, or, where the run has planned that shape before, runs on its plan
+  (:meth:`~TeraIOTrainer.replan`).
 
 On a CPU device with no capacity given nothing is capped (no pager, nothing to plan for).
 The options are ``teraio.systems.teraio_options.TeraIOOptions``.
@@ -39,7 +40,7 @@ import torch
 
 from teraio import systems
 from teraio.config import RunConfig, dataclass_from_dict
-from teraio.core.engine import RECOVERY_KEYS, MigrationEngine
+from teraio.core.engine import RECOVERY_KEYS, SHAPE_KEYS, MigrationEngine
 from teraio.core.pager import CapacityError, Pager, PagedStep, PagerStats
 from teraio.core.plan import MigrationPlan
 from teraio.perf.choose import plan_fastest
@@ -47,7 +48,7 @@ from teraio.perf.simulator import simulate
 from teraio.core.profiler import persistent_tensors, profile_step
 from teraio.core.tiers.ssd import SSD_FREE_RESERVE, drive_room_bytes
 from teraio.core.trace import Trace
-from teraio.result import Measurements, iteration_totals, progress_line
+from teraio.result import Measurements, human_bytes, iteration_totals, progress_line
 from teraio.systems.loop import Step, Steps, StepStats, measure_steps
 from teraio.systems.measure import (apply_memory_cap, lift_memory_cap, param_digest, peak_memory, reset_peak_memory,
                                     synchronize, timed)
@@ -58,6 +59,12 @@ from teraio.systems.microbatch import Candidate, MicroBatchSearch
 from teraio.systems.teraio_options import TeraIOOptions
 from teraio.workload.pipeline import build_training, gather_stages
 from teraio.workload.step import make_batch, train_step
+
+
+def shape_key(shape: dict) -> tuple:
+    """The workload shape a plan holds for (``SHAPE_KEYS`` of a step's shape or a trace's
+    meta), as a dict key."""
+    return tuple(shape.get(k) for k in SHAPE_KEYS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +122,10 @@ class TeraIOTrainer:
         side: directory of the side files (the job dir, or its ``stage<s>/``).
         pager: the pager of the steps before a plan (None: uncapped, or an engine runs).
         engine: the migration engine of the current plan (None before the first).
-        runs: every engine of the run with its planned trace, for the logs.
+        runs: the current engine with its planned trace, for the logs (a re-plan writes the
+            replaced engine's last records and drops it, :meth:`end_engine`).
+        plans: per workload shape planned so far (``SHAPE_KEYS`` values), the profiled trace,
+            its :class:`Planned` and the suffix of its files, for :meth:`replan` to reuse.
         losses: every step's loss, by step: the paged ones and the loop's.
         peaks: (allocated, reserved) peak bytes of the build, then of each step.
     """
@@ -148,6 +158,7 @@ class TeraIOTrainer:
         measured.capacity_emulated = emulated if self.capacity is not None else None
         self.training = self.logs = self.pager = self.engine = None
         self.runs: list[tuple[MigrationEngine, Trace]] = []
+        self.plans: dict[tuple, tuple[Trace, Planned, str]] = {}
         self.losses: dict[int, float] = {}
         self.peaks: list[tuple[int | None, int | None]] = []
         self.prefix, self.side, self.loud = "", job_dir, True
@@ -335,10 +346,15 @@ class TeraIOTrainer:
         capacity = self.limit if self.limit is not None else int(unoffloaded_peak * (1 - self.headroom))
         host_cap = self.cfg.hardware.host_mem_cap_bytes if self.spec.host_tier else 0
         t0 = time.perf_counter()
-        ssd_cap = drive_room_bytes(list(self.cfg.hardware.ssd_dirs)) // self.workload.pipeline_stages
+        ssd_cap = self.ssd_room()
         plan = plan_fastest(trace, capacity, self.bandwidths, host_cap_bytes=host_cap, ssd_cap_bytes=ssd_cap,
                             **self.opts.planner_options())
         return Planned(trace, plan, capacity, unoffloaded_peak, ssd_cap, time.perf_counter() - t0)
+
+    def ssd_room(self) -> int:
+        """The room the SSD tier's files may take now: the drives' free bytes
+        (``drive_room_bytes``) shared by the pipeline's stages."""
+        return drive_room_bytes(list(self.cfg.hardware.ssd_dirs)) // self.workload.pipeline_stages
 
     def plan_and_start(self, trace: Trace, suffix: str, planned: Planned | None = None) -> Planned:
         """Plan ``trace`` (unless ``planned``, its plan already made) and start an engine on
@@ -353,6 +369,7 @@ class TeraIOTrainer:
         trace.save(self.side / f"trace{suffix}.json")
         planned = planned or self.plan(trace)
         planned.plan.save(self.side / f"plan{suffix}.json")
+        self.plans[shape_key(trace.meta)] = (trace, planned, suffix)
         if not suffix:
             m = self.measured
             m.unoffloaded_peak_bytes = planned.unoffloaded_peak_bytes
@@ -397,9 +414,9 @@ class TeraIOTrainer:
         engine.prime(pager)
         if pager is not None:
             if "host" in tiers and self.loud:
-                print(f"host tier: {adopted} B of {tiers['host'].nbytes} B adopted from the pager's "
-                      f"free buffers, {tiers['host'].allocated_bytes - adopted} B more taken over or "
-                      "allocated", flush=True)
+                print(f"host tier: {human_bytes(adopted)} of {human_bytes(tiers['host'].nbytes)} adopted from "
+                      f"the pager's free buffers, {human_bytes(tiers['host'].allocated_bytes - adopted)} more "
+                      "taken over or allocated", flush=True)
             pager.close()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -411,32 +428,75 @@ class TeraIOTrainer:
     def measured_step(self, step: int) -> Step | None:
         """The loop's step ``step`` (``teraio.systems.loop.StepFn``): the engine's step,
         timed from its batch on; where ``replan_on_drift`` and the shape differs from the
-        step before, :meth:`replan` instead (None: not measured)."""
+        step before, :meth:`replan` first (None: the step ran there, profiled, and is not
+        measured)."""
         w = self.workload
         shape = w.shape_at(step)
-        if self.opts.replan_on_drift and shape != w.shape_at(step - 1):
-            self.replan(step)
+        if self.opts.replan_on_drift and shape != w.shape_at(step - 1) and self.replan(step):
             return None
         reset_peak_memory(self.device)
         return Step(lambda: self.engine.run_step(self.step_work(step), step, shape=shape), self.engine_stats)
 
-    def replan(self, step: int) -> None:
-        """Plan drift (the shape the plan was made for changed): hand the engine's tensors
-        back to a new pager, profile ``step`` and plan anew (``trace.step<step>.json``,
-        ``plan.step<step>.json``; the row's ``replans`` gets an entry)."""
+    def replan(self, step: int) -> bool:
+        """Plan drift (the shape the plan was made for changed): end the engine
+        (:meth:`end_engine`) and start one on the plan of step ``step``'s shape; the row's
+        ``replans`` gets an entry. Returns whether the step ran here.
+
+        A new shape: step ``step`` is profiled under a pager and planned
+        (``trace.step<step>.json``, ``plan.step<step>.json``); returns True.
+
+        A shape seen before (:attr:`plans`): its trace and plan are reused, nothing is
+        profiled, and the step is left to the new engine (returns False; the entry names the
+        files reused). That plan holds again because all it was made from is unchanged: the
+        trace of a shape is the same ops on tensors of the same sizes (the model, the
+        optimizer and the shape fix them; the engine refuses a step that runs other ops,
+        ``ExecutionDivergedError``), and the capacity, the host tier's cap and the tier rates
+        are the run's. Only the SSD room may have shrunk (another process writing to the
+        drives): where it no longer holds the plan's files, the stored trace is planned
+        again in the room there is (``plan.step<step>.json``), still without a profile.
+        """
         shape = self.workload.shape_at(step)
+        self.end_engine()
+        known = self.plans.get(shape_key(shape))
+        if known is None:
+            trace, seconds = self.profile(step, f" (profiled again: seq_len {shape['seq_len']}, not measured)")
+            planned = self.plan_and_start(trace, f".step{step}")
+            self.measured.replans.append({
+                "step": step, "shape": shape, "profile_seconds": seconds,
+                "plan_compile_seconds": planned.compile_seconds, "plan": planned.summary(),
+                "artifacts": {"trace": f"{self.prefix}trace.step{step}.json",
+                              "plan": f"{self.prefix}plan.step{step}.json"}})
+            return True
+        trace, planned, suffix = known
+        compile_seconds = None  # the plan reused as it is
+        if planned.plan.meta["ssd_file_bytes"] > self.ssd_room():
+            planned, suffix = self.plan(trace), f".step{step}"
+            compile_seconds = planned.compile_seconds
+            planned.plan.save(self.side / f"plan{suffix}.json")
+            self.plans[shape_key(shape)] = (trace, planned, suffix)
+            self.refuse_shortfall(planned)
+        self.start_engine(planned)
+        self.measured.replans.append({
+            "step": step, "shape": shape, "reused": True, "profile_seconds": None,
+            "plan_compile_seconds": compile_seconds, "plan": planned.summary(),
+            "artifacts": {"trace": f"{self.prefix}trace{known[2]}.json", "plan": f"{self.prefix}plan{suffix}.json"}})
+        if self.loud:
+            print(f"step {step}: seq_len {shape['seq_len']} seen before: its plan "
+                  f"({self.prefix}plan{suffix}.json) reused, nothing profiled", flush=True)
+        return False
+
+    def end_engine(self) -> None:
+        """End the current engine between steps and keep nothing of it: its tensors go back
+        to a new pager (uncapped, where there is none, it restores them and closes), and
+        its last log records are written."""
         self.pager = self.new_pager(track=False)
         if self.pager is None:  # uncapped: the plan moves nothing
             self.engine.close()
         else:
             self.engine.hand_back(self.pager)
             self.pager.track(persistent_tensors(self.training.model, self.training.optimizer).values())
-        trace, seconds = self.profile(step, f" (profiled again: seq_len {shape['seq_len']}, not measured)")
-        planned = self.plan_and_start(trace, f".step{step}")
-        self.measured.replans.append({
-            "step": step, "shape": shape, "profile_seconds": seconds, "plan_compile_seconds": planned.compile_seconds,
-            "plan": planned.summary(), "artifacts": {"trace": f"{self.prefix}trace.step{step}.json",
-                                                     "plan": f"{self.prefix}plan.step{step}.json"}})
+        self.logs.write(self.runs)
+        self.runs, self.engine = [], None
 
     def engine_stats(self) -> StepStats:
         """The engine's step just run, for the loop (its peak kept, its logs written, its

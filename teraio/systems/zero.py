@@ -91,7 +91,7 @@ from teraio.config import RunConfig
 from teraio.systems.loop import Step, Steps, measure_steps
 from teraio.systems.measure import apply_memory_cap, peak_memory, reset_peak_memory
 from teraio.workload.models import build_meta_model, build_model
-from teraio.result import Measurements, kept_on_failure
+from teraio.result import Measurements, human_bytes, kept_on_failure
 from teraio.workload.step import make_batch, make_optimizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -272,28 +272,54 @@ def deepspeed_config(cfg: RunConfig, opts: dict, largest_param_numel: int, world
     return _deep_merge(ds, opts["ds_config"])
 
 
-# Bytes zero_infinity swaps at least per element of a swapped parameter: the FP32 weight
-# (offload_param) and its two AdamW moments (offload_optimizer).
-SWAP_BYTES_PER_ELEMENT = 12
-
-
 def param_numels(cfg: RunConfig) -> list[int]:
     """Elements of each parameter of ``cfg``'s model, in ``parameters()`` order (built on the
     meta device: nothing is allocated)."""
     return [p.numel() for p in build_meta_model(cfg.model, cfg.workload.seq_len).parameters()]
 
 
-def swap_bytes_needed(numels: list[int], opts: dict, world: int = 1, local_world: int = 1) -> int:
-    """A lower bound on the bytes zero_infinity swaps to its directory on this host, for a
-    model whose parameters have ``numels`` elements (:func:`param_numels`):
-    :data:`SWAP_BYTES_PER_ELEMENT` per element of each parameter DeepSpeed swaps (one of at
-    least ``param_persistence_threshold`` elements and at least ``aio.block_size`` and
-    1 MiB), for the ``local_world`` of ``world`` ranks that share the directory. DeepSpeed
-    also swaps the FP32 partition the optimizer steps, and the smaller parameters' state,
-    so it writes more."""
-    smallest = max(opts["aio"]["block_size"], 1 << 20)
-    swapped = sum(n for n in numels if n >= opts["param_persistence_threshold"] and n * 4 >= smallest)
-    return SWAP_BYTES_PER_ELEMENT * swapped * local_world // world
+DEEPSPEED_SUB_GROUP_SIZE = 1_000_000_000
+"""DeepSpeed's default ``zero_optimization.sub_group_size`` (elements)."""
+SWAPPED_PER_SUB_GROUP = 3
+"""Files of one size per swapped optimizer sub-group: the FP32 partition and AdamW's two moments."""
+
+
+def swap_bytes_needed(numels: list[int], ds_config: dict, world: int = 1, local_world: int = 1) -> int:
+    """The bytes zero_infinity's swap files take on this host's drive, sized as DeepSpeed
+    0.19.8 sizes them (``deepspeed/runtime/swap_tensor/``, ``zero/stage3.py``) for a model
+    whose parameters have ``numels`` elements (:func:`param_numels`), trained with
+    ``ds_config`` (:func:`deepspeed_config`) on ``world`` ranks, ``local_world`` of them on
+    this host, each writing its own files. FP32 throughout (4 B per element); a tensor is
+    swapped where it has at least ``max(aio.block_size, 1 MiB)`` bytes, to a file of its
+    elements rounded up to the I/O alignment (``1024 x aio.intra_op_parallelism`` bytes):
+
+    * each parameter's partition (``ceil(n / world)`` elements), a file each;
+    * the partitions, in order, make optimizer sub-groups of ``sub_group_size`` elements or
+      more (the last takes the rest); a swapped sub-group has its FP32 partition and AdamW's
+      two moments in a file each, and of each parameter's gradient the part that is a
+      multiple of the alignment, where that part is swapped itself (the rest stays in
+      memory).
+    """
+    aio = ds_config["aio"]
+    smallest = max(aio["block_size"], 1 << 20) // 4  # elements
+    align = 1024 * aio["intra_op_parallelism"] // 4
+
+    def file(n: int) -> int:  # elements on the drive of a tensor of n elements
+        return -(-n // align) * align if n >= smallest else 0
+
+    parts = [-(-n // world) for n in numels]
+    total = sum(file(n) for n in parts)
+    group_size = ds_config["zero_optimization"].get("sub_group_size", DEEPSPEED_SUB_GROUP_SIZE)
+    groups: list[list[int]] = [[]]
+    for n in parts:
+        if sum(groups[-1]) >= group_size:
+            groups.append([])
+        groups[-1].append(n)
+    for group in groups:
+        if sum(group) >= smallest:
+            total += SWAPPED_PER_SUB_GROUP * file(sum(group))
+            total += sum(file(n // align * align) for n in group if n >= smallest)
+    return 4 * total * local_world
 
 
 DEEPSPEED_MAX_REUSE_DISTANCE = 1_000_000_000
@@ -386,20 +412,47 @@ def swapped_param_count(numels: list[int], opts: dict) -> int:
     return sum(1 for n in numels if n >= opts["param_persistence_threshold"] and n * 4 >= smallest)
 
 
-def _check_swap_dir(path: Path, need: int) -> None:
-    """Refuse a swap directory that is missing, not writable, or has fewer than ``need``
-    bytes free (:func:`swap_bytes_needed`), before DeepSpeed starts."""
-    if not path.is_dir():
-        raise ValueError(f"zero_infinity swap directory {path} does not exist "
+def swap_bytes_of(cfg: RunConfig, world: int = 1, local_world: int = 1) -> int:
+    """:func:`swap_bytes_needed` of zero_infinity at ``cfg``'s point: its model, and the
+    DeepSpeed config its options make (:func:`deepspeed_config`)."""
+    opts = resolve_options("zero_infinity", cfg.system.options)
+    numels = param_numels(cfg)
+    return swap_bytes_needed(numels, deepspeed_config(cfg, opts, max(numels), world, "/swap"), world, local_world)
+
+
+def check_swap_room(cfg: RunConfig, world: int | None = None, local_world: int | None = None) -> Path | None:
+    """Refuse, before DeepSpeed starts, a zero_infinity swap directory
+    (``system.options.nvme_path``, else ``hardware.ssd_dirs[0]``) that is missing, not
+    writable, or whose drive has less room than the swap files take
+    (:func:`swap_bytes_needed` of the point's DeepSpeed config, for ``world`` ranks,
+    ``local_world`` of them on this host; default ``hardware.n_gpus`` each). What dead runs
+    left there is removed first (``teraio.files.remove_orphans``), so that its room counts.
+    The sweep checks every point so before the first runs (``SystemSpec.check_drives``), the
+    worker again before DeepSpeed starts. Returns the directory; other systems pass.
+
+    Raises:
+        ValueError: naming the directory, its free bytes and the bytes the files take.
+    """
+    if cfg.system.name != "zero_infinity":
+        return None
+    opts = resolve_options(cfg.system.name, cfg.system.options)
+    root = Path(opts["nvme_path"] or cfg.hardware.ssd_dirs[0])
+    if not root.is_dir():
+        raise ValueError(f"zero_infinity swap directory {root} does not exist "
                          "(hardware.ssd_dirs[0] or system.options.nvme_path)")
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise ValueError(f"zero_infinity swap directory {path} is not writable")
-    free = shutil.disk_usage(path).free
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise ValueError(f"zero_infinity swap directory {root} is not writable")
+    remove_orphans(root, *SWAP_DIRS)
+    world = world or cfg.hardware.n_gpus
+    need = swap_bytes_of(cfg, world, local_world or world)
+    free = shutil.disk_usage(root).free
     if free < need:
-        raise ValueError(f"zero_infinity swap directory {path} has {free} B free; DeepSpeed swaps at least "
-                         f"{need} B there ({SWAP_BYTES_PER_ELEMENT} B per element of each swapped parameter: "
-                         "its FP32 weight and two AdamW moments); point hardware.ssd_dirs[0] or "
-                         "system.options.nvme_path at a larger drive")
+        raise ValueError(f"zero_infinity swap directory {root} has {free} B ({human_bytes(free)}) free; "
+                         f"DeepSpeed's swap files take {need} B ({human_bytes(need)}) there (each swapped "
+                         "parameter, and the FP32 partition, AdamW's two moments and the gradients of each "
+                         "optimizer sub-group, as DeepSpeed sizes them); free room on that drive, or point "
+                         "hardware.ssd_dirs[0] or system.options.nvme_path at a larger one")
+    return root
 
 
 def swap_dir_of(root: Path, job_dir: Path) -> Path:
@@ -481,13 +534,9 @@ def _run(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measurem
     opts = resolve_options(cfg.system.name, cfg.system.options)
     w = cfg.workload
     numels = param_numels(cfg)
-    swap_dir = None
     world = int(os.environ.get("WORLD_SIZE", 1))
-    if cfg.system.name == "zero_infinity":
-        root = Path(opts["nvme_path"] or cfg.hardware.ssd_dirs[0])
-        remove_orphans(root, *SWAP_DIRS)  # what a killed run left, before the free room is checked
-        _check_swap_dir(root, swap_bytes_needed(numels, opts, world, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
-        swap_dir = swap_dir_of(root, job_dir)
+    root = check_swap_room(cfg, world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    swap_dir = swap_dir_of(root, job_dir) if root is not None else None
     ds_config = deepspeed_config(cfg, opts, max(numels), world, str(swap_dir) if swap_dir else None)
     check_param_buffers(cfg, opts)
     measured.extras["zero_micro_batch_size"] = ds_config["train_micro_batch_size_per_gpu"]
