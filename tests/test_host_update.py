@@ -110,3 +110,47 @@ def test_host_updates_need_a_rate_and_fifo_channels():
         simulate(one_update_trace(), plan, TierBandwidth(1.0, 1.0, 1.0, 1.0))
     with pytest.raises(ValueError, match="policy='fifo'"):
         simulate(one_update_trace(), plan, TierBandwidth(1.0, 1.0, 1.0, 1.0), policy="edf", host_update_gbps=1.0)
+
+
+def reference_losses(steps):
+    model, opt, step = tiny()
+    return [step(s)() for s in range(1, steps)], dict(model.named_parameters())
+
+
+@pytest.mark.parametrize("planned", [False, True], ids=["no-migrations", "planned"])
+def test_training_with_host_updates_follows_plain_training(tmp_path, planned):
+    from teraio.core.engine import MigrationEngine
+    from teraio.core.host_update import HostUpdate, give_back, take_from_optimizer
+    from teraio.core.planner import plan_migrations
+    from teraio.core.profiler import persistent_tensors
+    from teraio.core.tiers.host import HostTier
+
+    steps = 8
+    ref_losses, ref_params = reference_losses(steps)
+    model, opt, step = tiny()
+    _, full = profile_step(step(1), model, opt, CPU)
+    hosted = full.with_host_update(HOSTED).with_released_grads()
+    params = {"param:" + n: p for n, p in model.named_parameters() if "param:" + n in HOSTED}
+    taken = take_from_optimizer(opt, params)
+    assert all(not any(p is q for g in opt.param_groups for q in g["params"]) for p in params.values())
+    hu = HostUpdate(params, taken, hosted.meta["host_update"], CPU)
+    if planned:
+        plan = plan_migrations(hosted, int(hosted.peak_bytes() * 0.6), TierBandwidth(1.0, 1.0, 1.0, 1.0),
+                               host_cap_bytes=1 << 30, use_ssd=False, min_tensor_bytes=4096, allow_stalls=True)
+        assert plan.migrations and not any(m.name in HOSTED and m.wraps for m in plan.migrations)
+        tiers = {"host": HostTier(1 << 30, {m.name: m.nbytes for m in plan.migrations}, CPU,
+                                  shares=plan.shared_slots("host"))}
+    else:
+        plan, tiers = MigrationPlan(hosted.n_ops, 10**12, 10**12, 10**12, []), {}
+    eng = MigrationEngine(hosted, plan, persistent_tensors(model, opt), tiers, CPU, release_grads=True, host_update=hu)
+    eng.prime()
+    got = []
+    for s in range(2, steps):
+        got.append(eng.run_step(step(s), s))
+    eng.close()
+    # steps 2.. ran with the host's fused AdamW: the same updates to rounding
+    np.testing.assert_allclose(got, ref_losses[1:], rtol=1e-4)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p, ref_params[name], rtol=1e-4, atol=1e-6)
+    give_back(opt, params, taken)  # and the device optimizer can take them back, in their places
+    assert [p for g in opt.param_groups for p in g["params"]] == list(model.parameters())

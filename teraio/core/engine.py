@@ -86,6 +86,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from teraio.core.host_update import HostUpdate
 from teraio.core.plan import Migration, MigrationPlan, cyclic_between
 from teraio.core.profiler import fresh_outputs, iter_tensors, storage_id, storage_key
 from teraio.core.rerun import Reruns
@@ -183,6 +184,10 @@ class MigrationEngine(TorchDispatchMode):
         release_grads: free each gradient's storage after its last use in the step
             (module docstring). The step must not read a gradient after the optimizer
             has used it; ``teraio.workload.step.train_step`` does not (``zero_grad(set_to_none=True)``).
+        host_update: the parameters updated in host memory (``teraio.core.host_update``; the
+            trace is then ``Trace.with_host_update``'s): the engine sends each one's gradient
+            after its last write, before freeing it, notes its parameter's last use, and
+            waits for its refreshed copy before its first use. Needs ``release_grads``.
 
     Use :meth:`prime` once before the first step, run each step with :meth:`run_step`, and
     :meth:`close` at the end (restores every offloaded tensor and frees the tiers).
@@ -194,14 +199,18 @@ class MigrationEngine(TorchDispatchMode):
 
     def __init__(self, trace: Trace, plan: MigrationPlan, persistent: dict[str, torch.Tensor],
                  tiers: dict, device: torch.device, io_threads: int = 64, log_ops: bool = True,
-                 device_waits: bool = False, release_grads: bool = False):
+                 device_waits: bool = False, release_grads: bool = False, host_update: HostUpdate | None = None):
         super().__init__()
         if plan.n_ops != trace.n_ops:
             raise ValueError(f"plan is for {plan.n_ops} ops but the trace has {trace.n_ops}")
         missing = {m.tier for m in plan.migrations} - set(tiers)
         if missing:
             raise ValueError(f"plan uses tier(s) {sorted(missing)} but only {sorted(tiers)} were given")
+        if host_update is not None and not release_grads:
+            raise ValueError("a host update needs release_grads: the engine frees each gradient it sends")
         self.trace, self.plan, self.tiers, self.device = trace, plan, tiers, device
+        self.host_update = host_update
+        hosted = host_update.names if host_update is not None else set()
         self.n_ops = trace.n_ops
         self.op_names = trace.op_names
         self.required_bytes = trace.required_bytes()
@@ -242,7 +251,7 @@ class MigrationEngine(TorchDispatchMode):
         for rec in trace.tensors:
             x = persistent.get(rec.name) if rec.persistent else None
             if (rec.tid not in self.tensors and x is not None and x.device.type == device.type
-                    and rec.nbytes >= smallest):
+                    and rec.nbytes >= smallest and rec.name not in hosted):  # a refresh writes a hosted one
                 self.tensors[rec.tid] = _Tensor(rec.name, rec.nbytes, True, x.untyped_storage())
 
         def by_op(attr: str) -> list[list[Migration]]:
@@ -274,17 +283,7 @@ class MigrationEngine(TorchDispatchMode):
                        + [r.needed_by for r in plan.recomputes if r.tid == tid])
             self.release_after.setdefault(last, []).append(tid)
 
-        # Gradients (release_grads): the op and slot that allocate each, and the op after
-        # which its storage is freed; their storages while alive.
-        self.grad_produced_at: dict[int, list[tuple[int, int]]] = {}
-        self.grad_free_after: dict[int, list[int]] = {}
-        self._grads: dict[int, torch.UntypedStorage] = {}
-        if release_grads:
-            for rec in trace.tensors:
-                if rec.kind == "grad":
-                    k, j = parse_intermediate(rec.name)
-                    self.grad_produced_at.setdefault(k, []).append((j, rec.tid))
-                    self.grad_free_after.setdefault(rec.uses[-1], []).append(rec.tid)
+        self._index_grads(release_grads)
 
         # The audited first step: every intermediate's profiled last use, and (name, bytes,
         # weak reference) of each storage an op allocated in that step.
@@ -310,6 +309,20 @@ class MigrationEngine(TorchDispatchMode):
         self.transfers: list[dict] = []
         self._op_t = np.zeros(self.n_ops)
         self._op_stall = np.zeros(self.n_ops)
+
+    def _index_grads(self, release_grads: bool) -> None:
+        """Gradients (``release_grads``): the op and slot that allocate each, the op after
+        which its storage is freed, and by name its tid; their storages while alive."""
+        self.grad_produced_at: dict[int, list[tuple[int, int]]] = {}
+        self.grad_free_after: dict[int, list[int]] = {}
+        self._grads: dict[int, torch.UntypedStorage] = {}
+        self._grad_tid = {rec.name: rec.tid for rec in self.trace.tensors if rec.kind == "grad"}
+        if release_grads:
+            for rec in self.trace.tensors:
+                if rec.kind == "grad":
+                    k, j = parse_intermediate(rec.name)
+                    self.grad_produced_at.setdefault(k, []).append((j, rec.tid))
+                    self.grad_free_after.setdefault(rec.uses[-1], []).append(rec.tid)
 
     # ---- public -----------------------------------------------------------------
     def prime(self, pager=None) -> None:
@@ -400,6 +413,8 @@ class MigrationEngine(TorchDispatchMode):
                                     "lingering": [list(x) for x in self._overrun_lingering]}
             self._allocated = None
         self._settle_device_stalls()
+        if self.host_update is not None:
+            self.host_update.end_step()
         if self._k != self.n_ops:
             raise ExecutionDivergedError(
                 f"step {step} ran {self._k} ops; the profiled trace has {self.n_ops}")
@@ -443,6 +458,8 @@ class MigrationEngine(TorchDispatchMode):
         (``teraio.systems.teraio``, on a change of workload shape)."""
         if self._pool is None:
             raise RuntimeError("hand_back: the engine is closed")
+        if self.host_update is not None:  # the hosted parameters at their updated values
+            self.host_update.close()
         self.step_index, self.stats = -1, StepStats(step=-1)
         for tid, t in self.tensors.items():
             if t.storage is None or t.status == RESIDENT:
@@ -484,6 +501,8 @@ class MigrationEngine(TorchDispatchMode):
         """
         if self._pool is None:
             return
+        if self.host_update is not None:  # the hosted parameters at their updated values
+            self.host_update.close()
         # Restores after the last step are not part of any step's statistics.
         self.step_index, self.stats = -1, StepStats(step=-1)
         errors = []
@@ -675,6 +694,12 @@ class MigrationEngine(TorchDispatchMode):
                 f"op {k} is {name}, but the profiled trace has {self.op_names[k]} there")
 
     def _before(self, k: int, args, kwargs) -> None:
+        if self.host_update is not None:
+            waited = self.host_update.before(k)
+            if waited > 0:
+                self.stats.stall_count += 1
+                self.stats.stall_seconds += waited
+                self._op_stall[k] += waited
         for m in self.free_before[k]:
             t = self.tensors[m.tid]
             if t.status == OFFLOADING:
@@ -727,6 +752,8 @@ class MigrationEngine(TorchDispatchMode):
             if t.status == RESIDENT and t.storage is not None:
                 self._free(tid, t)
                 t.rerun = i
+        if self.host_update is not None:  # a hosted gradient leaves before it is freed below
+            self.host_update.after(k, lambda name: self._grads[self._grad_tid[name]])
         for tid in self.grad_free_after.get(k, ()):
             self._grads.pop(tid).resize_(0)  # param.grad keeps the tensor; zero_grad drops it
         for m in self.offload_after[k]:

@@ -146,5 +146,6 @@ def decision(row: dict) -> tuple[dict, dict]:
     if row.get("status") != "ok" or not plan:
         raise ValueError(f"a decision needs an ok row with its plan; this one is {row.get('status')!r}")
     workload = {"micro_batch_size": row["micro_batch"]["chosen"]} if row.get("micro_batch") else {}
-    # rows made before the recompute option have no count: their plans recomputed nothing
-    return {"recompute": "on" if plan.get("recomputes") else "off", "host_arena": bool(plan["host_arena"])}, workload
+    # rows made before the recompute option or the region have neither: their plans had neither
+    return ({"recompute": "on" if plan.get("recomputes") else "off", "host_arena": bool(plan.get("host_arena"))},
+            workload)

@@ -1,0 +1,285 @@
+"""The optimizer update where its state lives: AdamW in host memory for the parameters whose
+optimizer state a plan keeps there (beyond the paper: a fourth option beside keeping a
+tensor, moving it and recomputing it; ZeRO-Offload, Ren et al., ATC 2021, and torchao's
+``CPUOffloadOptimizer`` do the same for every parameter), instead of carrying that state to
+the GPU and back every step.
+
+Each step, for each such parameter (``Trace.with_host_update``'s ``meta["host_update"]``):
+
+* after op ``grad_write`` (its gradient's last write in backward) the gradient is copied to
+  page-locked host memory on a side stream, after the ops queued before it; the engine then
+  frees the device gradient (the caching allocator keeps its memory until the copy ran);
+* a worker thread waits for that copy and runs AdamW on the host copies of the parameter
+  and its two moments (torch's fused CPU AdamW, with the device optimizer's
+  hyperparameters: ``benchmarks/host_adam.py`` measures the implementations);
+* once op ``last_use`` has run on the device (an event recorded after it) and the update is
+  done, the worker copies the updated parameter into the device parameter on another side
+  stream;
+* before op ``first_use`` of the next step the compute stream waits for that copy; where the
+  update is not done yet the training thread waits first (a stall, counted).
+
+The device optimizer no longer holds these parameters (:func:`take_from_optimizer`), so its
+step runs the ops of ``Trace.with_host_update``'s trace. On a CPU device the copies are plain
+copies and no stream waits. One instance per engine (``teraio.core.engine``); no
+module-level state.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from teraio.core.tiers.pinned import page_unlock, pinned_empty
+
+
+@dataclasses.dataclass
+class Taken:
+    """A parameter taken out of a device optimizer (:func:`take_from_optimizer`): its state
+    (``step``, ``exp_avg``, ``exp_avg_sq``), its group's hyperparameters, and where it was
+    (group index, position) so that :func:`give_back` puts it back in the same order."""
+
+    state: dict
+    hyper: dict
+    group: int
+    position: int
+
+
+HYPER = ("lr", "betas", "eps", "weight_decay")
+
+
+def take_from_optimizer(optimizer: torch.optim.Optimizer, params: dict[str, torch.nn.Parameter]) -> dict[str, Taken]:
+    """Remove ``params`` (name -> parameter) from ``optimizer`` (a ``torch.optim.AdamW``
+    without ``amsgrad`` or ``maximize``) with their state; returns what was taken, by name.
+
+    Raises:
+        ValueError: a parameter the optimizer does not hold or has no state for yet (run a
+            step first), or an optimizer this update cannot stand in for.
+    """
+    if not isinstance(optimizer, torch.optim.AdamW):
+        raise ValueError(f"a host update stands in for torch.optim.AdamW, not {type(optimizer).__name__}")
+    where = {id(p): (g, i) for g, group in enumerate(optimizer.param_groups) for i, p in enumerate(group["params"])}
+    out = {}
+    for name, p in params.items():
+        if id(p) not in where or p not in optimizer.state:
+            raise ValueError(f"{name}: not held by the optimizer, or no state yet (a host update takes a "
+                             "parameter after the optimizer's first step)")
+        g, i = where[id(p)]
+        group = optimizer.param_groups[g]
+        if group.get("amsgrad") or group.get("maximize"):
+            raise ValueError(f"{name}: amsgrad or maximize AdamW has no host update")
+        out[name] = Taken(optimizer.state.pop(p), {k: group[k] for k in HYPER}, g, i)
+    gone = {id(p) for p in params.values()}
+    for group in optimizer.param_groups:
+        group["params"] = [p for p in group["params"] if id(p) not in gone]
+    return out
+
+
+def give_back(optimizer: torch.optim.Optimizer, params: dict[str, torch.nn.Parameter], taken: dict[str, Taken]) -> None:
+    """Undo :func:`take_from_optimizer`: each parameter back at its place, with ``taken``'s
+    state (its tensors wherever they are now, on the parameter's device)."""
+    for name in sorted(params, key=lambda n: (taken[n].group, taken[n].position)):
+        t = taken[name]
+        optimizer.param_groups[t.group]["params"].insert(t.position, params[name])
+        optimizer.state[params[name]] = t.state
+
+
+def measure_rate(nbytes: int = 1 << 26, steps: int = 3) -> float:
+    """GB of FP32 parameters that fused CPU AdamW updates per second on this host, the best
+    of ``steps`` steps over one parameter of ``nbytes`` (after one untimed step)."""
+    p = torch.nn.Parameter(torch.zeros(nbytes // 4))
+    p.grad = torch.full_like(p, 1e-3)
+    opt = torch.optim.AdamW([p], lr=1e-4, fused=True)
+    opt.step()
+    best = float("inf")
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        opt.step()
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best / 1e9
+
+
+class _Hosted:
+    """One parameter updated in host memory: its host copies, its AdamW, and this step's
+    synchronisation with the training thread."""
+
+    def __init__(self, name: str, param: torch.nn.Parameter, taken: Taken, info: dict, host_param: torch.Tensor,
+                 pinned: bool):
+        self.name, self.param, self.info = name, param, info
+        self.host = host_param  # the parameter's dtype and shape
+        self.pinned = pinned
+        nbytes = param.numel() * param.element_size()
+        grad = pinned_empty(nbytes, f"host update gradient of {name}") if pinned \
+            else torch.empty(nbytes, dtype=torch.uint8)
+        self.grad = grad.view(param.dtype).view(param.shape)
+        self.master = torch.nn.Parameter(self.host, requires_grad=False)
+        self.master.grad = self.grad
+        self.optimizer = torch.optim.AdamW([self.master], fused=True, **taken.hyper)
+        self.optimizer.state[self.master] = taken.state
+        self.released = threading.Event()  # op last_use ran (its event recorded, on CUDA)
+        self.release_event: torch.cuda.Event | None = None
+        self.refresh_event: torch.cuda.Event | None = None
+        self.job: Future | None = None  # this step's update and copy back
+
+
+class HostUpdate:
+    """AdamW in host memory for a plan's hosted parameters (module docstring), driven by the
+    migration engine op by op.
+
+    Args:
+        params: name (``"param:<fqn>"``) -> the device parameter, for each hosted parameter.
+        taken: name -> what :func:`take_from_optimizer` took (state on the device or in host
+            memory; moved to host memory here).
+        info: name -> ``Trace.with_host_update``'s entry (``grad``, ``grad_write``,
+            ``last_use``, ``first_use``, ``nbytes``).
+        device: the training device.
+        host_state: name -> (parameter, exp_avg, exp_avg_sq) host tensors to use as they are
+            (the pager's copies, already in host memory); others are copied from the device.
+
+    Raises:
+        ValueError: ``params``, ``taken`` and ``info`` name different parameters.
+    """
+
+    def __init__(self, params: dict[str, torch.nn.Parameter], taken: dict[str, Taken], info: dict[str, dict],
+                 device: torch.device, host_state: dict[str, tuple] | None = None):
+        if not set(params) == set(taken) == set(info):
+            raise ValueError(f"host update: parameters {sorted(params)[:3]}, taken {sorted(taken)[:3]} and traced "
+                             f"{sorted(info)[:3]} differ")
+        self.device = device
+        cuda = device.type == "cuda"
+        self.hosted: dict[str, _Hosted] = {}
+        for name, p in params.items():
+            given = (host_state or {}).get(name)
+            state = taken[name].state
+            host = given[0] if given else _to_host(p.detach(), cuda)
+            for key, x in zip(("exp_avg", "exp_avg_sq"), given[1:] if given else (state["exp_avg"], state["exp_avg_sq"])):
+                state[key] = x if given else x.detach().to("cpu", copy=True)
+            self.hosted[name] = _Hosted(name, p, taken[name], info[name], host, cuda)
+        self._at: dict[str, dict[int, list[_Hosted]]] = {"grad_write": {}, "last_use": {}, "first_use": {}}
+        for h in self.hosted.values():
+            for key, by_op in self._at.items():
+                by_op.setdefault(int(h.info[key]), []).append(h)
+        self._d2h = torch.cuda.Stream(device) if cuda else None
+        self._h2d = torch.cuda.Stream(device) if cuda else None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="teraio-host-adamw")
+
+    @property
+    def names(self) -> set[str]:
+        return set(self.hosted)
+
+    def grad_names(self) -> dict[str, str]:
+        """Gradient name (``op<k>:out<j>``) -> its parameter's name."""
+        return {h.info["grad"]: name for name, h in self.hosted.items()}
+
+    # ---- the engine's calls, on the training thread ------------------------------------
+    def after(self, k: int, grad_storage) -> None:
+        """After op ``k``: send the gradients whose last write it was (``grad_storage(name)``:
+        the device storage of gradient ``name``) and start their updates; note the
+        parameters whose last use it was."""
+        for h in self._at["grad_write"].get(k, ()):
+            h.job = self._pool.submit(self._update, h, self._send(h, grad_storage(h.info["grad"])))
+        for h in self._at["last_use"].get(k, ()):
+            if self._d2h is not None:
+                h.release_event = torch.cuda.Event()
+                h.release_event.record()
+            h.released.set()
+
+    def before(self, k: int) -> float:
+        """Before op ``k``: make the parameters it uses first wait for their refreshed copy
+        (the compute stream's wait, or on CPU the copy itself); returns the seconds the
+        training thread waited for updates not done yet (stalls)."""
+        waited = 0.0
+        for h in self._at["first_use"].get(k, ()):
+            h.released.clear()  # its last use in this step is still to come (after its first)
+            if h.job is None:  # none in flight: the engine's first step
+                continue
+            t0 = time.perf_counter()
+            if not h.job.done():
+                h.job.result()  # re-raises the update's error
+                waited += time.perf_counter() - t0
+            h.job.result()
+            h.job = None
+            if h.refresh_event is not None:
+                torch.cuda.current_stream(self.device).wait_event(h.refresh_event)
+        return waited
+
+    def end_step(self) -> None:
+        """After a step: the hosted parameters hold no gradient (the device optimizer's
+        ``zero_grad`` does not reach them; the engine freed their device bytes)."""
+        for h in self.hosted.values():
+            h.param.grad = None
+
+    def close(self) -> None:
+        """Finish the updates in flight, leave every device parameter at its updated value,
+        and release the host buffers. Idempotent."""
+        if self._pool is None:
+            return
+        for h in self.hosted.values():
+            h.released.set()  # a step that failed before a last use: copy back anyway
+        errors = []
+        for h in self.hosted.values():
+            if h.job is not None:
+                try:
+                    h.job.result()
+                except Exception as e:  # keep finishing the others, then report
+                    errors.append(e)
+                h.job = None
+        self._pool.shutdown(wait=True)
+        self._pool = None
+        if self._h2d is not None:
+            self._h2d.synchronize()
+        for h in self.hosted.values():
+            if h.pinned:
+                for buf in (h.grad, h.host):
+                    page_unlock(buf.view(torch.uint8).view(-1))
+        if errors:
+            raise errors[0]
+
+    def states(self) -> dict[str, dict]:
+        """Name -> the AdamW state in host memory (``step``, ``exp_avg``, ``exp_avg_sq``), after
+        :meth:`close`: to hand the parameters back to a device optimizer."""
+        return {name: h.optimizer.state[h.master] for name, h in self.hosted.items()}
+
+    # ---- copies and the update -------------------------------------------------------------
+    def _send(self, h: _Hosted, storage: torch.UntypedStorage) -> torch.cuda.Event | None:
+        grad = torch.empty(0, dtype=h.param.dtype, device=storage.device).set_(storage).view(h.param.shape)
+        if self._d2h is None:
+            h.grad.copy_(grad)
+            return None
+        self._d2h.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._d2h):
+            h.grad.copy_(grad, non_blocking=True)
+            sent = torch.cuda.Event()
+            sent.record(self._d2h)
+        grad.record_stream(self._d2h)  # its memory is reused only after the copy ran
+        return sent
+
+    def _update(self, h: _Hosted, sent: torch.cuda.Event | None) -> None:
+        """On the worker thread: the update once the gradient is in host memory, then the
+        parameter's copy back once its last use ran."""
+        if sent is not None:
+            sent.synchronize()
+        h.optimizer.step()
+        h.released.wait()
+        if self._h2d is None:
+            with torch.no_grad():
+                h.param.copy_(h.host)
+            return
+        with torch.cuda.stream(self._h2d):
+            if h.release_event is not None:
+                self._h2d.wait_event(h.release_event)
+            with torch.no_grad():
+                h.param.copy_(h.host, non_blocking=True)
+            h.refresh_event = torch.cuda.Event()
+            h.refresh_event.record(self._h2d)
+
+
+def _to_host(x: torch.Tensor, pinned: bool) -> torch.Tensor:
+    """A host copy of ``x``, page-locked where ``pinned``."""
+    if not pinned:
+        return x.to("cpu", copy=True)
+    buf = pinned_empty(x.numel() * x.element_size(), "host update parameter").view(x.dtype).view(x.shape)
+    buf.copy_(x)
+    return buf
