@@ -8,6 +8,7 @@ import json
 import re
 import weakref
 
+import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -522,3 +523,33 @@ def test_the_bandwidth_probe_refuses_a_tier_that_returns_other_bytes():
     with Forgetful(1 << 20, {"t0": 4096, "t1": 4096}, CPU) as tier:
         with pytest.raises(RuntimeError, match="a tier returned other bytes than it was given"):
             teraio.core.probe.tier_rates(tier, tensors)
+
+
+@pytest.mark.parametrize("mode", ["on", "auto"])
+def test_host_update_trains_as_plain_training_does_and_the_row_says_what_it_hosted(tmp_path, ref, mode):
+    ref_losses, _ = ref
+    (tmp_path / "ssd").mkdir()
+    hw = {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}
+    probe = run_teraio(config("teraio_mixed", tmp_path / "ssd", None, **hw), tmp_path / "probe")
+    capacity = int(probe["unoffloaded_peak_bytes"] * 0.5)
+    result = run_teraio(config("teraio_mixed", tmp_path / "ssd", capacity, options={"host_update": mode}, **hw),
+                        tmp_path / "job")
+    hu = result["plan"]["host_update"]
+    assert result["host_update_gbps"] > 0 and set(hu) >= {"params", "bytes", "off", "variants", "kept"}
+    if mode == "on":
+        assert hu["params"] > 0 and hu["kept"] is not None
+    else:  # kept only where it simulates more than the margin faster than the plan without
+        best = hu["variants"][hu["kept"]]["seconds"] if hu["kept"] is not None else None
+        assert (best is not None and best < hu["off"] * (1 - REGION_MARGIN)) == (hu["params"] > 0)
+    # the host's fused AdamW: the same training to rounding (plain AdamW until the plan's engine)
+    np.testing.assert_allclose(result["losses"], ref_losses, rtol=1e-4)
+    for it in result["iterations"]:
+        assert it["max_accounted_bytes"] <= capacity
+
+
+def test_a_host_update_needs_the_host_tier():
+    from teraio import systems
+    with pytest.raises(ValueError, match=r"host_update='on': teraio_ssd has no host tier"):
+        systems.check_options("teraio_ssd", {"host_update": "on"})
+    with pytest.raises(ValueError, match=r"host_update='sometimes'; valid: off, on or auto"):
+        systems.check_options("teraio_mixed", {"host_update": "sometimes"})

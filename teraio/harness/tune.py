@@ -302,6 +302,8 @@ def decided(run: RunConfig, sweep_dir: Path, job_dir: Path,
             row = json.loads(row_path.read_text()) if row_path.exists() else {}
             if row.get("status") == "ok":
                 options, workload = decider.decision(row)
+                options = {k: v for k, v in options.items() if k in choices}  # what was left to it
+                workload = {k: v for k, v in workload.items() if f"workload.{k}" in choices}
                 record = {"key": key, "chosen": options, "workload": workload, "decided_by": Path(job_dir).name}
                 tmp = path.with_name(f".{path.name}.tmp")
                 tmp.write_text(json.dumps(record, indent=1))

@@ -1,4 +1,5 @@
-"""Plans chosen by the performance model: ``host_arena="auto"`` and ``recompute="auto"``.
+"""Plans chosen by the performance model: ``host_arena="auto"``, ``recompute="auto"`` and the
+parameters updated in host memory (:func:`plan_host_update`).
 
 The planner (``teraio.core.planner.plan_migrations``, Algorithm 1) makes one plan for one
 setting. Where two settings each win on some traces (the host tier in slots or as one
@@ -14,7 +15,7 @@ import time
 from teraio.core.bandwidth import TierBandwidth
 from teraio.core.plan import MigrationPlan
 from teraio.core.planner import Candidates, plan_migrations, plan_packings
-from teraio.core.trace import Trace
+from teraio.core.trace import Trace, param_of
 from teraio.perf.simulator import simulate
 
 # "auto" keeps the region (or the recompute option) only where it simulates more than this
@@ -32,7 +33,8 @@ def is_host_arena(value) -> bool:
 
 def plan_fastest(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
                  host_arena: bool | str = False, recompute: bool | str = False,
-                 shared_ssd: bool = True, min_tensor_bytes: int = 1 << 20, **options) -> MigrationPlan:
+                 shared_ssd: bool = True, min_tensor_bytes: int = 1 << 20, host_update_gbps: float | None = None,
+                 **options) -> MigrationPlan:
     """``plan_migrations`` with ``host_arena`` and ``recompute`` each true, false or
     ``"auto"``; the other arguments (``options`` included) are ``plan_migrations``'.
     Without an ``"auto"`` it is ``plan_migrations`` itself.
@@ -52,7 +54,9 @@ def plan_fastest(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_c
     then has ``"on"`` only. The plans share the trace's candidates (``Candidates``), and a
     plan ``host_arena="auto"`` simulated is not simulated again.
 
-    In either case ``meta["compile_seconds"]`` covers every plan made and its simulation.
+    In either case ``meta["compile_seconds"]`` covers every plan made and its simulation;
+    ``host_update_gbps`` is the host's AdamW rate where ``trace`` updates parameters in host
+    memory (``Trace.with_host_update``), for the simulator.
 
     Raises:
         ValueError: a ``host_arena`` or ``recompute`` other than true, false or ``"auto"``;
@@ -65,14 +69,14 @@ def plan_fastest(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_c
     args = (trace, capacity_bytes, tiers, host_cap_bytes)
     options.update(shared_ssd=shared_ssd, min_tensor_bytes=min_tensor_bytes)
     if recompute == "auto":
-        return _fastest_schedule(*args, host_arena=host_arena, **options)
+        return _fastest_schedule(*args, host_arena=host_arena, host_update_gbps=host_update_gbps, **options)
     if host_arena == "auto":
-        return _fastest_packing(*args, recompute=recompute, **options)
+        return _fastest_packing(*args, recompute=recompute, host_update_gbps=host_update_gbps, **options)
     return plan_migrations(*args, host_arena=host_arena, recompute=recompute, **options)
 
 
 def _fastest_schedule(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
-                      host_arena: bool | str, **options) -> MigrationPlan:
+                      host_arena: bool | str, host_update_gbps: float | None, **options) -> MigrationPlan:
     """``recompute="auto"`` (:func:`plan_fastest`): the plan without and with the recompute
     option, the latter kept where it simulates more than :data:`REGION_MARGIN` faster."""
     t0 = time.perf_counter()
@@ -80,14 +84,16 @@ def _fastest_schedule(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, h
 
     def one(recompute: bool) -> MigrationPlan:
         if host_arena == "auto":
-            return _fastest_packing(trace, capacity_bytes, tiers, host_cap_bytes, recompute=recompute, **options)
+            return _fastest_packing(trace, capacity_bytes, tiers, host_cap_bytes, recompute=recompute,
+                                    host_update_gbps=host_update_gbps, **options)
         return plan_packings(trace, capacity_bytes, tiers, host_cap_bytes, ("arena" if host_arena else "slots",),
                              recompute=recompute, **options)["arena" if host_arena else "slots"]
 
     plans = {"on": one(True)}
     if plans["on"].recomputes:  # else it is the plan without the option
         plans["off"] = one(False)
-    seconds = {k: _simulated(plan) or simulate(trace, plan, tiers, shared_ssd=options["shared_ssd"]).iteration_seconds
+    seconds = {k: _simulated(plan) or simulate(trace, plan, tiers, shared_ssd=options["shared_ssd"],
+                                               host_update_gbps=host_update_gbps).iteration_seconds
                for k, plan in plans.items()}
     on = "off" not in plans or seconds["on"] < seconds["off"] * (1 - REGION_MARGIN)
     kept = plans["on" if on else "off"]
@@ -103,16 +109,114 @@ def _simulated(plan: MigrationPlan) -> float | None:
 
 
 def _fastest_packing(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
-                     recompute: bool, **options) -> MigrationPlan:
+                     recompute: bool, host_update_gbps: float | None, **options) -> MigrationPlan:
     """``host_arena="auto"`` (:func:`plan_fastest`): the host tier in slots and as one
     region (twins, ``plan_packings``), the region's plan kept where it simulates more than
     :data:`REGION_MARGIN` faster."""
     t0 = time.perf_counter()
     plans = plan_packings(trace, capacity_bytes, tiers, host_cap_bytes,
                           ("slots", "arena") if host_cap_bytes > 0 else ("slots",), recompute=recompute, **options)
-    seconds = {packing: simulate(trace, plan, tiers, shared_ssd=options["shared_ssd"]).iteration_seconds
+    seconds = {packing: simulate(trace, plan, tiers, shared_ssd=options["shared_ssd"],
+                                 host_update_gbps=host_update_gbps).iteration_seconds
                for packing, plan in plans.items()}
     region = "arena" in seconds and seconds["arena"] < seconds["slots"] * (1 - REGION_MARGIN)
     kept = plans["arena" if region else "slots"]
     kept.meta.update(host_arena_auto=seconds, compile_seconds=time.perf_counter() - t0)
     return kept
+
+
+HOST_UPDATE_SHARES = (1.0, 0.75, 0.5, 0.25)
+"""The shares of the candidate parameter groups :func:`plan_host_update` tries, the groups
+whose gradients arrive longest before their next use first."""
+
+HOST_UPDATE_BYTES = 4
+"""Host bytes a hosted parameter takes per byte of it: the parameter, its gradient and its
+two AdamW moments (``teraio.core.host_update``)."""
+
+
+def hosted_candidates(plan: MigrationPlan) -> list[str]:
+    """The parameters (``"param:<fqn>"``) whose two AdamW moments ``plan`` keeps in host
+    memory: each of ``exp_avg`` and ``exp_avg_sq`` has a host-tier migration."""
+    moments: dict[str, set[str]] = {}
+    for m in plan.migrations:
+        p = param_of(m.name)
+        if m.tier == "host" and p is not None and m.name.startswith("optim:"):
+            moments.setdefault(p, set()).add(m.name.rpartition(":")[2])
+    return sorted(p for p, keys in moments.items() if {"exp_avg", "exp_avg_sq"} <= keys)
+
+
+def _group(name: str) -> str:
+    """A parameter's group: its block (``layers.<i>``) or its top-level module."""
+    parts = name[len("param:"):].split(".")
+    return ".".join(parts[:2]) if parts[0] == "layers" else parts[0]
+
+
+def plan_host_update(trace: Trace, plan: MigrationPlan, capacity_bytes: int, tiers: TierBandwidth,
+                     host_cap_bytes: int, host_update_gbps: float, mode: str, release_grads: bool,
+                     **options) -> tuple[Trace, MigrationPlan, list[str]]:
+    """The optimizer update where its state lives (``teraio.core.host_update``), chosen by
+    simulation per parameter group. ``plan`` is ``trace``'s plan without it (made as
+    :func:`plan_fastest` makes it from ``trace``, gradients released where
+    ``release_grads``); its candidates are the parameters whose moments it keeps in host
+    memory (:func:`hosted_candidates`), in groups (a block, or a top-level module), ranked by
+    the least time in the group from a gradient's last write to its parameter's first use in
+    the next iteration (the time a host update has). For each of :data:`HOST_UPDATE_SHARES`
+    of the ranked groups the trace is planned with those parameters updated in host memory
+    (``Trace.with_host_update``; :func:`plan_fastest` with ``options``, the host cap less
+    :data:`HOST_UPDATE_BYTES` per hosted byte) and simulated at ``host_update_gbps``; the
+    fastest that fits as well as ``plan`` is kept, with ``mode="on"``, or with ``"auto"`` where
+    it simulates more than :data:`REGION_MARGIN` faster than ``plan``.
+
+    Returns:
+        (the trace planned, its plan, the hosted parameters): ``trace`` (released) and
+        ``plan`` with none. The plan's ``meta["host_update_auto"]`` holds ``"off"`` (``plan``'s
+        simulated seconds), every variant tried (``{"groups", "params", "bytes", "seconds"}``;
+        seconds null where it did not fit as well) and ``"kept"`` (the variant's index, or null).
+
+    Raises:
+        ValueError: a ``mode`` other than ``"on"`` or ``"auto"``, or as ``Trace.with_host_update``.
+    """
+    if mode not in ("on", "auto"):
+        raise ValueError(f"host_update={mode!r}; valid: off, on or auto")
+    released = (lambda t: t.with_released_grads()) if release_grads else (lambda t: t)
+    base = released(trace)
+    shared = options.get("shared_ssd", True)
+    off = simulate(base, plan, tiers, shared_ssd=shared).iteration_seconds
+    candidates = hosted_candidates(plan)
+    blocks = trace.update_blocks() if candidates else {}
+    start = trace.op_start_seconds()
+    info = {t.name: t for t in trace.tensors}
+
+    def slack(p: str) -> float:  # from its gradient's last write to its first use, next iteration
+        grad = info[blocks[p][2]]
+        return float(start[-1] - start[grad.uses[-1] + 1] + start[info[p].uses[0]])
+
+    groups: dict[str, list[str]] = {}
+    for p in candidates:
+        if blocks.get(p, (0, 0, None))[2] is not None:
+            groups.setdefault(_group(p), []).append(p)
+    ranked = sorted(groups, key=lambda g: -min(slack(p) for p in groups[g]))
+    tried, best = [], None
+    for n in dict.fromkeys(max(1, round(share * len(ranked))) for share in HOST_UPDATE_SHARES if ranked):
+        hosted = [p for g in ranked[:n] for p in groups[g]]
+        nbytes = sum(info[p].nbytes for p in hosted)
+        entry = {"groups": n, "params": len(hosted), "bytes": nbytes, "seconds": None}
+        tried.append(entry)
+        room = host_cap_bytes - HOST_UPDATE_BYTES * nbytes
+        if room <= 0:
+            continue
+        t = released(trace.with_host_update(hosted))
+        p = plan_fastest(t, capacity_bytes, tiers, room, host_update_gbps=host_update_gbps, **options)
+        if p.shortfall_bytes > plan.shortfall_bytes:
+            continue
+        entry["seconds"] = simulate(t, p, tiers, shared_ssd=shared, host_update_gbps=host_update_gbps).iteration_seconds
+        if best is None or entry["seconds"] < best[0]["seconds"]:
+            best = (entry, t, p, hosted)
+    keep = best is not None and (mode == "on" or best[0]["seconds"] < off * (1 - REGION_MARGIN))
+    record = {"off": off, "variants": tried, "kept": tried.index(best[0]) if keep else None}
+    if not keep:
+        plan.meta["host_update_auto"] = record
+        return base, plan, []
+    _, t, p, hosted = best
+    p.meta["host_update_auto"] = record
+    return t, p, hosted

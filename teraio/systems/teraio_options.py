@@ -11,6 +11,7 @@ import dataclasses
 
 import torch
 
+from teraio import systems
 from teraio.config import dataclass_from_dict
 from teraio.core.planner import BENEFITS
 from teraio.perf.choose import is_host_arena
@@ -81,8 +82,23 @@ class TeraIOOptions:
     (``benchmarks/results/schedule_h200_traces.json``); and by measurement beside ``"off"``
     on an H100 at the Granite-8B cut (``benchmarks/results/recompute_h100.json``)."""
 
+    host_update: str | bool = "off"
+    """Whether the plan may run the AdamW update of parameters whose optimizer state it keeps
+    in host memory there, instead of carrying that state to the GPU and back every step (beyond
+    the paper, as ZeRO-Offload and torchao's CPU offload do for every parameter;
+    ``teraio.core.host_update``): ``"off"`` (YAML's bare ``off``, false, too), ``"on"`` (the
+    parameter groups that simulate fastest, ``teraio.perf.choose.plan_host_update``) or
+    ``"auto"`` (those, kept where they simulate more than 2 % faster than the plan without).
+    TeraIO-Mixed only (it needs the host tier); the host's AdamW rate is measured at the run's
+    start (the row's ``host_update_gbps``). Default ``"off"``: the paper's TeraIO moves the
+    state; the default changes only by measurement on a GPU."""
+
     def __post_init__(self) -> None:
         bad = []
+        if isinstance(self.host_update, bool):
+            self.host_update = "on" if self.host_update else "off"
+        if self.host_update not in ("off", "on", "auto"):
+            bad.append(f"host_update={self.host_update!r}; valid: off, on or auto")
         if isinstance(self.recompute, bool):
             self.recompute = "on" if self.recompute else "off"
         if self.recompute not in ("off", "on", "auto"):
@@ -119,8 +135,11 @@ class TeraIOOptions:
 
 def check_options(system: str, options: dict) -> None:
     """``system.options`` of a TeraIO system (``teraio.systems``). Raises ValueError naming
-    an unknown key or a bad value."""
-    dataclass_from_dict(TeraIOOptions, options, f"system.options ({system})")
+    an unknown key or a bad value, or a host update asked of a system without a host tier."""
+    opts = dataclass_from_dict(TeraIOOptions, options, f"system.options ({system})")
+    if opts.host_update != "off" and not systems.get(system).host_tier:
+        raise ValueError(f"system.options.host_update={opts.host_update!r}: {system} has no host tier to keep the "
+                         "optimizer state in; valid: off (or run teraio_mixed)")
 
 
 def undecided(run) -> list[str]:
@@ -128,7 +147,7 @@ def undecided(run) -> list[str]:
     ``host_arena`` where ``"auto"``, ``workload.micro_batch_size`` where ``"auto"`` (the
     registry's ``decider``, ``teraio.systems``)."""
     opts = dataclass_from_dict(TeraIOOptions, run.system.options, f"system.options ({run.system.name})")
-    return ([k for k in ("recompute", "host_arena") if getattr(opts, k) == "auto"]
+    return ([k for k in ("recompute", "host_arena", "host_update") if getattr(opts, k) == "auto"]
             + (["workload.micro_batch_size"] if run.workload.micro_batch_size == "auto" else []))
 
 
@@ -136,7 +155,8 @@ def decision(row: dict) -> tuple[dict, dict]:
     """The settings that make an ok TeraIO row's choices again, as ``(system.options,
     workload)`` keys: ``recompute`` ``"on"`` where its plan recomputes, else ``"off"`` (a plan
     made with the option that recomputes nothing is the plan without it); ``host_arena``, the
-    packing its plan kept; the micro-batch it chose where it searched
+    packing its plan kept; ``host_update`` ``"on"`` where its plan updates parameters in host
+    memory, else ``"off"``; the micro-batch it chose where it searched
     (``teraio.systems.microbatch``; its row's ``micro_batch``).
 
     Raises:
@@ -147,5 +167,5 @@ def decision(row: dict) -> tuple[dict, dict]:
         raise ValueError(f"a decision needs an ok row with its plan; this one is {row.get('status')!r}")
     workload = {"micro_batch_size": row["micro_batch"]["chosen"]} if row.get("micro_batch") else {}
     # rows made before the recompute option or the region have neither: their plans had neither
-    return ({"recompute": "on" if plan.get("recomputes") else "off", "host_arena": bool(plan.get("host_arena"))},
-            workload)
+    return ({"recompute": "on" if plan.get("recomputes") else "off", "host_arena": bool(plan.get("host_arena")),
+             "host_update": "on" if (plan.get("host_update") or {}).get("params") else "off"}, workload)

@@ -43,7 +43,8 @@ from teraio.config import RunConfig, dataclass_from_dict
 from teraio.core.engine import RECOVERY_KEYS, SHAPE_KEYS, MigrationEngine
 from teraio.core.pager import CapacityError, Pager, PagedStep, PagerStats
 from teraio.core.plan import MigrationPlan
-from teraio.perf.choose import plan_fastest
+from teraio.core.host_update import HostUpdate, give_back, measure_rate, take_from_optimizer
+from teraio.perf.choose import plan_fastest, plan_host_update
 from teraio.perf.simulator import simulate
 from teraio.core.profiler import persistent_tensors, profile_step
 from teraio.core.tiers.ssd import SSD_FREE_RESERVE, drive_room_bytes
@@ -82,6 +83,8 @@ class Planned:
         ssd_cap_bytes: the room the SSD tier's files were planned in (the drives' free
             bytes shared by the pipeline's stages).
         compile_seconds: wall time of planning, the SSD room's look-up included.
+        hosted: the parameters whose AdamW update runs in host memory
+            (``teraio.core.host_update``; the trace is then ``Trace.with_host_update``'s).
     """
 
     trace: Trace
@@ -90,6 +93,7 @@ class Planned:
     unoffloaded_peak_bytes: int
     ssd_cap_bytes: int
     compile_seconds: float
+    hosted: tuple[str, ...] = ()
 
     def summary(self) -> dict:
         """The row's ``plan`` extra (and each re-plan's)."""
@@ -100,7 +104,10 @@ class Planned:
                 "ssd_cap_bytes": self.ssd_cap_bytes, "ssd_file_bytes": plan.meta["ssd_file_bytes"],
                 **({"host_arena_auto": plan.meta["host_arena_auto"]} if "host_arena_auto" in plan.meta else {}),
                 "recomputes": len(plan.recomputes), "recomputed_bytes": plan.recomputed_bytes(),
-                **({"recompute_auto": plan.meta["recompute_auto"]} if "recompute_auto" in plan.meta else {})}
+                **({"recompute_auto": plan.meta["recompute_auto"]} if "recompute_auto" in plan.meta else {}),
+                **({"host_update": {"params": len(self.hosted), "bytes": sum(
+                    self.trace.meta["host_update"][p]["nbytes"] for p in self.hosted),
+                    **plan.meta["host_update_auto"]}} if "host_update_auto" in plan.meta else {})}
 
 
 class TeraIOTrainer:
@@ -151,6 +158,11 @@ class TeraIOTrainer:
         if w.pipeline_stages == 1:  # a stage holds a share of the model: its own step tells
             check_model_fits(cfg, self.limit)
         self.bandwidths = tier_bandwidth(cfg, device, self.opts.io_threads, measured)  # a probe, before the cap
+        # the host's AdamW rate, where the plan may update parameters in host memory
+        self.host_update_gbps = measure_rate() if self.opts.host_update != "off" and self.spec.host_tier else None
+        if self.host_update_gbps is not None:
+            measured.extras["host_update_gbps"] = self.host_update_gbps
+        self.hosted: tuple[dict, dict, HostUpdate] | None = None  # the current engine's: params, taken, update
         if device.type == "cuda":
             torch.cuda.empty_cache()
         apply_memory_cap(cfg.hardware.gpu_capacity_bytes, device)  # from the first allocation on
@@ -339,17 +351,23 @@ class TeraIOTrainer:
         touching nothing of the run: every planner option is given here, the user's
         (``TeraIOOptions.planner_options``) and the machine's (the capacity less headroom,
         the tier bandwidths, the host tier's cap where the system has one, the SSD tier's
-        room on its drives shared by the pipeline's stages)."""
+        room on its drives shared by the pipeline's stages). With ``host_update`` the plan may
+        update parameters in host memory (``teraio.perf.choose.plan_host_update``)."""
         unoffloaded_peak = trace.peak_bytes()  # M's numerator: the plain step's, for every option
+        raw = trace
         if self.opts.release_grads:
             trace = trace.with_released_grads()
         capacity = self.limit if self.limit is not None else int(unoffloaded_peak * (1 - self.headroom))
         host_cap = self.cfg.hardware.host_mem_cap_bytes if self.spec.host_tier else 0
         t0 = time.perf_counter()
         ssd_cap = self.ssd_room()
-        plan = plan_fastest(trace, capacity, self.bandwidths, host_cap_bytes=host_cap, ssd_cap_bytes=ssd_cap,
-                            **self.opts.planner_options())
-        return Planned(trace, plan, capacity, unoffloaded_peak, ssd_cap, time.perf_counter() - t0)
+        options = {"ssd_cap_bytes": ssd_cap, **self.opts.planner_options()}
+        plan = plan_fastest(trace, capacity, self.bandwidths, host_cap_bytes=host_cap, **options)
+        hosted = []
+        if self.host_update_gbps is not None:  # the optimizer update where its state lives
+            trace, plan, hosted = plan_host_update(raw, plan, capacity, self.bandwidths, host_cap, self.host_update_gbps,
+                                                   self.opts.host_update, self.opts.release_grads, **options)
+        return Planned(trace, plan, capacity, unoffloaded_peak, ssd_cap, time.perf_counter() - t0, tuple(hosted))
 
     def ssd_room(self) -> int:
         """The room the SSD tier's files may take now: the drives' free bytes
@@ -396,16 +414,43 @@ class TeraIOTrainer:
             + f"; its SSD files take {plan.meta['ssd_file_bytes']} B of the {planned.ssd_cap_bytes} B free on "
             f"hardware.ssd_dirs={list(self.cfg.hardware.ssd_dirs)} (less {SSD_FREE_RESERVE} B kept free)")
 
+    def host_update(self, planned: Planned) -> HostUpdate:
+        """Take ``planned.hosted`` out of the device optimizer and start their update in host
+        memory (``teraio.core.host_update``), their states and parameters copied to host
+        memory from the device or, where the pager holds them, from its copies (those of the
+        states are dropped from the pager)."""
+        named = dict(self.training.model.named_parameters())
+        params = {p: named[p[len("param:"):]] for p in planned.hosted}
+        taken = take_from_optimizer(self.training.optimizer, params)
+        pager, given = self.pager, {}
+        if pager is not None:
+            def host(x: torch.Tensor) -> torch.Tensor:  # a copy of x's bytes where the pager holds them
+                return pager.host_copy(x.untyped_storage()).view(x.dtype).view(x.shape).clone()
+
+            for name, p in params.items():
+                state = taken[name].state
+                tensors = [p, state["exp_avg"], state["exp_avg_sq"]]
+                if any(pager.holds(x.untyped_storage()) for x in tensors):
+                    given[name] = tuple(host(x) if pager.holds(x.untyped_storage()) else x.detach().to("cpu", copy=True)
+                                        for x in tensors)
+                for x in tensors[1:]:
+                    pager.forget(x.untyped_storage())
+        update = HostUpdate(params, taken, {p: planned.trace.meta["host_update"][p] for p in planned.hosted},
+                            self.device, given)
+        self.hosted = (params, taken, update)
+        return update
+
     def start_engine(self, planned: Planned) -> None:
         """Open the plan's tiers and start an engine on it, taking over what the pager holds
         (its free page-locked buffers become host-tier slots); the pager is closed."""
         tiers = open_tiers(planned.plan, self.cfg, self.device, self.opts.io_threads)
         self.measured.ssd_io_mode = tiers["ssd"].mode if "ssd" in tiers else None
+        pager = self.pager
+        update = self.host_update(planned) if planned.hosted else None
         engine = MigrationEngine(planned.trace, planned.plan,
                                  persistent_tensors(self.training.model, self.training.optimizer), tiers,
                                  self.device, device_waits=self.opts.device_waits,
-                                 release_grads=self.opts.release_grads)
-        pager = self.pager
+                                 release_grads=self.opts.release_grads, host_update=update)
         if pager is not None:
             # The pager's free page-locked buffers become host-tier slots; the rest of its
             # buffers are released as they empty, so host memory never holds both.
@@ -494,6 +539,13 @@ class TeraIOTrainer:
             self.engine.close()
         else:
             self.engine.hand_back(self.pager)
+        if self.hosted is not None:  # back to the device optimizer, their states on the device
+            params, taken, update = self.hosted
+            for name, state in update.states().items():
+                taken[name].state = {k: v.to(self.device) if k != "step" else v for k, v in state.items()}
+            give_back(self.training.optimizer, params, taken)
+            self.hosted = None
+        if self.pager is not None:
             self.pager.track(persistent_tensors(self.training.model, self.training.optimizer).values())
         self.logs.write(self.runs)
         self.runs, self.engine = [], None
