@@ -327,3 +327,19 @@ def test_trials_of_different_configs_in_two_sweeps_are_refused(tmp_path):
         set_config(job, "workload.lr", lr)
     with pytest.raises(ValueError, match=r"workload\.lr: 0\.0001 in fig7_a/mixed, 0\.001 in fig7_b/mixed"):
         cl.Evidence([load_sweep(tmp_path / n) for n in ("fig7_a", "fig7_b")])
+
+
+def test_a_row_whose_plan_predates_the_host_packing_loads_with_its_config(tmp_path):
+    """A TeraIO row made before ``host_arena`` existed (its plan and config name none, as the
+    committed fig7_h200_first_estimate and fig9_h200 rows): its decision reads the plan it has
+    (no region), and the row loads with the config it ran with, no choice added to it."""
+    from analysis.trials import ran_with
+    from teraio.systems.teraio_options import decision
+
+    job = write_run(tmp_path / "fig7_x", "mixed", system="teraio_mixed", trial=0, tps=100.0, **WL)
+    edit(job, plan={"recomputes": 0})
+    row = json.loads((job / "result.json").read_text())
+    assert decision(row) == ({"recompute": "off", "host_arena": False}, {})
+    assert ran_with(row)["system"]["options"] == {}
+    assert decision({**row, "plan": {"host_arena": 1}}) == ({"recompute": "off", "host_arena": True}, {})
+    assert len(load_sweep(tmp_path / "fig7_x").runs) == 1
