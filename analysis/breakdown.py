@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from teraio.config import ModelConfig
-from teraio.workload.models import pipeline_estimate, softmax_working_bytes
+from teraio.workload.models import build_meta_model, pipeline_estimate, softmax_working_bytes
 from teraio.core.trace import Trace
 
 from .load import run_trace
@@ -97,9 +97,31 @@ def measured_frame(runs: pd.DataFrame, root: Path) -> pd.DataFrame:
 
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
-SCALED = ("fig7_h200", "fig7_h200_m_only")
+SCALED = ("fig7_h200", "fig7_h200_m_only", "fig7_70b_cut")
 """Experiments whose points stand for the paper's Fig. 7 points on a smaller machine: a model
-``<paper model>_<cut>`` (``llama3_8b_4l`` for ``llama3_8b``) and the paper's M per point."""
+``<paper model>_<cut>`` (``llama3_8b_4l`` for ``llama3_8b``) and the paper's M per point, each
+point capped at M (``fig7_h200``) or all at one capacity (``fig7_70b_cut``:
+:func:`fixed_capacity`)."""
+
+
+def adamw_update_bytes(model: ModelConfig) -> int:
+    """Bytes the largest op of AdamW's update holds at once on the GPU (``foreach=False``,
+    ``teraio.workload.step``: one parameter at a time): ``param.addcdiv_(exp_avg, denom)`` of the
+    largest parameter, its weight, first moment and denominator, 3 x 4 B per element. No
+    schedule can run that op with less resident (Llama3-70B's output weight: 12.6 GB)."""
+    net = build_meta_model(model, 1)
+    return 3 * 4 * max(p.numel() for p in net.parameters())
+
+
+def fixed_capacity(experiment: str, conf_dir: Path = CONF_DIR) -> int | None:
+    """The one GPU capacity (bytes) every point of ``experiment`` is capped at, where its file
+    gives ``hardware.gpu_capacity_bytes`` as a number; None where the capacity is per point
+    (an interpolation such as ``fig7_h200``'s ``${capacity_for_pressure:...}``) or absent."""
+    import yaml
+
+    d = yaml.safe_load((conf_dir / "experiment" / f"{experiment}.yaml").read_text())
+    cap = (d.get("hardware") or {}).get("gpu_capacity_bytes")
+    return cap if isinstance(cap, int) and not isinstance(cap, bool) else None
 
 
 def load_model(name: str, conf_dir: Path = CONF_DIR) -> ModelConfig:
@@ -194,11 +216,14 @@ def scaled_frame(experiment: str = "fig7_h200", conf_dir: Path = CONF_DIR) -> pd
     GPU as :func:`pipeline_estimate` sees it with one stage (the whole cut, one micro-batch in
     flight, the logits) — its peak and persistent share — beside the paper configuration's M and
     the persistent share estimated for each stage of its 2-stage pipeline (:func:`paper_frame`),
-    and ``distance``: the larger of the two gaps, in points of percentage. ``largest_op_share``:
+    and ``distance``: the larger of the two gaps, in points of percentage. The capacity the point
+    is capped at: the experiment's :func:`fixed_capacity`, else peak / the paper's M;
+    ``m_here``: the M that gives (%, peak / capacity). ``largest_op_share``:
     what one attention softmax holds at once
-    (:func:`teraio.workload.models.softmax_working_bytes`) over the capacity the point is capped
-    at (peak / M): above the capacity TeraIO keeps usable no schedule can run that op;
+    (:func:`teraio.workload.models.softmax_working_bytes`) over that capacity: above the capacity
+    TeraIO keeps usable no schedule can run that op;
     ``paper_largest_op_share``: the same at the paper configuration on its GPU.
+    ``update_op_share``: :func:`adamw_update_bytes` over the capacity, bound the same way.
     ``zero_sequence_share``: what one sequence holds for backward (activations, attention
     probabilities, logits) over that capacity: the ZeRO baselines keep it on the GPU (no
     activation checkpointing, paper §4.1), so above 1 their rows end ``oom``.
@@ -212,6 +237,7 @@ def scaled_frame(experiment: str = "fig7_h200", conf_dir: Path = CONF_DIR) -> pd
 
     paper = paper_frame(conf_dir)
     paper_capacity = yaml.safe_load((conf_dir / "hardware" / "paper_h100nvl.yaml").read_text())["gpu_capacity_bytes"]
+    fixed = fixed_capacity(experiment, conf_dir)
     rows = []
     for name, by_point in _points(conf_dir, experiment).items():
         model = load_model(name, conf_dir)
@@ -219,13 +245,14 @@ def scaled_frame(experiment: str = "fig7_h200", conf_dir: Path = CONF_DIR) -> pd
             if p.get("paper_m") is None:
                 continue
             one, share = one_gpu_estimate(model, p["micro_batch_size"], p["seq_len"])
-            capacity = one["peak_bytes"] / (p["paper_m"] / 100)
+            capacity = fixed if fixed is not None else one["peak_bytes"] / (p["paper_m"] / 100)
             sequence, _ = one_gpu_estimate(model, 1, p["seq_len"])
             est = paper[(paper["model"] == name.rsplit("_", 1)[0]) & (paper["point"] == point)]
             stage = {int(e["stage"]): float(e["persistent_share"]) for _, e in est.iterrows()}
             rows.append({"model": name, "point": point, "batch_size": p["batch_size"],
                          "micro_batch_size": p["micro_batch_size"], "seq_len": p["seq_len"],
-                         "peak_bytes": one["peak_bytes"], "paper_m": p["paper_m"], "persistent_share": share,
+                         "peak_bytes": one["peak_bytes"], "paper_m": p["paper_m"],
+                         "m_here": 100 * one["peak_bytes"] / capacity, "persistent_share": share,
                          "paper_persistent_stage0": stage[0], "paper_persistent_stage1": stage[1],
                          "distance": 100 * max(abs(share - v) for v in stage.values()),
                          "largest_op_share": softmax_working_bytes(model, p["micro_batch_size"], p["seq_len"])
@@ -233,6 +260,7 @@ def scaled_frame(experiment: str = "fig7_h200", conf_dir: Path = CONF_DIR) -> pd
                          "paper_largest_op_share": softmax_working_bytes(
                              model, int(est["micro_batch_size"].iloc[0]), int(est["seq_len"].iloc[0]))
                          / paper_capacity,
+                         "update_op_share": adamw_update_bytes(model) / capacity,
                          "zero_sequence_share": sequence["activations"] / capacity,
                          "ssd_floor_bytes": one["peak_bytes"] - (1 - CUDA_HEADROOM_FRACTION) * capacity})
     return pd.DataFrame(rows)

@@ -253,8 +253,9 @@ def fig8_breakdown(sweep: Sweep) -> Figure:
 
 def machine_of(hardware: str) -> str:
     """The machine a hardware name stands for: without the ``-<n>ssd-<cap>gb`` the Fig. 9
-    experiments add (``paper_h100nvl-2ssd-16gb`` → ``paper_h100nvl``)."""
-    return re.sub(r"-\d+ssd-\d+gb$", "", str(hardware))
+    experiments add (``paper_h100nvl-2ssd-16gb`` → ``paper_h100nvl``; ``h200-1ssd-4gb on NVIDIA
+    H200`` → ``h200 on NVIDIA H200``, the card kept: ``load.hardware_label``)."""
+    return re.sub(r"-\d+ssd-\d+gb(?= on |$)", "", str(hardware))
 
 
 def fig9_host_memory(sweep: Sweep) -> Figure:

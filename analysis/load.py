@@ -4,7 +4,7 @@ into two tidy pandas frames.
 ``runs``: one row per run (one ``result.json``). Columns:
 
 - identity: ``sweep``, ``job_dir`` (relative to the sweep dir), ``model``, ``system``,
-  ``hardware``, ``batch_size``, ``micro_batch_size`` (where the point says ``auto``, TeraIO's
+  ``hardware`` (:func:`hardware_label`: the config's name and the card the row ran on), ``batch_size``, ``micro_batch_size`` (where the point says ``auto``, TeraIO's
   choice, the row's ``micro_batch.chosen``), ``seq_len``, ``trial``, ``config``
   (the paper's label, ``bs{batch_size}_seq{seq_len}``, ``_pp<S>`` added for a pipeline),
   ``host_mem_cap_bytes`` and ``n_ssd`` (``len(hardware.ssd_dirs)``), both from the run
@@ -176,6 +176,29 @@ def run_trace(root: Path, trace_path: str) -> Trace | None:
 
 
 NON_FINITE = "non-finite"
+
+
+def hardware_label(hardware: str | None, gpu_name: str | None) -> str | None:
+    """The hardware every table names a row by: its hardware config's name and, where it ran on
+    a GPU, the card (``h200 on NVIDIA H100 80GB HBM3``: the h200 config's points on an H100), so
+    that rows of two cards are never one group; the name alone for a row with no GPU."""
+    return f"{hardware} on {gpu_name}" if hardware is not None and gpu_name else hardware
+
+
+def _name_cards(runs: list[dict], iters: list[dict], configs: dict) -> None:
+    """Set each row's ``hardware`` to its :func:`hardware_label` (its iterations' too). A row
+    that names no GPU but ran with a CUDA device (a failure written before its worker asked
+    the GPU, or by the sweep) takes the card of its sweep's rows where all that name one name
+    the same; its ``gpu_name`` stays as the row has it."""
+    named = {r["gpu_name"] for r in runs if r["gpu_name"]}
+    only = next(iter(named)) if len(named) == 1 else None
+    label = {}
+    for r in runs:
+        device = str((configs[(r["sweep"], r["job_dir"])].get("hardware") or {}).get("device") or "")
+        label[r["job_dir"]] = hardware_label(r["hardware"], r["gpu_name"] or (only if device.startswith("cuda") else None))
+        r["hardware"] = label[r["job_dir"]]
+    for it in iters:
+        it["hardware"] = label[it["job_dir"]]
 
 
 def _finite_row(result: dict) -> bool:
@@ -357,6 +380,7 @@ def load_sweep(sweep_dir: str | Path, exclude: str | Path | None = None) -> Swee
     if not runs:
         raise ValueError(f"no loadable {RESULT_NAME} under {root} "
                          f"({len(skipped)} skipped); is this a sweep dir?")
+    _name_cards(runs, iters, configs)
     frame = _typed(runs, RUN_COLUMNS)
     check_one_config(frame, configs)
     return Sweep(name=root.name, root=root, runs=frame, iterations=_typed(iters, ITERATION_COLUMNS),
@@ -372,10 +396,9 @@ def describe(sweep: Sweep) -> str:
     trials = r.groupby(point, dropna=False)["trial"].size()
     tmin, tmax = int(trials.min()), int(trials.max())
     trial_text = f"{tmax}" if tmin == tmax else f"{tmin}–{tmax}"
-    hw = ", ".join(sorted(r["hardware"].dropna().unique()))
-    gpus = ", ".join(sorted(r["gpu_name"].dropna().unique()))
-    if gpus:
-        where = f" ({gpus})"
+    hw = ", ".join(sorted(r["hardware"].dropna().unique()))  # each with its card (hardware_label)
+    if r["gpu_name"].notna().any():
+        where = ""
     elif (r["measure"] == "modeled").all():
         where = " (modeled rows only: estimates, no run)"
     else:

@@ -13,15 +13,17 @@ def scaled_table_lines(experiment: str = "fig7_h200", conf_dir: Path = bd.CONF_D
     """:func:`analysis.breakdown.scaled_frame` as Markdown table lines (header first), as the experiment file
     quotes them."""
     f = bd.scaled_frame(experiment, conf_dir)
-    head = ["model", "point", "batch", "µbatch", "seq", "est. peak GB", "paper M %",
+    head = ["model", "point", "batch", "µbatch", "seq", "est. peak GB", "paper M %", "M here %",
             "persistent %", "paper stage 0 %", "paper stage 1 %", "distance", "largest op % of capacity", "paper's %",
-            "ZeRO's one sequence % of capacity", "TeraIO-SSD on the drive at once GB"]
+            "AdamW's largest op % of capacity", "ZeRO's one sequence % of capacity",
+            "TeraIO-SSD on the drive at once GB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in f.itertuples(index=False):
         cells = [r.model, r.point, r.batch_size, r.micro_batch_size, r.seq_len, f"{r.peak_bytes / 1e9:.1f}",
-                 f"{r.paper_m:.2f}", f"{100 * r.persistent_share:.1f}", f"{100 * r.paper_persistent_stage0:.1f}",
-                 f"{100 * r.paper_persistent_stage1:.1f}", f"{r.distance:.1f}", f"{100 * r.largest_op_share:.0f}",
-                 f"{100 * r.paper_largest_op_share:.0f}", f"{100 * r.zero_sequence_share:.0f}",
+                 f"{r.paper_m:.2f}", f"{r.m_here:.0f}", f"{100 * r.persistent_share:.1f}",
+                 f"{100 * r.paper_persistent_stage0:.1f}", f"{100 * r.paper_persistent_stage1:.1f}",
+                 f"{r.distance:.1f}", f"{100 * r.largest_op_share:.0f}", f"{100 * r.paper_largest_op_share:.0f}",
+                 f"{100 * r.update_op_share:.0f}", f"{100 * r.zero_sequence_share:.0f}",
                  f"{r.ssd_floor_bytes / 1e9:.1f}"]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return lines

@@ -875,3 +875,35 @@ def test_a_trial_its_time_limit_cut_short_is_marked_in_the_throughput_table(tmp_
     analyze(tmp_path, tmp_path / "out")
     text = " ".join((tmp_path / "out" / "tables" / "throughput.md").read_text().split())
     assert "cut short: ok trials that measured fewer steps than their point asks" in text
+
+
+def test_every_table_names_the_card_a_row_ran_on_and_never_pools_two_cards(tmp_path):
+    """Rows of the h200 hardware config made on an H100 and on an H200: each table's Hardware
+    column and the captions name the card (analysis.load.hardware_label), and their trials are
+    two groups, not one; a row with no GPU keeps the config's name."""
+    from analysis.figures import machine_of
+    from analysis.tables import throughput_table
+
+    for t, gpu in enumerate(("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3", "NVIDIA H200")):
+        job = write_run(tmp_path / "s", f"t{t}", system="ideal", batch=4, seq=64, micro=2, trial=t,
+                        tps=100.0 * (t + 1), hardware="h200")
+        r = json.loads((job / "result.json").read_text())
+        r["gpu_name"] = gpu
+        (job / "result.json").write_text(json.dumps(r))
+    sweep = load_sweep(tmp_path / "s")
+    table = throughput_table(agg.add_pct_of_ideal(agg.summarize_runs(sweep.runs)))
+    assert list(table["Hardware"]) == ["h200 on NVIDIA H100 80GB HBM3", "h200 on NVIDIA H200"]
+    assert describe(sweep).endswith("hardware h200 on NVIDIA H100 80GB HBM3, h200 on NVIDIA H200")
+    # a failure that names no GPU (the sweep wrote it) takes its sweep's one card
+    job = write_run(tmp_path / "one", "t0", system="ideal", batch=4, seq=64, micro=2, trial=0, tps=1.0,
+                    hardware="h200")
+    r = json.loads((job / "result.json").read_text())
+    r["gpu_name"] = "NVIDIA H100 80GB HBM3"
+    (job / "result.json").write_text(json.dumps(r))
+    write_run(tmp_path / "one", "t1", system="ideal", batch=4, seq=64, micro=2, trial=1, status="oom", hardware="h200")
+    one = load_sweep(tmp_path / "one").runs
+    assert set(one["hardware"]) == {"h200 on NVIDIA H100 80GB HBM3"} and one["gpu_name"].isna().sum() == 1
+    write_run(tmp_path / "cpu", "t0", system="ideal", batch=4, seq=64, micro=2, trial=0, tps=1.0, device="cpu")
+    assert list(load_sweep(tmp_path / "cpu").runs["hardware"]) == ["cpu_test"]
+    assert machine_of("h200-1ssd-4gb on NVIDIA H200") == "h200 on NVIDIA H200"
+    assert machine_of("paper_h100nvl-2ssd-16gb") == "paper_h100nvl"

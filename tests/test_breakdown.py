@@ -511,3 +511,56 @@ def test_a_truncated_trace_is_named_once_and_the_other_rows_are_analysed(tmp_pat
     assert "| tiny | teraio_mixed | bs2_seq8 | 1 | 0 |" in table  # trial 0's, and not trial 1's:
     assert "| tiny | teraio_mixed | bs2_seq8 | 1 | 1 |" not in table
     assert str(damaged) in paths["index.md"].read_text()  # flagged where the analysis says what it skipped
+
+
+def test_adamw_update_bytes_is_the_largest_op_of_the_committed_llama3_70b_profile():
+    """AdamW's update of the largest weight, from the shapes, is the op of the profiled 2-layer
+    Llama3-70B step that touches the most bytes: addcdiv_ on the output weight, 12.6 GB."""
+    from analysis.breakdown import adamw_update_bytes, load_model
+
+    trace = Trace.load(Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h200_llama3_70b_2l"
+                       / "trace_2l.json.gz")
+    active = trace.active_bytes()
+    top = int(np.argmax(active))
+    assert trace.op_names[top] == "aten.addcdiv_.default"
+    assert adamw_update_bytes(load_model("llama3_70b_2l")) == active[top] == 3 * 4 * 128256 * 8192
+
+
+def test_fig7_70b_cut_matches_the_make_up_where_one_gpu_allows_and_its_file_quotes_the_estimate():
+    """The Llama3-70B cut (conf/experiment/fig7_70b_cut.yaml): one capacity, 3/2 of AdamW's
+    largest op rounded up to a GB; the batch points at the paper's make-up; Ideal fits an 80 GB
+    card whole or in its two phases at every point; ZeRO-Offload's weights and gradients exceed
+    the capacity and ZeRO-Infinity's one sequence only at 4,096 tokens; and fig7_h200's 4-layer
+    cut, capped at the paper's M, leaves AdamW's op no room at any point."""
+    import math
+
+    from analysis.breakdown import CONF_DIR, adamw_update_bytes, fixed_capacity, load_model, scaled_frame
+    from analysis.makeup import scaled_table_lines
+    from teraio.systems.teraio_options import CUDA_HEADROOM_FRACTION
+    from teraio.workload.models import build_meta_model, count_parameters
+
+    model = load_model("llama3_70b_2l")
+    update = adamw_update_bytes(model)
+    capacity = fixed_capacity("fig7_70b_cut")
+    assert capacity == math.ceil(1.5 * update / 1e9) * 10**9 == 19 * 10**9
+    assert fixed_capacity("fig7_h200") is None
+    f = scaled_frame("fig7_70b_cut").set_index("point")
+    quoted = [line[2:] for line in (CONF_DIR / "experiment" / "fig7_70b_cut.yaml").read_text().splitlines()
+              if line.startswith("# |")]
+    assert quoted == scaled_table_lines("fig7_70b_cut")
+    batch = f.loc[["bs_small", "bs_mid", "bs_large"]]
+    assert (batch["distance"] <= 10).all() and (f.loc[["seq_short", "seq_long"], "distance"] > 20).all()
+    assert (f["update_op_share"] <= 2 / 3).all() and (f["largest_op_share"] < 1 - CUDA_HEADROOM_FRACTION).all()
+    assert (batch["largest_op_share"] <= 2 / 3).all() and (f["m_here"] < f["paper_m"] / 2).all()
+    assert list(f["seq_len"]) == [2048, 2048, 2048, 3072, 4096]
+    n = count_parameters(build_meta_model(model, 2048))
+    h100 = 78 * 2**30
+    for peak in f["peak_bytes"]:  # whole, or forward+backward without AdamW's states, then the step
+        assert peak - 8 * n < 0.75 * h100 and 16 * n < 0.75 * h100
+    assert (f.loc[["bs_small", "bs_mid", "bs_large"], "peak_bytes"] < 0.95 * h100).all()
+    assert 8 * n > capacity  # ZeRO-Offload's FP32 weights and gradients
+    assert (f.loc[["bs_small", "bs_mid", "bs_large", "seq_short"], "zero_sequence_share"] < 1).all()
+    assert f.loc["seq_long", "zero_sequence_share"] > 1
+    cut4 = scaled_frame("fig7_h200")
+    assert (cut4[cut4["model"] == "llama3_70b_4l"]["update_op_share"] > 1 - CUDA_HEADROOM_FRACTION).all()
+    assert (cut4[cut4["model"] != "llama3_70b_4l"]["update_op_share"] < 0.25).all()

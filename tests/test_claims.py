@@ -327,3 +327,76 @@ def test_trials_of_different_configs_in_two_sweeps_are_refused(tmp_path):
         set_config(job, "workload.lr", lr)
     with pytest.raises(ValueError, match=r"workload\.lr: 0\.0001 in fig7_a/mixed, 0\.001 in fig7_b/mixed"):
         cl.Evidence([load_sweep(tmp_path / n) for n in ("fig7_a", "fig7_b")])
+
+
+def llama3_70b_cut(tmp_path: Path, *, mixed_long: str = "ok") -> cl.Evidence:
+    """A ``fig7_70b`` sweep of the Llama3-70B cut (``llama3_70b_2l``) at two points, 2 trials of
+    each system: at 4 x 2,048 tokens Ideal 1,000 tokens/s, ZeRO-Infinity 300, TeraIO-Mixed 500,
+    TeraIO-SSD 200; at 4 x 4,096 Ideal 800 (composed), ZeRO-Infinity ``oom``, TeraIO-Mixed 400
+    (or ``mixed_long``'s failure), TeraIO-SSD 160; ZeRO-Offload ``oom`` at both (tuned, one drive
+    each; test_analysis.PRICES: ZeRO-Offload on a $1,500 server, TeraIO-Mixed and
+    ZeRO-Infinity $1,700 with their drives)."""
+    root = tmp_path / "fig7_70b"
+    plan = {2048: {"ideal": 1000.0, "zero_offload": None, "zero_infinity": 300.0, "teraio_mixed": 500.0,
+                   "teraio_ssd": 200.0},
+            4096: {"ideal": 800.0, "zero_offload": None, "zero_infinity": None,
+                   "teraio_mixed": 400.0 if mixed_long == "ok" else None, "teraio_ssd": 160.0}}
+    for seq, systems in plan.items():
+        for system, tps in systems.items():
+            for t in (0, 1):
+                status = "ok" if tps is not None else mixed_long if system == "teraio_mixed" else "oom"
+                job = write_run(root, f"{system}-{seq}-t{t}", system=system, trial=t, tps=tps, status=status,
+                                batch=4, seq=seq, micro=1, n_ssd=1,
+                                measure="composed" if (system, seq) == ("ideal", 4096) else "measured")
+                r = json.loads((job / "result.json").read_text())
+                r["point"]["model"] = "llama3_70b_2l"
+                if system.startswith("zero"):
+                    r["tuning"] = TUNING
+                (job / "result.json").write_text(json.dumps(r))
+    return cl.Evidence([load_sweep(root)])
+
+
+def test_the_llama3_70b_claims_read_the_cuts_rows(tmp_path):
+    """C5, C9, C13 and C15 read the Llama3-70B cut's rows (a fig7* sweep, models llama3_70b*):
+    none of them is `not measured` for want of a Llama3-70B row."""
+    ev = llama3_70b_cut(tmp_path)
+    c5 = finding(ev, "C5")
+    # ZeRO-Infinity 30 % of Ideal at its one point; TeraIO-Mixed 50 % at both; their ratio 500 / 300
+    assert c5.ours == ("ZeRO-Offload failed at every point (oom×2); ZeRO-Infinity 30.0 % of Ideal at 1 point, "
+                       "TeraIO-Mixed 50.0 % at 2 points; TeraIO-Mixed ÷ ZeRO-Infinity 1.67× over 1 point where both ran")
+    assert c5.verdict == cl.SUPPORTED  # ZeRO-Offload failed, and 1.67 >= 0.9 x 1.33
+    assert any("zero_offload" in u for u in c5.used) and any("ideal-4096" in u for u in c5.used)
+    c9 = finding(ev, "C9")
+    assert c9.verdict == cl.SUPPORTED and "ZeRO-Infinity oom at llama3_70b_2l bs4_seq4096" in c9.ours
+    c13 = finding(ev, "C13")
+    # tokens/s per $: TeraIO-Mixed 500 / 1,700 over ZeRO-Infinity 300 / 1,700 at 2,048 tokens
+    assert "over ZeRO-Infinity 1.67× at 1 point" in c13.ours
+    assert "over ZeRO-Offload: no point where both ran (failed at every point (oom×2))" in c13.ours
+    assert c13.verdict == cl.PARTLY  # ZeRO-Infinity's holds (1.67 >= 0.9 x 1.47); ZeRO-Offload's is not measured
+    c15 = finding(ev, "C15")
+    assert c15.verdict == cl.NOT_MEASURED and "ran ok with 1 drive(s)" in c15.ours and "llama3_70b row" not in c15.ours
+    found = dict((c.id, f) for c, f in cl.findings(ev))
+    assert not [c for c in ("C5", "C9", "C13", "C15") if "no llama3_70b row" in found[c].ours]
+
+
+def test_a_failed_llama3_70b_teraio_row_fails_c9_and_leaves_c5_its_other_point(tmp_path):
+    ev = llama3_70b_cut(tmp_path, mixed_long="error")
+    assert finding(ev, "C9").verdict == cl.NOT_SUPPORTED  # TeraIO-Mixed failed at 4,096 tokens
+    c5 = finding(ev, "C5")
+    assert "TeraIO-Mixed 50.0 % at 1 point" in c5.ours and c5.verdict == cl.SUPPORTED
+
+
+def test_a_row_whose_plan_predates_the_host_packing_loads_with_its_config(tmp_path):
+    """A TeraIO row made before ``host_arena`` existed (its plan and config name none, as the
+    committed fig7_h200_first_estimate and fig9_h200 rows): its decision reads the plan it has
+    (no region), and the row loads with the config it ran with, no choice added to it."""
+    from analysis.trials import ran_with
+    from teraio.systems.teraio_options import decision
+
+    job = write_run(tmp_path / "fig7_x", "mixed", system="teraio_mixed", trial=0, tps=100.0, **WL)
+    edit(job, plan={"recomputes": 0})
+    row = json.loads((job / "result.json").read_text())
+    assert decision(row) == ({"recompute": "off", "host_arena": False}, {})
+    assert ran_with(row)["system"]["options"] == {}
+    assert decision({**row, "plan": {"host_arena": 1}}) == ({"recompute": "off", "host_arena": True}, {})
+    assert len(load_sweep(tmp_path / "fig7_x").runs) == 1

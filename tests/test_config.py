@@ -94,6 +94,21 @@ def test_fig7_h200_caps_each_point_at_the_papers_pressure(hydra_conf, experiment
         assert r.model.n_layers in (4, 8) and r.model.name.endswith(f"_{r.model.n_layers}l")
 
 
+def test_fig7_70b_cut_runs_the_papers_llama3_70b_sequences_at_one_capacity(hydra_conf):
+    """conf/experiment/fig7_70b_cut.yaml: the 2-layer Llama3-70B cut at the paper's Llama3-70B
+    batches / 4 and its sequences, every point and system capped at 19 GB, the paper's five
+    systems (analysis.breakdown and tests/test_breakdown.py say why)."""
+    pts = points("fig7_70b_cut", "trial=0")
+    runs = [sweep.run_config(p) for p in pts]
+    assert {r.system.name for r in runs} == {"ideal", "teraio_ssd", "teraio_mixed", "zero_offload", "zero_infinity"}
+    assert {(r.workload.batch_size * 4, r.workload.seq_len) for r in runs} == PAPER_FIG7["llama3_70b"]
+    assert {(r.model.name, r.model.n_layers, r.model.dim) for r in runs} == {("llama3_70b_2l", 2, 8192)}
+    assert {r.hardware.gpu_capacity_bytes for r in runs} == {19 * 10**9}
+    assert len({subdir(p) for p in pts}) == len(pts) == 5 * 5
+    zero = {r.workload.seq_len: r.system.options["micro_batch_size"] for r in runs if r.system.name == "zero_infinity"}
+    assert zero == {2048: 1, 3072: 1, 4096: 1}  # one sequence: the most that fits beside ZeRO's buffers
+
+
 def test_fig7_h200_full_llama3_8b_point_runs_under_the_gpus_own_capacity(hydra_conf):
     (p,) = points("fig7_h200", "trial=0", "system=teraio_mixed", "model=llama3_8b", "fig7.point=full")
     r = sweep.run_config(p)

@@ -97,7 +97,7 @@ def test_where_ideal_ran_out_of_memory_it_is_modeled_from_teraios_trace_and_labe
     write_row(tmp_path, "mixed-t2", "teraio_mixed", [4.0], seq=16, trace=2.0)
     sweep = load_sweep(tmp_path)
     modeled = modeled_ideals(sweep)
-    assert modeled.to_dict("records") == [{"model": "tiny", "hardware": "gpu", "batch_size": 4, "seq_len": 8,
+    assert modeled.to_dict("records") == [{"model": "tiny", "hardware": "gpu on GPU X", "batch_size": 4, "seq_len": 8,
                                            "ideal_tokens_per_s": 16.0,
                                            "ideal_measure": "modeled from TeraIO-Mixed's trace"}]
     write_tables(sweep, tmp_path / "out")
