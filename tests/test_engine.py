@@ -977,6 +977,9 @@ class LateRead:
     def copy_seconds(self):
         return self._job.result().copy_seconds()
 
+    def copy_start_after(self, origin):
+        return self._job.result().copy_start_after(origin)
+
 
 def test_a_chain_input_still_being_read_back_is_waited_for_before_the_re_run(tmp_path):
     model, opt, losses, trace = profiled()
