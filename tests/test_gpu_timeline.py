@@ -1,0 +1,42 @@
+"""benchmarks.gpu_timeline: a TeraIO run's steps on the GPU, from its logs' GPU timeline."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from benchmarks.gpu_timeline import job_timeline
+from teraio.core.trace import TensorRecord, Trace
+
+
+def write_job(job, gpu=True):
+    job.mkdir()
+    Trace(["aten.mm.default"] * 3, np.array([1.0, 2.0, 0.5]),
+          [TensorRecord(0, "param:w", 8, "param", True, [0, 2])]).save(job / "trace.json")
+    ops = pd.DataFrame({"step": [3, 3, 3], "op": [0, 1, 2], "op_name": ["aten.mm.default"] * 3,
+                        "t_start_s": [0.0, 0.1, 0.2], "seconds": [0.1, 0.1, np.nan], "stall_s": [0.0, 0.5, 0.0],
+                        "gpu_start_s": [0.25, 1.25, 3.75] if gpu else [np.nan] * 3})
+    ops.to_csv(job / "oplog.csv", index=False)
+    pd.DataFrame({"step": [3, 3, 3], "tensor": ["a", "b", "c"], "tier": ["host", "host", "ssd"],
+                  "direction": ["offload", "prefetch", "offload"], "nbytes": [2e9, 1e9, 1e9],
+                  "op_issued": [0, 1, 0], "op_done": [1, 2, 1], "t_issued_s": [0.0, 0.1, 0.0],
+                  "t_done_s": [0.3, 0.4, 0.5], "copy_s": [0.05, 0.1, np.nan],
+                  "gpu_start_s": [0.3, 1.3, np.nan]}).to_csv(job / "transfers.csv", index=False)
+
+
+def test_a_steps_span_stalls_and_copies_come_from_its_gpu_timeline(tmp_path):
+    write_job(tmp_path / "job")
+    t = job_timeline(tmp_path / "job")
+    (step,) = t["steps"].values()
+    assert step["span_s"] == pytest.approx(3.5) and step["stall_s"] == pytest.approx(0.5)
+    assert step["ops_and_gaps_s"] == pytest.approx(3.0)
+    assert step["offload"]["gbps_while_copying"] == pytest.approx(40.0)  # 2 GB in 0.05 s
+    assert step["prefetch"]["busy_share_of_span"] == pytest.approx(0.1 / 3.5)
+    assert "ssd" not in step and t["profiled_op_seconds_sum"] == pytest.approx(3.5)
+
+
+def test_logs_without_a_gpu_timeline_say_so(tmp_path):
+    write_job(tmp_path / "job", gpu=False)
+    assert "no_gpu_timeline" in job_timeline(tmp_path / "job")
+    with pytest.raises(ValueError, match="no oplog.csv"):
+        job_timeline(tmp_path)
