@@ -10,11 +10,12 @@
 # Writes into OUT (default ./tax_out): engine_tax.json, its three traces in tax_traces.tar.gz,
 # rows.tar.gz (the sweep's job dirs whole: rows, traces, plans, logs, and the GPU's clock and
 # power sampled through them, clocks.csv), a summary line per row
-# (summary.txt), host_adam.json.
+# (summary.txt), timeline.json (benchmarks.gpu_timeline of the TeraIO rows), host_adam.json.
 # Run from the repository root on the GPU machine:
 #   source scripts/remote_env.sh && bash benchmarks/side_by_side_gpu.sh
 #   ROWS (the sweep's overrides; default below)   TRIALS (default 0)   BUDGET_S (default 540)
 #   TIMEOUT_S (per point, default 200)   WHICH: any of tax,rows,adam, comma-separated (default all three)
+#   ADAM_IMPLS (host_adam's --impls; default all four, DeepSpeed's op built first)
 set -uo pipefail
 OUT=${OUT:-tax_out}
 RUNS=${RUNS:-/tmp/tax_runs}
@@ -23,6 +24,7 @@ ROWS=${ROWS:-model=llama3_8b_4l fig7.point=seq_short system=ideal,teraio_mixed}
 BUDGET_S=${BUDGET_S:-540}
 TIMEOUT_S=${TIMEOUT_S:-200}
 WHICH=${WHICH:-tax,rows,adam}
+ADAM_IMPLS=${ADAM_IMPLS:-fused,foreach,loop,deepspeed}
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}  # as the sweep's workers
 # shellcheck source=scripts/device_call.sh
 source scripts/device_call.sh
@@ -40,6 +42,8 @@ case ,$WHICH, in *,rows,*)
   fig7_sweep side_by_side $ROWS "trial=$TRIALS"
   kill "$sampler"
   tar czf "$OUT/rows.tar.gz" -C "$RUNS" --exclude '*.lock' .
+  # shellcheck disable=SC2046  # one argument per TeraIO job dir
+  python -m benchmarks.gpu_timeline $(find "$RUNS" -maxdepth 2 -type d -name '*-teraio_*') --out "$OUT/timeline.json"
   python - "$RUNS" <<'PY' | tee "$OUT/summary.txt"
 import json, pathlib, sys
 for f in sorted(pathlib.Path(sys.argv[1]).glob("*/*/result.json")):
@@ -51,6 +55,7 @@ PY
   ;;
 esac
 case ,$WHICH, in *,adam,*)
-  python scripts/build_ds_ops.py cpu_adam 2>&1 | tail -n 2
-  timeout -k 10 "$(left)" python -m benchmarks.host_adam --out "$OUT/host_adam.json" 2>&1 | tail -n 8;;
+  case ,$ADAM_IMPLS, in *,deepspeed,*) python scripts/build_ds_ops.py cpu_adam 2>&1 | tail -n 2;; esac
+  timeout -k 10 "$(left)" python -m benchmarks.host_adam --impls "$ADAM_IMPLS" --out "$OUT/host_adam.json" 2>&1 \
+    | tail -n 8;;
 esac
