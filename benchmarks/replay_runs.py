@@ -9,7 +9,10 @@ measured, which are used), ``gpu_name``, the plan's ``recompute`` setting, its r
 and recomputed bytes per iteration, ``tiers_gbps`` (the planned rates), the measured mean
 iteration seconds over ``measured_steps`` iterations, the simulated ones, their ratio
 ``simulated_over_measured``, the profiled op sum ``ideal_s`` and the plan's
-``capacity_bytes``. ``--out`` is replaced atomically.
+``capacity_bytes``; and the same plan simulated with each channel serving the transfer whose
+op waits first, preempting (``simulated_edf_iteration_seconds``: what an engine that ordered
+its copies so would reach, where the engine's copies run in issue order on one stream per
+direction, as FIFO). ``--out`` is replaced atomically.
 """
 from __future__ import annotations
 
@@ -32,6 +35,8 @@ def replay(job: Path) -> dict:
     """
     row, trace, plan = jobdir.result(job), jobdir.trace(job), jobdir.plan(job)
     r = replay_run(trace, plan, plan_tiers(plan), row.get("iterations") or [], shared_ssd=plan.meta["shared_ssd"])
+    edf = replay_run(trace, plan, plan_tiers(plan), row.get("iterations") or [], policy="edf",
+                     shared_ssd=plan.meta["shared_ssd"])
     return {"job": str(job), "system": row["point"]["system"], "status": row["status"],
             "gpu_name": row.get("gpu_name"), "recompute": plan.meta.get("recompute"),
             "recomputes": len(plan.recomputes), "recomputed_bytes": plan.recomputed_bytes(),
@@ -39,6 +44,7 @@ def replay(job: Path) -> dict:
             "measured_iteration_seconds": r.measured_iteration_seconds,
             "simulated_iteration_seconds": r.simulated.iteration_seconds,
             "simulated_over_measured": r.predicted_over_measured,
+            "simulated_edf_iteration_seconds": edf.simulated.iteration_seconds,
             "ideal_s": float(trace.op_seconds.sum()), "capacity_bytes": plan.capacity_bytes}
 
 
