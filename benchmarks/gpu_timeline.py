@@ -7,7 +7,9 @@ the stalls the engine measured (the compute stream's waits, and the training thr
 rest of the span (the ops' own time and the gaps where the GPU waited for the host to issue
 work: an op's span from its start to the next op's start is its kernels plus any gap), and
 per direction of the host link the bytes its copies moved, the seconds they ran and the
-rate while running, and the share of the span its stream was busy. Beside them, the trace's
+rate while running, and the share of the span its stream was busy; where the logs have each
+op's end too (``gpu_end_s``), the seconds the compute stream ran none of the ops between the
+first op and the last (``gpu_idle_s``). Beside them, the trace's
 profiled op seconds (what the plan and the simulator take the ops to cost).
 
     python -m benchmarks.gpu_timeline JOB_DIR [JOB_DIR ...] --out timeline.json
@@ -36,6 +38,10 @@ def step_timeline(ops: pd.DataFrame, transfers: pd.DataFrame) -> dict:
     span = float(start[-1] - start[0])
     out = {"span_s": span, "stall_s": float(ops["stall_s"].sum()),
            "ops_and_gaps_s": span - float(ops["stall_s"].sum())}
+    if "gpu_end_s" in ops and ops["gpu_end_s"].notna().all():  # where the GPU ran none of the ops
+        o = ops.sort_values("op")
+        gaps = o["gpu_start_s"].to_numpy(dtype=float)[1:] - o["gpu_end_s"].to_numpy(dtype=float)[:-1]
+        out["gpu_idle_s"] = float(np.clip(gaps, 0, None).sum())
     host = transfers[(transfers["tier"] == "host") & transfers["copy_s"].notna()]
     for direction, g in host.groupby("direction"):
         seconds = float(g["copy_s"].sum())

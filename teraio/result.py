@@ -16,7 +16,12 @@ Schema (keys always present; unknown values are ``null``):
                       ``{step, seconds, tokens, tokens_per_s, loss, stall_count, stall_seconds,
                       migration_seconds, bytes_offloaded: {ssd, host}, bytes_prefetched: {ssd, host}}``
                       (seconds: wall time of the iteration; migration_seconds: time at least one
-                      transfer was in flight; byte counts in bytes; null where a system cannot tell)
+                      transfer was in flight; byte counts in bytes; null where a system cannot tell);
+                      TeraIO's add what its engine counted, among them ``gpu_idle_seconds`` on CUDA:
+                      the seconds the compute stream ran none of the step's ops (its stalls as the
+                      GPU saw them; ``stall_seconds`` also counts the training thread's waits for
+                      SSD transfers, while the GPU may run work queued before them;
+                      ``MigrationEngine.gpu_idle_seconds``)
 ``tokens_per_s``      mean over measured iterations (tokens/s)
 ``stall_count``, ``stall_seconds``   totals over measured iterations
 ``bytes_per_tier``    ``{ssd, host}``: bytes offloaded + prefetched over measured iterations

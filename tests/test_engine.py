@@ -892,6 +892,7 @@ def test_a_long_run_under_the_engine_stays_flat(tmp_path):
     assert moved["t_done_s"].notna().all() and set(moved["step"]) == set(range(2, 1002))
     assert "copy_s" in moved and moved["copy_s"].isna().all()  # CPU copies: no stream to time them on
     assert moved["gpu_start_s"].isna().all() and ops["gpu_start_s"].isna().all()  # nor a GPU timeline
+    assert ops["gpu_end_s"].isna().all() and eng.gpu_idle_seconds(1001) is None
 
 
 def every_recompute_plan(trace, min_gap=3):

@@ -15,7 +15,8 @@ def write_job(job, gpu=True):
           [TensorRecord(0, "param:w", 8, "param", True, [0, 2])]).save(job / "trace.json")
     ops = pd.DataFrame({"step": [3, 3, 3], "op": [0, 1, 2], "op_name": ["aten.mm.default"] * 3,
                         "t_start_s": [0.0, 0.1, 0.2], "seconds": [0.1, 0.1, np.nan], "stall_s": [0.0, 0.5, 0.0],
-                        "gpu_start_s": [0.25, 1.25, 3.75] if gpu else [np.nan] * 3})
+                        "gpu_start_s": [0.25, 1.25, 3.75] if gpu else [np.nan] * 3,
+                        "gpu_end_s": [1.0, 3.5, 4.0] if gpu else [np.nan] * 3})
     ops.to_csv(job / "oplog.csv", index=False)
     pd.DataFrame({"step": [3, 3, 3], "tensor": ["a", "b", "c"], "tier": ["host", "host", "ssd"],
                   "direction": ["offload", "prefetch", "offload"], "nbytes": [2e9, 1e9, 1e9],
@@ -30,6 +31,7 @@ def test_a_steps_span_stalls_and_copies_come_from_its_gpu_timeline(tmp_path):
     (step,) = t["steps"].values()
     assert step["span_s"] == pytest.approx(3.5) and step["stall_s"] == pytest.approx(0.5)
     assert step["ops_and_gaps_s"] == pytest.approx(3.0)
+    assert step["gpu_idle_s"] == pytest.approx(0.25 + 0.25)  # op 0 ends at 1.0, op 1 starts 1.25; 3.5 to 3.75
     assert step["offload"]["gbps_while_copying"] == pytest.approx(40.0)  # 2 GB in 0.05 s
     assert step["prefetch"]["busy_share_of_span"] == pytest.approx(0.1 / 3.5)
     assert "ssd" not in step and t["profiled_op_seconds_sum"] == pytest.approx(3.5)

@@ -361,7 +361,7 @@ def test_capped_run_is_bit_identical_on_gpu(tmp_path, system, hw, options):
     # within a step; every host-tier copy's start and seconds on its stream
     import pandas as pd
     ops = pd.read_csv(tmp_path / "job" / "oplog.csv")
-    assert ops["gpu_start_s"].notna().all()
+    assert ops["gpu_start_s"].notna().all() and (ops["gpu_end_s"] >= ops["gpu_start_s"]).all()
     assert all((g["gpu_start_s"].diff().dropna() >= 0).all() for _, g in ops.groupby("step"))
     moved = pd.read_csv(tmp_path / "job" / "transfers.csv")
     host = moved[moved["tier"] == "host"]

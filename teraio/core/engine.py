@@ -175,9 +175,10 @@ class MigrationEngine(TorchDispatchMode):
             have their own I/O threads); at least the transfers expected in flight at once.
         log_ops: keep a per-op log (op start time and stall seconds) for the analysis; on
             CUDA also each op's start on the compute stream (a timing event recorded after
-            its waits, read once the step is over) and each host-tier copy's start on its
-            stream, both in seconds from an event recorded as the step starts: the GPU's
-            own timeline beside the host's.
+            its waits, read once the step is over) and end (one recorded after its kernels
+            are queued), and each host-tier copy's start on its stream, in seconds from an
+            event recorded as the step starts: the GPU's own timeline beside the host's, and
+            the GPU's idle seconds (:meth:`gpu_idle_seconds`).
         device_waits: order host-tier transfers on the CUDA compute stream instead of
             blocking the training thread (module docstring). Op start times in the log are
             then the host's issue times, and stall seconds the compute stream's waits.
@@ -218,6 +219,11 @@ class MigrationEngine(TorchDispatchMode):
         self._gpu_log = log_ops and device.type == "cuda"
         self._origin: torch.cuda.Event | None = None  # this step's start on the compute stream (CUDA log)
         self._op_events: list | None = None  # each op's start on the compute stream (CUDA log)
+        self._op_end_events: list | None = None  # ... and where its kernels were queued up to
+        # per logged step (CUDA log): seconds the compute stream ran no op of the step, from the
+        # step's start to its last op (waits for transfers and gaps the host left); read by
+        # take_logs, handed over by gpu_idle_seconds
+        self._gpu_idle: dict[int, float] = {}
         self.device_waits = device_waits
         self._in_step = False
         # (op, start, end) CUDA timing events around each compute-stream wait of this step
@@ -397,6 +403,7 @@ class MigrationEngine(TorchDispatchMode):
             self._origin = torch.cuda.Event(enable_timing=True)
             self._origin.record()
             self._op_events = [None] * self.n_ops
+            self._op_end_events = [None] * self.n_ops
         self._step_t0 = time.perf_counter()
         first_transfer = len(self.transfers)
         self._allocated = [] if not self.history else None
@@ -426,11 +433,20 @@ class MigrationEngine(TorchDispatchMode):
             [(r["t_issued_s"], r["t_done_s"]) for r in self.transfers[first_transfer:] if r["step"] == step])
         if self.log_ops:
             self.oplog.append({"step": step, "t_start_s": self._op_t.copy(), "stall_s": self._op_stall.copy(),
-                               "gpu": (self._origin, self._op_events) if self._gpu_log else None})
+                               "gpu": (self._origin, self._op_events, self._op_end_events) if self._gpu_log else None})
         self.history.append(self.stats)
         if len(self.history) > HISTORY_STEPS:
             del self.history[1]  # the first (audited) step stays, then the latest ones
         return out
+
+    def gpu_idle_seconds(self, step: int) -> float | None:
+        """Seconds the compute stream ran none of step ``step``'s ops, from the step's start
+        to its last op: its waits for transfers and the gaps the training thread left it
+        (the GPU's stalls; with ``device_waits`` the training thread's own waits for SSD
+        transfers, counted in ``StepStats.stall_seconds``, stall it only where the GPU runs
+        out of queued work). Known once :meth:`take_logs` read the step (CUDA with
+        ``log_ops``), and handed over once; None otherwise."""
+        return self._gpu_idle.pop(step, None)
 
     def take_logs(self) -> tuple[list[dict], list[dict]]:
         """Hand over the per-op records of the steps run so far (``oplog``, with ``log_ops``)
@@ -438,12 +454,14 @@ class MigrationEngine(TorchDispatchMode):
         still in flight (``transfers``), and forget them: a runner that writes them out as
         it goes (``teraio.systems.teraio``) keeps a long run's memory flat. Between steps."""
         oplog, self.oplog = self.oplog, []
-        for row in oplog:  # the GPU's op starts, read now that the step is over
+        for row in oplog:  # the GPU's op starts and ends, read now that the step is over
             gpu = row.pop("gpu", None)
             if gpu is not None:
-                origin, events = gpu
-                events[-1].synchronize()  # events of one stream complete in order
-                row["gpu_start_s"] = np.array([origin.elapsed_time(e) / 1e3 for e in events])
+                origin, starts, ends = gpu
+                ends[-1].synchronize()  # events of one stream complete in order
+                row["gpu_start_s"] = start = np.array([origin.elapsed_time(e) / 1e3 for e in starts])
+                row["gpu_end_s"] = end = np.array([origin.elapsed_time(e) / 1e3 for e in ends])
+                self._gpu_idle[row["step"]] = float(start[0] + np.clip(start[1:] - end[:-1], 0, None).sum())
         n = next((i for i, r in enumerate(self.transfers) if r["t_done_s"] is None), len(self.transfers))
         done, self.transfers = self.transfers[:n], self.transfers[n:]
         return oplog, done
@@ -539,6 +557,9 @@ class MigrationEngine(TorchDispatchMode):
                 e = self._op_events[k] = torch.cuda.Event(enable_timing=True)
                 e.record()
             out = self._run_op(k, func, args, kwargs)
+            if self._op_end_events is not None:
+                e = self._op_end_events[k] = torch.cuda.Event(enable_timing=True)
+                e.record()
             self._after(k, func, args, kwargs, out)
         except torch.OutOfMemoryError as e:
             self._failed = True

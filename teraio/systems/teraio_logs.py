@@ -2,8 +2,8 @@
 dir, or its stage's directory): per op of each measured step its start time and stall, one row
 per transfer. On CUDA the GPU's own timeline beside the host's: ``gpu_start_s``, seconds
 from the step's start on the compute stream to where an op began there (after its waits),
-or where a host-tier copy began on its stream, and ``copy_s``, seconds that copy ran; empty
-elsewhere (``teraio.core.engine``).
+or where a host-tier copy began on its stream, ``gpu_end_s`` to where the op's kernels were
+queued up to, and ``copy_s``, seconds that copy ran; empty elsewhere (``teraio.core.engine``).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class EngineLogs:
         self.first_step = first_step
         self._files = [open(p, "w", newline="") for p in self.paths]
         self._ops = csv.writer(self._files[0])
-        self._ops.writerow(["step", "op", "op_name", "t_start_s", "seconds", "stall_s", "gpu_start_s"])
+        self._ops.writerow(["step", "op", "op_name", "t_start_s", "seconds", "stall_s", "gpu_start_s", "gpu_end_s"])
         self._transfers = csv.DictWriter(self._files[1], fieldnames=self.TRANSFER_COLUMNS)
         self._transfers.writeheader()
 
@@ -38,10 +38,11 @@ class EngineLogs:
                     continue
                 t = row["t_start_s"]
                 dur = list(t[1:] - t[:-1]) + [float("nan")]
-                gpu = row.get("gpu_start_s")
+                gpu, end = row.get("gpu_start_s"), row.get("gpu_end_s")
                 for k in range(trace.n_ops):
                     self._ops.writerow([row["step"], k, trace.op_names[k], f"{t[k]:.9f}", f"{dur[k]:.9f}",
-                                        f"{row['stall_s'][k]:.9f}", "" if gpu is None else f"{gpu[k]:.9f}"])
+                                        f"{row['stall_s'][k]:.9f}", "" if gpu is None else f"{gpu[k]:.9f}",
+                                        "" if end is None else f"{end[k]:.9f}"])
             self._transfers.writerows(r for r in transfers if r["step"] >= self.first_step)
 
     def close(self) -> None:

@@ -562,5 +562,6 @@ class TeraIOTrainer:
                          migration_seconds=s.migration_seconds, bytes_offloaded=s.bytes_offloaded,
                          bytes_prefetched=s.bytes_prefetched, note=f" stalls {s.stall_count}",
                          extra={"max_accounted_bytes": s.max_accounted_bytes,
+                                "gpu_idle_seconds": self.engine.gpu_idle_seconds(s.step),
                                 "recomputed_bytes": s.recomputed_bytes, "recompute_seconds": s.recompute_seconds,
                                 **{k: getattr(s, k) for k in RECOVERY_KEYS}})
