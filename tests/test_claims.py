@@ -396,7 +396,8 @@ def test_a_row_whose_plan_predates_the_host_packing_loads_with_its_config(tmp_pa
     job = write_run(tmp_path / "fig7_x", "mixed", system="teraio_mixed", trial=0, tps=100.0, **WL)
     edit(job, plan={"recomputes": 0})
     row = json.loads((job / "result.json").read_text())
-    assert decision(row) == ({"recompute": "off", "host_arena": False}, {})
+    assert decision(row) == ({"recompute": "off", "host_arena": False, "host_update": "off"}, {})
     assert ran_with(row)["system"]["options"] == {}
-    assert decision({**row, "plan": {"host_arena": 1}}) == ({"recompute": "off", "host_arena": True}, {})
+    assert decision({**row, "plan": {"host_arena": 1}}) == ({"recompute": "off", "host_arena": True,
+                                                             "host_update": "off"}, {})
     assert len(load_sweep(tmp_path / "fig7_x").runs) == 1

@@ -153,7 +153,7 @@ def test_every_planning_file_still_names_the_trace_and_plan_it_was_made_from():
     tier where the entry records them. A rerun that moves a job dir's first attempt to
     ``attempt.<n>/`` replaces the dir's own trace and plan, and fails this."""
     docs = {f: json.loads(f.read_text()) for f in sorted((ROOT / "benchmarks" / "results").rglob("*.json"))}
-    docs = {f: doc for f, doc in docs.items() if isinstance(doc, dict) and "jobs" in doc}
+    docs = {f: doc for f, doc in docs.items() if isinstance(doc, dict) and isinstance(doc.get("jobs"), list)}
     assert len(docs) >= 9
     checked = 0
     for f, doc in docs.items():

@@ -276,7 +276,8 @@ def decided(run: RunConfig, sweep_dir: Path, job_dir: Path,
     * else ``run`` unchanged (its choices made by itself) and ``{file, decides: [choices]}``;
       the point's lock is held through the block, so that a trial of another sweep waits for
       the record, and where the block ends with an ok row in ``job_dir`` the record is written
-      from it (the decider's ``decision(row)``). A failed trial leaves none: the next decides.
+      from it (the decider's ``decision(row)``). A failed trial, or an ok row its decider
+      cannot read a choice from (``decision`` raises ValueError), leaves none: the next decides.
 
     ``(run, None)`` for a system with nothing to decide. A record made for another config is
     kept as ``<point>.<n>.json`` and the point decided again.
@@ -301,7 +302,11 @@ def decided(run: RunConfig, sweep_dir: Path, job_dir: Path,
             row_path = Path(job_dir) / "result.json"
             row = json.loads(row_path.read_text()) if row_path.exists() else {}
             if row.get("status") == "ok":
-                options, workload = decider.decision(row)
+                try:
+                    options, workload = decider.decision(row)
+                except ValueError as e:  # an ok row that records no choice (no plan): the next decides
+                    say(f"  {run.system.name}: left undecided ({e})")
+                    return
                 options = {k: v for k, v in options.items() if k in choices}  # what was left to it
                 workload = {k: v for k, v in workload.items() if f"workload.{k}" in choices}
                 record = {"key": key, "chosen": options, "workload": workload, "decided_by": Path(job_dir).name}
