@@ -176,3 +176,27 @@ def test_the_committed_recompute_replay_regenerates_from_its_rows(tmp_path, monk
                 assert new[key] == pytest.approx(value, rel=1e-9), (new["job"], key)
             else:
                 assert new[key] == value, (new["job"], key)
+
+
+def test_the_committed_microbatch_plans_regenerate_from_their_traces(tmp_path, monkeypatch):
+    """``benchmarks/results/microbatch_plans/llama3_8b_cut_h100.json`` is what its command
+    computes from the committed run and traces; a trace given without its label is refused
+    before anything is planned."""
+    from benchmarks import microbatch_plans
+
+    committed = json.loads((BENCH / "results" / "microbatch_plans" / "llama3_8b_cut_h100.json").read_text())
+    argv = shlex.split(committed["command"])[3:]
+    out = tmp_path / "plans.json"
+    argv[argv.index("--out") + 1] = str(out)
+    monkeypatch.chdir(REPO)
+    microbatch_plans.main(argv)
+    fresh = json.loads(out.read_text())["traces"]
+    assert [t["label"] for t in fresh] == [t["label"] for t in committed["traces"]]
+    for new, old in zip(fresh, committed["traces"]):
+        for setting in microbatch_plans.RECOMPUTE:
+            assert new[setting].pop("bytes_per_tier") == old[setting].pop("bytes_per_tier")
+            assert new[setting] == pytest.approx(old[setting], rel=1e-9), (new["label"], setting)
+        assert new["ideal_s"] == pytest.approx(old["ideal_s"], rel=1e-9)
+    with pytest.raises(SystemExit):
+        microbatch_plans.main([argv[0], "--trace", "no_label.json.gz", "--out", str(tmp_path / "x.json")])
+    assert not (tmp_path / "x.json").exists()
