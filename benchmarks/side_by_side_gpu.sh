@@ -13,7 +13,9 @@
 # (summary.txt), timeline.json (benchmarks.gpu_timeline of the TeraIO rows), host_adam.json.
 # Run from the repository root on the GPU machine:
 #   source scripts/remote_env.sh && bash benchmarks/side_by_side_gpu.sh
-#   ROWS (the sweep's overrides; default below)   TRIALS (default 0)   BUDGET_S (default 540)
+#   ROWS (the sweep's overrides, default below; several sweeps into the same rows separated by
+#   ';', e.g. the baselines tuned in one and TeraIO with workload.micro_batch_size=auto, which
+#   only TeraIO takes, in the next)   TRIALS (default 0)   BUDGET_S (default 540)
 #   TIMEOUT_S (per point, default 200)   WHICH: any of tax,rows,adam, comma-separated (default all three)
 #   ADAM_IMPLS (host_adam's --impls; default all four, DeepSpeed's op built first)
 set -uo pipefail
@@ -38,8 +40,11 @@ case ,$WHICH, in *,rows,*)
   # the GPU's clock and power through the rows (nvidia-smi every 100 ms; epoch times in the rows)
   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms=100 \
     > "$RUNS/clocks.csv" 2>/dev/null & sampler=$!
-  # shellcheck disable=SC2086  # ROWS holds several overrides
-  fig7_sweep side_by_side $ROWS "trial=$TRIALS"
+  IFS=';' read -ra sweeps <<< "$ROWS"
+  for rows in "${sweeps[@]}"; do
+    # shellcheck disable=SC2086  # each holds several overrides
+    fig7_sweep side_by_side $rows "trial=$TRIALS"
+  done
   kill "$sampler"
   tar czf "$OUT/rows.tar.gz" -C "$RUNS" --exclude '*.lock' .
   # shellcheck disable=SC2046  # one argument per TeraIO job dir
