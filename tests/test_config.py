@@ -94,6 +94,17 @@ def test_fig7_h200_caps_each_point_at_the_papers_pressure(hydra_conf, experiment
         assert r.model.n_layers in (4, 8) and r.model.name.endswith(f"_{r.model.n_layers}l")
 
 
+@pytest.mark.parametrize("experiment", ["fig7_h200", "fig7_h200_m_only"])
+def test_a_point_keeps_its_capacity_when_teraio_chooses_its_micro_batch(hydra_conf, experiment):
+    # workload.micro_batch_size=auto (TeraIO only) leaves the capacity at the point's M, given
+    # at the point's own micro-batch: every system of the point runs under the same cap.
+    over = ("trial=0", "system=teraio_mixed", "model=llama3_8b_4l", "fig7.point=seq_short")
+    (fixed,) = points(experiment, *over)
+    (auto,) = points(experiment, *over, "workload.micro_batch_size=auto")
+    assert sweep.run_config(auto).workload.micro_batch_size == "auto"
+    assert sweep.run_config(auto).hardware.gpu_capacity_bytes == sweep.run_config(fixed).hardware.gpu_capacity_bytes
+
+
 def test_fig7_70b_cut_runs_the_papers_llama3_70b_sequences_at_one_capacity(hydra_conf):
     """conf/experiment/fig7_70b_cut.yaml: the 2-layer Llama3-70B cut at the paper's Llama3-70B
     batches / 4 and its sequences, every point and system capped at 19 GB, the paper's five
@@ -189,6 +200,18 @@ def run_cfg(system="ideal", **hardware):
 def test_capacity_must_be_positive():
     with pytest.raises(ValueError, match=r"hardware.gpu_capacity_bytes=0 must be > 0"):
         sweep.validate(run_cfg(gpu_capacity_bytes=0))
+
+
+@pytest.mark.parametrize("mb,warmup,need", [(2, 1, 2), ("auto", 3, 4)])
+def test_teraio_warm_up_shorter_than_its_profiling_is_refused_before_anything_runs(mb, warmup, need):
+    # fig7_h200 warms up 3 steps: enough for TeraIO at its micro-batch, one short for auto
+    work = {"batch_size": 4, "micro_batch_size": mb, "warmup_steps": warmup}
+    with pytest.raises(ValueError, match=rf"workload.warmup_steps={warmup}: TeraIO needs >= {need} .*"
+                                         rf"give workload.warmup_steps={need} or more for teraio_mixed"):
+        sweep.validate(run_config_from_dict({"model": {"name": "m"}, "workload": work,
+                                             "system": {"name": "teraio_mixed"}, "hardware": {"host_mem_cap_bytes": 1 << 30}}), check_device=False)
+    sweep.validate(run_config_from_dict({"model": {"name": "m"}, "workload": {**work, "warmup_steps": need},
+                                         "system": {"name": "teraio_mixed"}, "hardware": {"host_mem_cap_bytes": 1 << 30}}), check_device=False)
 
 
 def test_micro_batch_auto_is_teraios_alone_and_one_stage_only():

@@ -10,6 +10,7 @@ import torch
 
 from teraio import systems
 from teraio.config import RunConfig
+from teraio.systems.microbatch import warmup_refusal, warmup_steps_needed
 from teraio.workload.models import ties_embeddings
 
 
@@ -29,6 +30,8 @@ def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool =
     * ``system.options``: every key and value, by the system's own check (``teraio.systems``);
     * a system that runs on CUDA only (``SystemSpec.cuda_only``) needs a CUDA device;
     * ``workload.micro_batch_size: auto`` only for TeraIO's systems (they choose it);
+    * TeraIO's systems warm up for as many steps as they profile
+      (``teraio.systems.microbatch.warmup_steps_needed``: 2, or 4 with a micro-batch ``auto``);
     * a system with a host tier (TeraIO-Mixed) needs ``hardware.host_mem_cap_bytes`` > 0;
     * ``timeout_s`` > 0, ``workload.measure_steps`` >= 1, ``workload.warmup_steps`` >= 1,
       ``hardware.n_gpus`` >= 1;
@@ -78,6 +81,9 @@ def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool =
         raise ValueError(f"workload.micro_batch_size=auto: {spec.name} trains the micro-batch it is given "
                          f"(a divisor of batch_size={w.batch_size}); only "
                          f"{[n for n in systems.names() if systems.get(n).role == 'teraio']} choose their own")
+    if spec.role == "teraio" and (refusal := warmup_refusal(w.warmup_steps, w.micro_batch_size)):
+        raise ValueError(f"{refusal}; give workload.warmup_steps={warmup_steps_needed(w.micro_batch_size)} "
+                         f"or more for {spec.name}")
     if w.pipeline_stages > 1:
         check_pipeline(run, spec, device)
     if spec.uses_drives:

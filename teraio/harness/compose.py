@@ -32,11 +32,14 @@ def estimate_unoffloaded_peak_bytes(model: ModelConfig, workload: WorkloadConfig
     return one["peak_bytes"]
 
 
-def capacity_for_pressure(model: DictConfig, workload: DictConfig, m_percent: float | None) -> int | None:
+def capacity_for_pressure(model: DictConfig, workload: DictConfig, m_percent: float | None,
+                          micro_batch_size: int | None = None) -> int | None:
     """The GPU capacity (bytes) under which ``model`` at ``workload`` has memory pressure
     M = ``m_percent`` % (paper Fig. 7: M = peak memory / capacity), from
     :func:`estimate_unoffloaded_peak_bytes`; None (no cap: the GPU's own capacity) for a
-    null ``m_percent``.
+    null ``m_percent``. ``micro_batch_size``: the micro-batch the point's M is given at, in
+    place of the workload's (which a run may override, e.g. ``workload.micro_batch_size=auto``:
+    every system of a point then keeps the point's capacity).
 
     Raises:
         ValueError: ``m_percent`` not above 0.
@@ -45,9 +48,11 @@ def capacity_for_pressure(model: DictConfig, workload: DictConfig, m_percent: fl
         return None
     if not float(m_percent) > 0:
         raise ValueError(f"capacity_for_pressure: M = {m_percent} %; it must be above 0 (or null for no cap)")
+    work = OmegaConf.to_container(workload, resolve=True)
+    if micro_batch_size is not None:
+        work["micro_batch_size"] = int(micro_batch_size)
     run = run_config_from_dict({"model": OmegaConf.to_container(model, resolve=True),
-                                "workload": OmegaConf.to_container(workload, resolve=True),
-                                "system": {"name": "ideal"}})
+                                "workload": work, "system": {"name": "ideal"}})
     return int(estimate_unoffloaded_peak_bytes(run.model, run.workload) / (float(m_percent) / 100))
 
 
@@ -83,7 +88,7 @@ def register_resolvers() -> None:
 
     ``${gb:X}``        X GB (1e9 bytes) as an int of bytes
     ``${take:L,N}``    the first N items of list L (e.g. N of the SSD directories)
-    ``${capacity_for_pressure:MODEL,WORKLOAD,M}``  see :func:`capacity_for_pressure`
+    ``${capacity_for_pressure:MODEL,WORKLOAD,M[,MICRO_BATCH]}``  see :func:`capacity_for_pressure`
     ``${zero_micro_batch:MODEL,WORKLOAD,CAPACITY}``  see :func:`zero_micro_batch`
     ``${pipeline_suffix:S}``  ``-ppS`` for S > 1 pipeline stages, else empty (job dir names)
     """

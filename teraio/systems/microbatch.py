@@ -21,6 +21,29 @@ from __future__ import annotations
 import dataclasses
 
 
+MAX_PROFILES = 3
+"""The most candidate micro-batches :class:`MicroBatchSearch` profiles by default."""
+
+
+def warmup_steps_needed(micro_batch_size: int | str) -> int:
+    """The warm-up steps a TeraIO run takes before it can measure: one to create the optimizer
+    state, then one profiled step, or with ``micro_batch_size="auto"`` up to
+    :data:`MAX_PROFILES` profiled candidates."""
+    return 1 + (MAX_PROFILES if micro_batch_size == "auto" else 1)
+
+
+def warmup_refusal(warmup_steps: int, micro_batch_size: int | str) -> str | None:
+    """Why ``workload.warmup_steps`` is too few for a TeraIO run (:func:`warmup_steps_needed`),
+    naming the value and what is valid; None where it is enough."""
+    need = warmup_steps_needed(micro_batch_size)
+    if warmup_steps >= need:
+        return None
+    why = (f"up to {MAX_PROFILES} profiled candidate micro-batches" if micro_batch_size == "auto"
+           else "one profiled step")
+    return (f"workload.warmup_steps={warmup_steps}: TeraIO needs >= {need} (one step to create the "
+            f"optimizer state, {why})")
+
+
 def divisors(n: int) -> list[int]:
     """The divisors of ``n`` (>= 1), largest first."""
     if n < 1:
@@ -55,7 +78,7 @@ class MicroBatchSearch:
         max_profiles: most candidates profiled (``oom`` ones included), >= 1.
     """
 
-    def __init__(self, batch_size: int, max_profiles: int = 3):
+    def __init__(self, batch_size: int, max_profiles: int = MAX_PROFILES):
         if max_profiles < 1:
             raise ValueError(f"max_profiles={max_profiles} must be >= 1")
         self.order = divisors(batch_size)
