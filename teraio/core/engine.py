@@ -5,12 +5,14 @@ in the same ``TorchDispatchMode`` position as the profiler, so op k of every ite
 op k of the profiled trace. Around each op k:
 
 * before k: for migrations whose ``free_before`` is k, wait for the offload write (a stall
-  if not done) and free the HBM with ``untyped_storage().resize_(0)``; for ``prefetch_before``
-  k, re-allocate with ``resize_(nbytes)`` and launch the read; for ``needed_by`` k, wait for
+  if not done) and free the HBM with ``untyped_storage().resize_(0)``; for those whose
+  prefetch is launched before k (``Migration.prefetch_launch``: ``prefetch_before``, or
+  later where the plan put its copies in deadline order), re-allocate with
+  ``resize_(nbytes)`` and launch the read; for ``needed_by`` k, wait for
   the read (a stall if not done). Anything op k touches that is still off the device and was
   not planned is fetched at once ("urgent", paper §3.2) and counted.
 * after k: register the storages of planned intermediates that op k allocated, and launch
-  the offloads whose ``offload_after`` is k.
+  the offloads launched after k (``Migration.offload_launch``: ``offload_after``, or later).
 * an out-of-memory error in op k (memory the plan does not see: workspaces, fragmentation,
   tensors held past their profiled last use) frees again the tensor prefetched ahead whose
   use is furthest from k (its read finished first; its tier slot still holds its bytes until
@@ -260,14 +262,7 @@ class MigrationEngine(TorchDispatchMode):
                     and rec.nbytes >= smallest and rec.name not in hosted):  # a refresh writes a hosted one
                 self.tensors[rec.tid] = _Tensor(rec.name, rec.nbytes, True, x.untyped_storage())
 
-        def by_op(attr: str) -> list[list[Migration]]:
-            out: list[list[Migration]] = [[] for _ in range(self.n_ops)]
-            for m in plan.migrations:
-                out[getattr(m, attr)].append(m)
-            return out
-
-        self.offload_after, self.free_before = by_op("offload_after"), by_op("free_before")
-        self.prefetch_before, self.needed_by = by_op("prefetch_before"), by_op("needed_by")
+        self._index_launches(plan)
         # Recomputes (``teraio.core.rerun``): their chains' calls, recorded as they run; which
         # recomputes drop their tensor after op k, and which make it again before op k.
         self.reruns = Reruns(plan.recomputes)
@@ -315,6 +310,27 @@ class MigrationEngine(TorchDispatchMode):
         self.transfers: list[dict] = []
         self._op_t = np.zeros(self.n_ops)
         self._op_stall = np.zeros(self.n_ops)
+
+    def _index_launches(self, plan: MigrationPlan) -> None:
+        """Per op, the migrations whose offload is launched after it and whose prefetch before
+        it (``Migration.offload_launch``, ``prefetch_launch``), and those whose free and use
+        come before it. In a plan whose copies are put in deadline order
+        (``meta["copy_order"]``, ``teraio.perf.retime``) the copies launched at one op go in
+        the order their waits come (a stream serves its copies in launch order); else in
+        the plan's."""
+        deadline_order = plan.meta.get("copy_order") == "deadline"
+
+        def by_op(attr: str, deadline: str | None = None) -> list[list[Migration]]:
+            out: list[list[Migration]] = [[] for _ in range(self.n_ops)]
+            for m in plan.migrations:
+                out[getattr(m, attr)].append(m)
+            if deadline_order and deadline is not None:
+                for k, ms in enumerate(out):
+                    ms.sort(key=lambda m: (getattr(m, deadline) - k) % self.n_ops)
+            return out
+
+        self.offload_after, self.free_before = by_op("offload_launch", "free_before"), by_op("free_before")
+        self.prefetch_before, self.needed_by = by_op("prefetch_launch", "needed_by"), by_op("needed_by")
 
     def _index_grads(self, release_grads: bool) -> None:
         """Gradients (``release_grads``): the op and slot that allocate each, the op after

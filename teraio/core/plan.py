@@ -55,6 +55,14 @@ class Migration:
             tensor then has its own).
         offset: the tensor's byte offset in the host region of a plan made with
             ``host_arena`` (its ``slot`` is then its own name); -1 otherwise.
+        launch_after: the op after which the offload's copy is launched, in
+            ``[offload_after, free_before)`` of the same iteration, where the copies are put in
+            deadline order (``teraio.perf.retime``); -1: ``offload_after``.
+        launch_before: the op before which the prefetch's copy is launched (and its storage
+            allocated), in ``[prefetch_before, needed_by)`` of the same iteration; -1:
+            ``prefetch_before``. Launching later never holds more device memory than the
+            plan accounts: the tensor's bytes are freed at ``free_before`` and allocated
+            again at the launch.
     """
 
     tid: int
@@ -67,10 +75,22 @@ class Migration:
     needed_by: int
     slot: str = ""
     offset: int = -1
+    launch_after: int = -1
+    launch_before: int = -1
 
     def __post_init__(self) -> None:
         if self.tier not in TIERS:
             raise ValueError(f"migration of {self.name!r}: tier {self.tier!r} not in {TIERS}")
+
+    @property
+    def offload_launch(self) -> int:
+        """The op after which the offload's copy is launched."""
+        return self.offload_after if self.launch_after < 0 else self.launch_after
+
+    @property
+    def prefetch_launch(self) -> int:
+        """The op before which the prefetch's storage is allocated and its copy launched."""
+        return self.prefetch_before if self.launch_before < 0 else self.launch_before
 
     @property
     def wraps(self) -> bool:
@@ -206,7 +226,14 @@ class MigrationPlan:
         return out
 
     def to_dict(self) -> dict:
-        return {"format": "teraio.plan/1", **dataclasses.asdict(self)}
+        """The plan as JSON-ready data; a migration's launch ops only where they are set
+        (plans made before they existed read the same)."""
+        d = {"format": "teraio.plan/1", **dataclasses.asdict(self)}
+        for m in d["migrations"]:
+            for key in ("launch_after", "launch_before"):
+                if m[key] < 0:
+                    del m[key]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "MigrationPlan":

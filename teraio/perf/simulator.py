@@ -103,7 +103,8 @@ _ITERATIONS = 2  # replayed; the last is reported (module docstring)
 
 
 def simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: str = "fifo",
-             shared_ssd: bool = False, host_update_gbps: float | None = None) -> SimResult:
+             shared_ssd: bool = False, host_update_gbps: float | None = None,
+             stream_frees: bool = False) -> SimResult:
     """Predict the steady-state iteration of ``trace`` under ``plan`` (module docstring).
 
     Args:
@@ -114,12 +115,22 @@ def simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: st
         shared_ssd: the SSD tier's reads and writes share one queue (module docstring).
         host_update_gbps: GB of parameters the host's AdamW updates per second; needed
             where the trace has parameters updated in host memory.
+        stream_frees: a host-tier offload's ``free_before`` is no wait: the engine with
+            ``device_waits`` frees the storage at once and the caching allocator holds its
+            memory until the copy ran (``teraio.core.engine``); the memory is then reused
+            later than planned, which the model does not see.
 
     Raises:
         ValueError: unknown policy, a plan for another op count, a migration whose ops
             are not in cyclic order offload_after < free_before <= prefetch_before <= needed_by,
             or host updates without a positive ``host_update_gbps`` or with EDF.
     """
+    return _simulate(trace, plan, tiers, policy, shared_ssd, host_update_gbps, stream_frees)[0]
+
+
+def _simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: str, shared_ssd: bool,
+              host_update_gbps: float | None, stream_frees: bool = False) -> tuple[SimResult, "_Transfers", dict, np.ndarray]:
+    """:func:`simulate`, and the replay's transfers, channels and op slot boundaries."""
     if policy not in POLICIES:
         raise ValueError(f"policy={policy!r}; valid: {POLICIES}")
     n = trace.n_ops
@@ -127,6 +138,8 @@ def simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: st
         raise ValueError(f"plan is for {plan.n_ops} ops but the trace has {n}")
     total = _ITERATIONS * n
     transfers = _Transfers(plan, n, total)
+    if stream_frees:
+        transfers.stream_frees()
     updates = trace.meta.get("host_update") or {}
     if updates:
         if not (host_update_gbps and host_update_gbps > 0) or policy != "fifo":
@@ -149,10 +162,47 @@ def simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: st
     stall = float(op_stall[last].sum())
     recompute = float(run.sum() - ideal)
     slot_bytes = {c: np.diff(ch.bytes_done_by(c, boundary[first:])) for c, ch in chans.items()}
-    return SimResult(iteration_seconds=ideal + recompute + stall, ideal_seconds=ideal, stall_seconds=stall,
+    return (SimResult(iteration_seconds=ideal + recompute + stall, ideal_seconds=ideal, stall_seconds=stall,
                      recompute_seconds=recompute,
                      stall_count=int(stalls[last].sum()), op_start_seconds=op_start[last] - boundary[first],
-                     op_stall_seconds=op_stall[last].copy(), slot_bytes=slot_bytes)
+                     op_stall_seconds=op_stall[last].copy(), slot_bytes=slot_bytes),
+            transfers, chans, boundary)
+
+
+def served_launches(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: str = "edf",
+                    shared_ssd: bool = False, stream_frees: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Where each migration's copies would be launched so that channels serving them in
+    launch order (FIFO, as CUDA streams do) start them when ``policy`` started them: per
+    migration, the last op after which its offload can be launched (int64 ``[n_migrations]``)
+    and the last op before which its prefetch can be, each no earlier than ``plan``'s own
+    launch (``Migration.offload_launch``, ``prefetch_launch``) and still in its window
+    (the offload before ``free_before``, the prefetch before ``needed_by`` where it was), in
+    the iteration it was launched in, in the steady-state iteration :func:`simulate`
+    reports. A copy the policy never served there keeps its launch.
+
+    Raises:
+        ValueError: as :func:`simulate`, or a trace with host updates (FIFO only).
+    """
+    _, transfers, chans, boundary = _simulate(trace, plan, tiers, policy, shared_ssd, None, stream_frees)
+    n = trace.n_ops
+    started: dict[int, float] = {}
+    for ch in {id(c): c for c in chans.values()}.values():
+        started.update(ch.started)
+    ms = plan.migrations
+    out = (np.array([m.offload_launch for m in ms], np.int64), np.array([m.prefetch_launch for m in ms], np.int64))
+    ops = transfers.ops
+    for j, mi in enumerate(transfers.migration):
+        for kind, key, due, shift in (("offload", 2 * j, "free", 2), ("prefetch", 2 * j + 1, "need", 1)):
+            g = int(ops[kind][j])
+            if not n <= g < 2 * n or key not in started:
+                continue
+            # the last op whose launch (after op g - 1 ends, or before op g starts) is at or
+            # before the start served: boundary[i] is where op i's slot starts
+            served = int(np.searchsorted(boundary, started[key], side="right")) - shift
+            last = int(ops[due][j]) - 1 if kind == "offload" else max(g, int(ops[due][j]) - 1)
+            last = min(last, (g // n) * n + n - 1)  # in the iteration it was launched in
+            out[kind == "prefetch"][mi] = min(max(served, g), last) % n
+    return out
 
 
 class _Transfers:
@@ -176,32 +226,44 @@ class _Transfers:
 
     def __init__(self, plan: MigrationPlan, n: int, total: int):
         ms = plan.migrations
-        a, f, p, b, nbytes = (np.fromiter((getattr(m, x) for m in ms), np.int64, len(ms))
-                              for x in ("offload_after", "free_before", "prefetch_before", "needed_by", "nbytes"))
-        df, dp, db = (f - a) % n, (p - a) % n, (b - a) % n
+        a, f, p, b, nbytes, la, lb = (np.fromiter((getattr(m, x) for m in ms), np.int64, len(ms))
+                                      for x in ("offload_after", "free_before", "prefetch_before", "needed_by",
+                                                "nbytes", "offload_launch", "prefetch_launch"))
+        df, dp, db, dla, dlb = (f - a) % n, (p - a) % n, (b - a) % n, (la - a) % n, (lb - a) % n
         db[db == 0] = n
-        bad = (~((0 < df) & (df <= dp) & (dp <= db))).nonzero()[0]
+        dlb[(dlb == 0) & (dp > 0)] = n  # launched before its use, which is op a of the next iteration
+        bad = (~((0 < df) & (df <= dp) & (dp <= db) & (dla < df) & (dp <= dlb) & (dlb <= db))).nonzero()[0]
         if bad.size:
             mi = int(bad[0])
             m = ms[mi]
             raise ValueError(f"migration {mi} of {m.name!r}: ops offload_after={m.offload_after}, free_before="
                              f"{m.free_before}, prefetch_before={m.prefetch_before}, needed_by="
-                             f"{m.needed_by} are not in cyclic order")
+                             f"{m.needed_by} (launches after {m.offload_launch}, before {m.prefetch_launch}) "
+                             "are not in cyclic order")
         anchor = a[:, None] + np.arange(-1, _ITERATIONS) * n  # [migration, iteration]
         keep = anchor + db[:, None] >= 0
         mi = np.broadcast_to(np.arange(len(ms))[:, None], anchor.shape)[keep]  # per instance, in order
         anchor = anchor[keep]
+        self.migration, self.anchor = mi, anchor  # per instance
+        # per instance: the global ops of its offload's launch and deadline, and its prefetch's
+        self.ops = {"offload": anchor + dla[mi], "free": anchor + df[mi],
+                    "prefetch": anchor + dlb[mi], "need": anchor + db[mi]}
         names = np.array([TIER_CHANNELS[m.tier] for m in ms], dtype=object).reshape(-1, 2)
         self.channel: list[str] = names[mi].ravel().tolist()
         self.nbytes: list[int] = np.repeat(nbytes[mi], 2).tolist()
         self.deadline: list[int] = np.stack([anchor + df[mi], anchor + db[mi]], axis=1).ravel().tolist()
         key = 2 * np.arange(len(anchor))
+        deadline_order = plan.meta.get("copy_order") == "deadline"  # as the engine launches them
         self.events: dict[str, tuple[list[int], list[int]]] = {}
-        for kind, g, k in (("offload", anchor, key), ("free", anchor + df[mi], key),
-                           ("prefetch", anchor + dp[mi], key + 1), ("need", anchor + db[mi], key + 1)):
+        for kind, k, due in (("offload", key, "free"), ("free", key, None),
+                             ("prefetch", key + 1, "need"), ("need", key + 1, None)):
+            g = self.ops[kind]
             inside = (0 <= g) & (g < total)
             g, k = g[inside], k[inside]
-            order = np.argsort(g, kind="stable")
+            if deadline_order and due is not None:
+                order = np.lexsort((self.ops[due][inside], g))
+            else:
+                order = np.argsort(g, kind="stable")
             self.events[kind] = (g[order].tolist() + [-1], k[order].tolist())
         # host updates (add_host_updates): per op, the gradients sent after it, the updates
         # whose parameter is free after it, the refreshed parameters waited for before it
@@ -209,6 +271,12 @@ class _Transfers:
         self.released: dict[int, list[int]] = {}
         self.refreshed: dict[int, list[int]] = {}
         self.update_seconds: dict[int, float] = {}  # per gradient key: the host AdamW's seconds
+
+    def stream_frees(self) -> None:
+        """Drop the waits for host-tier offloads (``simulate``'s ``stream_frees``)."""
+        g, k = self.events["free"]
+        kept = [i for i, key in enumerate(k) if not self.channel[key].startswith("host")]
+        self.events["free"] = ([g[i] for i in kept] + [-1], [k[i] for i in kept])
 
     def add_host_updates(self, updates: dict, n: int, total: int, bytes_per_s: float) -> None:
         """Each iteration's host update of each parameter of ``updates``
@@ -326,6 +394,7 @@ class _Channel:
         self.left: dict[int, float] = {}  # seconds of service left
         self.channel: dict[int, str] = {}
         self.done: dict[int, float] = {}
+        self.started: dict[int, float] = {}  # when each transfer was first served
         self.pieces: tuple[list[float], list[float], list[float], list[str]] = ([], [], [], [])
         self._seq = 0
 
@@ -358,6 +427,8 @@ class _Channel:
         while queue and self.time < until:
             key = queue[0] if self.fifo else queue[0][2]
             need, channel = self.left[key], self.channel[key]
+            if key not in self.started:
+                self.started[key] = self.time
             start.append(self.time)
             names.append(channel)
             if self.time + need <= until:

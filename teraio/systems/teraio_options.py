@@ -15,6 +15,7 @@ from teraio import systems
 from teraio.config import dataclass_from_dict
 from teraio.core.planner import BENEFITS
 from teraio.perf.choose import is_host_arena
+from teraio.perf.retime import COPY_ORDERS
 
 CUDA_HEADROOM_FRACTION = 0.08
 """Default ``headroom_fraction`` on CUDA: the share of the capacity kept out of the plan and
@@ -93,8 +94,18 @@ class TeraIOOptions:
     start (the row's ``host_update_gbps``). Default ``"off"``: the paper's TeraIO moves the
     state; the default changes only by measurement on a GPU."""
 
+    copy_order: str = "fifo"
+    """In what order the host tier's copies are launched (TeraIO-Mixed; beyond the paper):
+    ``"fifo"``, where the planner put them; ``"deadline"``, each moved to the op where an
+    earliest-deadline-first link would start it and those of one op in the order their waits
+    come (``teraio.perf.retime``), kept where it simulates no slower (the row's
+    ``plan.copy_order`` says which was kept and both simulated iterations). Default
+    ``"fifo"``; it changes only by measurement on a GPU."""
+
     def __post_init__(self) -> None:
         bad = []
+        if self.copy_order not in COPY_ORDERS:
+            bad.append(f"copy_order={self.copy_order!r}; valid: {', '.join(COPY_ORDERS)}")
         if isinstance(self.host_update, bool):
             self.host_update = "on" if self.host_update else "off"
         if self.host_update not in ("off", "on", "auto"):

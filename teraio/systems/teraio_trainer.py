@@ -45,6 +45,7 @@ from teraio.core.pager import CapacityError, Pager, PagedStep, PagerStats
 from teraio.core.plan import MigrationPlan
 from teraio.core.host_update import HostUpdate, give_back, measure_rate, take_from_optimizer
 from teraio.perf.choose import plan_fastest, plan_host_update
+from teraio.perf.retime import retime_copies
 from teraio.perf.simulator import simulate
 from teraio.core.profiler import persistent_tensors, profile_step
 from teraio.core.tiers.ssd import SSD_FREE_RESERVE, drive_room_bytes
@@ -56,7 +57,7 @@ from teraio.systems.measure import (apply_memory_cap, lift_memory_cap, param_dig
 from teraio.systems.teraio_logs import EngineLogs
 from teraio.systems.teraio_machine import (check_model_fits, compute_stream, device_capacity, open_tiers,
                                            tier_bandwidth)
-from teraio.systems.microbatch import Candidate, MicroBatchSearch
+from teraio.systems.microbatch import Candidate, MicroBatchSearch, warmup_refusal
 from teraio.systems.teraio_options import TeraIOOptions
 from teraio.workload.pipeline import build_training, gather_stages
 from teraio.workload.step import make_batch, train_step
@@ -105,6 +106,8 @@ class Planned:
                 **({"host_arena_auto": plan.meta["host_arena_auto"]} if "host_arena_auto" in plan.meta else {}),
                 "recomputes": len(plan.recomputes), "recomputed_bytes": plan.recomputed_bytes(),
                 **({"recompute_auto": plan.meta["recompute_auto"]} if "recompute_auto" in plan.meta else {}),
+                **({"copy_order": plan.meta["copy_order"], "copy_order_sim": plan.meta.get("copy_order_sim")}
+                   if "copy_order" in plan.meta else {}),
                 **({"host_update": {"params": len(self.hosted), "bytes": sum(
                     self.trace.meta["host_update"][p]["nbytes"] for p in self.hosted),
                     **plan.meta["host_update_auto"]}} if "host_update_auto" in plan.meta else {})}
@@ -144,12 +147,9 @@ class TeraIOTrainer:
         self.workload = w = cfg.workload
         # workload.micro_batch_size=auto: candidates profiled from step 1 on (choose_micro_batch)
         self.search = MicroBatchSearch(w.batch_size) if w.micro_batch_size == "auto" else None
-        profiled = self.search.max_profiles if self.search else 1
-        if w.warmup_steps < 1 + profiled:
-            raise ValueError(f"workload.warmup_steps={w.warmup_steps}: TeraIO needs >= {1 + profiled} "
-                             "(one step to create the optimizer state, "
-                             + (f"up to {profiled} profiled candidate micro-batches)" if self.search
-                                else "one profiled step)"))
+        refusal = warmup_refusal(w.warmup_steps, w.micro_batch_size)
+        if refusal:
+            raise ValueError(refusal)
         if self.search:  # step 0 trains the smallest candidate: it fits under the pager if any does
             self.workload = w = dataclasses.replace(w, micro_batch_size=self.search.order[-1])
         self.headroom = self.opts.headroom(device)
@@ -367,6 +367,9 @@ class TeraIOTrainer:
         if self.host_update_gbps is not None:  # the optimizer update where its state lives
             trace, plan, hosted = plan_host_update(raw, plan, capacity, self.bandwidths, host_cap, self.host_update_gbps,
                                                    self.opts.host_update, self.opts.release_grads, **options)
+        if self.opts.copy_order == "deadline":
+            plan = retime_copies(trace, plan, self.bandwidths, shared_ssd=True,
+                                 stream_frees=self.opts.device_waits and self.device.type == "cuda")
         return Planned(trace, plan, capacity, unoffloaded_peak, ssd_cap, time.perf_counter() - t0, tuple(hosted))
 
     def ssd_room(self) -> int:
