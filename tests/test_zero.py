@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO baselines (teraio.systems.zero) on CPU: generated config, option errors,
+"""DeepSpeed ZeRO baselines (baselines.zero) on CPU: generated config, option errors,
 training that follows plain torch's loss trajectory, and real NVMe swapping.
 
 The DeepSpeed runs need the JIT ops built (``python scripts/build_ds_ops.py``: minutes
@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from teraio.systems import zero
+from baselines import zero
 from conftest import ModelBuilt, cap_then_build
 from teraio.config import HardwareConfig, ModelConfig, RunConfig, SystemConfig, WorkloadConfig
 from teraio.workload.models import build_meta_model, build_model

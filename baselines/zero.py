@@ -94,7 +94,7 @@ from teraio.workload.models import build_meta_model, build_model
 from teraio.result import Measurements, human_bytes, kept_on_failure
 from teraio.workload.step import make_batch, make_optimizer
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 CONFIG_FILE = "deepspeed_config.json"
 
 _COMMON = {"micro_batch_size": None, "stage": 3, "pin_memory": True, "param_persistence_threshold": 100_000,

@@ -1,6 +1,6 @@
 """Ideal with activation checkpointing (``ideal_ac``): the shared training step
 (``teraio.workload.step``: model, tokens, FP32, AdamW, batch and micro-batches) with
-torchtitan's activation checkpointing applied to the blocks (``teraio.systems.checkpointing``),
+torchtitan's activation checkpointing applied to the blocks (``baselines.checkpointing``),
 nothing offloaded, under the point's capacity where the point has one. What a user whose
 model does not fit switches on first: recompute in backward instead of keeping activations.
 
@@ -24,10 +24,10 @@ import torch
 
 from teraio.config import RunConfig
 from teraio.result import Measurements, kept_on_failure
-from teraio.systems.checkpointing import (apply_checkpointing, check_ac, check_bools, check_keys, check_micro_batch,
+from baselines.checkpointing import (apply_checkpointing, check_ac, check_bools, check_keys, check_micro_batch,
                                           final_params_digest, micro_batch, micro_batch_divisors,
                                           saved_activation_peak_bytes)
-from teraio.systems.ideal import NO_MIGRATION
+from baselines.ideal import NO_MIGRATION
 from teraio.systems.loop import Step, Steps, measure_steps
 from teraio.systems.measure import apply_memory_cap, lift_memory_cap, peak_memory, reset_peak_memory
 from teraio.workload.models import build_model

@@ -8,7 +8,7 @@ the output layer (apart unless the model ties them), then the root: torchtitan 0
 page-locked host memory; FSDP2 copies a unit's parameters to the GPU for its forward and
 backward and its reduced gradients back, and the optimizer (the shared
 ``teraio.workload.step.make_optimizer``: AdamW, FP32) steps on the CPU, as FSDP2 does it.
-Optional activation checkpointing of the blocks: torchtitan's (``teraio.systems.checkpointing``),
+Optional activation checkpointing of the blocks: torchtitan's (``baselines.checkpointing``),
 applied before sharding as torchtitan does.
 
 Same model, tokens, FP32, batch and loss as every system: the model is built on the host
@@ -19,14 +19,14 @@ ranks. FSDP2 averages gradients over ranks.
 
 ``system.options`` (defaults :data:`DEFAULTS`, documented in ``conf/system/fsdp_offload.yaml``):
   ``ac``                   ``none``, ``full`` or ``selective`` activation checkpointing
-  ``selective_ac_option``  ``op`` or ``"<n>"`` (``teraio.systems.checkpointing``)
+  ``selective_ac_option``  ``op`` or ``"<n>"`` (``baselines.checkpointing``)
   ``micro_batch_size``     sequences per micro-batch, a divisor of the workload's; null is
                            the workload's
   ``pin_memory``           page-locked host state (``CPUOffloadPolicy(pin_memory=...)``)
   ``reshard_after_forward``  free a unit's gathered parameters after its forward (FSDP2's
                            default true; false keeps them until backward)
   ``check_host_memory``    refuse the point before anything is allocated when the host state
-                           (``teraio.systems.host_memory``) exceeds the host's available memory
+                           (``baselines.host_memory``) exceeds the host's available memory
 
 Row extras: ``ac_mode``, ``selective_ac_option``, ``micro_batch_size_trained``,
 ``host_state_bytes`` (the offloaded state: 16 B per parameter), ``final_params_sha256``.
@@ -44,9 +44,9 @@ import torch.nn.functional as F
 
 from teraio.config import RunConfig
 from teraio.result import Measurements, kept_on_failure
-from teraio.systems.checkpointing import (AC_MODES, apply_checkpointing, check_ac, check_bools, check_keys,
+from baselines.checkpointing import (AC_MODES, apply_checkpointing, check_ac, check_bools, check_keys,
                                           check_micro_batch, final_params_digest, micro_batch)
-from teraio.systems.host_memory import HOST_BYTES_PER_PARAMETER, check_host_room, offloaded_parameters
+from baselines.host_memory import HOST_BYTES_PER_PARAMETER, check_host_room, offloaded_parameters
 from teraio.systems.loop import Step, Steps, measure_steps
 from teraio.systems.measure import apply_memory_cap, lift_memory_cap, peak_memory, reset_peak_memory
 from teraio.workload.models import build_model
