@@ -34,14 +34,14 @@ from pathlib import Path
 
 import torch
 
+from baselines.checkpointing import (AC_MODES, apply_checkpointing, check_ac, check_bools, check_keys,
+                                     check_micro_batch, measure_and_digest, micro_batch, micro_batch_divisors)
+from baselines.host_memory import HOST_BYTES_PER_PARAMETER, check_host_room, offloaded_parameters
+from baselines.zero import adamw_hyperparameters
 from teraio.config import RunConfig
 from teraio.result import Measurements, kept_on_failure
-from baselines.checkpointing import (AC_MODES, apply_checkpointing, check_ac, check_bools, check_keys,
-                                          check_micro_batch, final_params_digest, micro_batch, micro_batch_divisors)
-from baselines.host_memory import HOST_BYTES_PER_PARAMETER, check_host_room, offloaded_parameters
-from teraio.systems.loop import Step, Steps, measure_steps
-from teraio.systems.measure import apply_memory_cap, lift_memory_cap, peak_memory, reset_peak_memory
-from baselines.zero import adamw_hyperparameters
+from teraio.systems.loop import Step
+from teraio.systems.measure import apply_memory_cap, lift_memory_cap, reset_peak_memory
 from teraio.workload.models import build_model
 from teraio.workload.step import make_batch, train_step
 
@@ -128,10 +128,7 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
                 inputs, labels = make_batch(step, w, cfg.model.vocab_size, cfg.seed, device)
                 return Step(lambda: train_step(model, optimizer, inputs, labels, mb))
 
-            steps = measure_steps(step_fn, w, device, out=Steps(iterations=measured.iterations))
-            measured.losses = list(steps.losses.values())
-            measured.peak_allocated_bytes, measured.peak_reserved_bytes = peak_memory(device)
-            measured.extras["final_params_sha256"] = final_params_digest(model)
+            measure_and_digest(step_fn, w, device, measured, model)
         finally:
             lift_memory_cap(device)
     return measured
