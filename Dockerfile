@@ -51,10 +51,11 @@ assert ops['async_io'] and ops['cpu_adam'] and acc == 'cuda', (ops, acc)"
 
 WORKDIR /opt/teraio
 # The project, editable: Hydra finds conf/ beside teraio/, and DeepSpeed's JIT builds go to
-# .torch_extensions/ in this checkout (teraio.systems.zero.use_extensions_dir). The rest of the
+# .torch_extensions/ in this checkout (baselines.zero.use_extensions_dir). The rest of the
 # dependencies (torchtitan, torchao, hydra-core, kvikio-cu13, ...) come from pyproject.toml itself.
 COPY pyproject.toml README.md ./
 COPY teraio teraio
+COPY baselines baselines
 COPY analysis analysis
 RUN pip install --no-cache-dir -e ".[test]"
 

@@ -8,7 +8,7 @@ later logs ``copy_s`` (seconds the copy ran on its CUDA stream; host tier on CUD
 ``oplog.csv`` (``artifacts["oplog"]``): one row per op, columns ``step``, ``op``,
 ``op_name``, ``t_start_s``, ``seconds``, ``stall_s``, and in later logs on CUDA
 ``gpu_start_s`` (where the op began on the compute stream; transfers likewise have their
-copy's start there, ``teraio.systems.teraio_logs``).
+copy's start there, ``teraio.trainer.logs``).
 
 A transfer's bytes are spread uniformly over [t_issued, t_done]; op k's bin is
 [t_start_k, t_start_{k+1}) (the last op's ends at its t_start + seconds), so bins tile the

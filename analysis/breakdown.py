@@ -233,7 +233,7 @@ def scaled_frame(experiment: str = "fig7_h200", conf_dir: Path = CONF_DIR) -> pd
     (``teraio.perf.replan.beyond_host`` measures it from a trace)."""
     import yaml
 
-    from teraio.systems.teraio_options import CUDA_HEADROOM_FRACTION  # the TeraIO system's imports: only here
+    from teraio.trainer.options import CUDA_HEADROOM_FRACTION  # the TeraIO system's imports: only here
 
     paper = paper_frame(conf_dir)
     paper_capacity = yaml.safe_load((conf_dir / "hardware" / "paper_h100nvl.yaml").read_text())["gpu_capacity_bytes"]

@@ -17,7 +17,7 @@ with different configs, ``analysis.trials``, would be pooled as one, so that is 
 claim reads only rows that ran on a GPU held to its capacity and measured the steps their point
 asks (:func:`set_aside` says why another is not read; with no row left a claim is
 ``not measured``), and a share of Ideal above 100 % is flagged, never ``supported``. An Ideal that is
-``modeled`` (trace sums, ``teraio.systems.ideal``) is never averaged with measured ones: claims
+``modeled`` (trace sums, ``baselines.ideal``) is never averaged with measured ones: claims
 on % of Ideal use measured Ideal points, and say what a modeled one would add. ``ideal_bias``
 tables modeled ÷ measured Ideal wherever a point has a measured Ideal and a TeraIO trace to
 model it from (the modeled Ideal's method: the trace's summed op times).
@@ -904,7 +904,7 @@ def claims_detail_table(found: list[tuple[Claim, Finding]]) -> pd.DataFrame:
 
 def ideal_bias_frame(ev: Evidence) -> pd.DataFrame:
     """Modeled ÷ measured Ideal iteration time at every point with a measured Ideal (ok) and a
-    TeraIO row's trace of the whole step (the modeled Ideal's method, ``teraio.systems.ideal``:
+    TeraIO row's trace of the whole step (the modeled Ideal's method, ``baselines.ideal``:
     the trace's summed op times). Columns: ``model``, ``config``, ``trace`` (sweep/path),
     ``modeled_s``, ``measured_s`` (Ideal's mean iteration), ``ratio`` (> 1: the model runs slow,
     so a % of a modeled Ideal reads high). A damaged trace is left out, with a warning naming
@@ -983,7 +983,7 @@ def write_claims(ev: Evidence, out: Path) -> dict[str, Path]:
     _write(ideal_bias_table(bias), out / "ideal_bias",
            f"The modeled Ideal against the measured one — {rows_of}",
            ["Modeled: the TeraIO row's trace of the whole step, its op times summed (how a modeled "
-            "Ideal row is made, teraio.systems.ideal); measured: Ideal's mean iteration at the same "
+            "Ideal row is made, baselines.ideal); measured: Ideal's mean iteration at the same "
             "point. Above 1 the model is slow, so a % of a modeled Ideal reads high by that factor."
             + (f" Over {len(bias)} traces: {fmt(bias['ratio'].min(), 3)}–{fmt(bias['ratio'].max(), 3)}."
                if len(bias) else " No point has both.")])

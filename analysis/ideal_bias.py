@@ -3,9 +3,9 @@
     python -m analysis.ideal_bias <sweep dir> [<sweep dir> ...] [--out DIR]
 
 A *modeled* Ideal iteration is the sum of the kernel times a TeraIO run profiled at the point
-(its ``trace.json``; ``teraio.systems.ideal.trace_step_seconds``, what a ``measure:
+(its ``trace.json``; ``baselines.ideal.trace_step_seconds``, what a ``measure:
 "modeled"`` row is made of); a *composed* one is the step composed from its phases timed on
-the device (``teraio.systems.ideal.run_composed``). Where the same point (model, batch,
+the device (``baselines.ideal.run_composed``). Where the same point (model, batch,
 micro-batch, sequence, on the same GPU) also has measured Ideal rows, their ratio to the
 measured iteration is the bias a modeled or composed Ideal carries where it stands in for one
 (> 1: it is slower than Ideal measured, which flatters the systems compared with it).
@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from teraio import systems
-from teraio.systems.ideal import trace_step_seconds
+from baselines.ideal import trace_step_seconds
 
 from .load import Sweep, load_sweep, run_trace
 from .render import fmt, write_table

@@ -1,6 +1,6 @@
 """Summarise a point whose un-offloaded step does not fit the GPU: Ideal's row, TeraIO-Mixed's
 rows (the real capacity and, optionally, an emulated one), and Ideal modeled from the
-trace TeraIO-Mixed profiled within the real capacity (``teraio.systems.ideal.run_modeled``).
+trace TeraIO-Mixed profiled within the real capacity (``baselines.ideal.run_modeled``).
 
     python -m benchmarks.beyond_capacity --sweep DIR [--emulated DIR] --out FILE.json
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from teraio.core.pager import physical_memory_bytes
 from teraio.perf import jobdir
 from teraio.result import result_row
-from teraio.systems.ideal import run_modeled
+from baselines.ideal import run_modeled
 from teraio.workload.models import build_meta_model, count_parameters
 
 

@@ -3,7 +3,7 @@
 # micro-batch 1, 2,048 tokens; no cap) on the lent H200, where the whole step does not fit
 # (its Ideal row was modeled from a trace): with system.options.measure=auto the worker tries
 # the whole step, runs out of memory, and composes the step from its phases timed on the GPU
-# (teraio.systems.ideal.run_composed; the row's measure "composed", fell_back_from, composed).
+# (baselines.ideal.run_composed; the row's measure "composed", fell_back_from, composed).
 # One sweep of its own (sweep.name=$NAME under $RUNS), so that the committed rows of
 # runs/reference/h200/fig7_h200 are neither skipped into nor touched; the job dir's
 # result.json and worker.log (as t<trial>_result.json, t<trial>_worker.log), the sweep's log and a

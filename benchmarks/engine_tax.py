@@ -9,7 +9,7 @@ every mode alike:
 * ``ideal``: the shared step (``teraio.workload.step.train_step``) on the default stream, as
   Ideal runs it;
 * ``ideal_stream``: the same on a side stream, as TeraIO runs its steps
-  (``teraio.systems.teraio_machine.compute_stream``);
+  (``teraio.trainer.machine.compute_stream``);
 * ``engine``: the same step under a ``MigrationEngine`` whose plan has no migration, with
   TeraIO's default options (device waits, gradients released after their last use), on
   the side stream: the engine's tax per op, which acceptance asks to be at most 3 %.
@@ -135,8 +135,8 @@ def main() -> None:
     from teraio.core.profiler import persistent_tensors, profile_step
     from teraio.harness.compose import compose_run_config
     from teraio.systems.measure import apply_memory_cap, lift_memory_cap, timed
-    from teraio.systems.teraio_machine import compute_stream
-    from teraio.systems.teraio_options import TeraIOOptions
+    from teraio.trainer.machine import compute_stream
+    from teraio.trainer.options import TeraIOOptions
     from teraio.workload.models import build_model
     from teraio.workload.step import make_batch, make_optimizer, train_step
 

@@ -26,7 +26,7 @@ import torch
 
 from teraio.core.planner import plan_migrations
 from teraio.core.profiler import profile_step
-from teraio.systems.teraio_machine import tier_bandwidth
+from teraio.trainer.machine import tier_bandwidth
 from teraio.workload.models import build_model
 from teraio.workload.step import make_batch, make_optimizer, train_step
 from tests.conftest import GPU_MODEL, GPU_OPTIONS, config
@@ -46,7 +46,7 @@ def main() -> None:
     model = build_model(cfg.model, w.seq_len, cpu, cfg.seed)
     optimizer = make_optimizer(model, w.lr)
 
-    def step_fn(step):  # as teraio.systems.teraio.run: step 0 creates the optimizer state, step 1 is profiled
+    def step_fn(step):  # as teraio.trainer.runner.run: step 0 creates the optimizer state, step 1 is profiled
         inputs, labels = make_batch(step, w, cfg.model.vocab_size, cfg.seed, cpu)
         return lambda: train_step(model, optimizer, inputs, labels, w.micro_batch_size)
 

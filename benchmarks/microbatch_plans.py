@@ -5,7 +5,7 @@
 ``teraio.perf.replay.plan_as_committed``) with ``recompute`` off, on and ``"auto"``, as a run
 with ``release_grads`` plans it, and each plan simulated with the channels in issue order
 (FIFO, the engine's order) and earliest deadline first (EDF, preempting). What
-``workload.micro_batch_size: auto`` (``teraio.systems.microbatch``) would weigh, from traces
+``workload.micro_batch_size: auto`` (``teraio.trainer.microbatch``) would weigh, from traces
 already committed, without a GPU.
 
     python -m benchmarks.microbatch_plans JOB_DIR --trace LABEL=TRACE [LABEL=TRACE ...] --out FILE.json

@@ -23,7 +23,7 @@ Writes to ``--out-dir``: ``trace_<L>l.json.gz`` (the profile), ``trace_synth<L2>
 (synthesized), ``summary.json`` (command, device, traces, the comparison), and with
 ``--paper-m`` the plan compile time as an entry of ``plan_compile.json``
 (``benchmarks.plan_compile``'s format). The training step is the one every system
-shares (``teraio.workload.step``), profiled after one ordinary step as ``teraio.systems.teraio`` does.
+shares (``teraio.workload.step``), profiled after one ordinary step as ``teraio.trainer.runner`` does.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What zero_infinity's swap files take on its drive at points of an experiment, beside a
-drive's free bytes: :func:`teraio.systems.zero.swap_bytes_of` (the files as DeepSpeed sizes
+drive's free bytes: :func:`baselines.zero.swap_bytes_of` (the files as DeepSpeed sizes
 them), which the sweep and the runner check before DeepSpeed starts. On CPU, from the
 configs alone.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from benchmarks import command
 from teraio.files import write_atomic
 from teraio.harness.compose import compose_run_config
-from teraio.systems import zero
+from baselines import zero
 
 
 def needed(experiment: str, point: str) -> dict:

@@ -11,7 +11,7 @@ First builds take minutes each on a small CPU machine; a second call finds them 
 only loads them (seconds).
 
 The directory is ``$TORCH_EXTENSIONS_DIR`` when set, else the default of
-:func:`teraio.systems.zero.use_extensions_dir` (``<repo>/.torch_extensions/<py>_<cpu|cuXYZ>``,
+:func:`baselines.zero.use_extensions_dir` (``<repo>/.torch_extensions/<py>_<cpu|cuXYZ>``,
 git-ignored), the one the ZeRO worker loads from. Stale ``lock`` files are removed
 first: torch's JIT loader waits forever on a lock left by an interrupted build (so do
 not run this while another build is running).
@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from teraio.systems.zero import use_extensions_dir  # noqa: E402
+from baselines.zero import use_extensions_dir  # noqa: E402
 
 BUILDERS = {"cpu_adam": "CPUAdamBuilder", "async_io": "AsyncIOBuilder",
             "deepspeed_shm_comm": "ShareMemCommBuilder", "pin_memory": "PinMemoryBuilder"}

@@ -65,7 +65,7 @@ class WorkloadConfig:
     batch_size: int = 2
     micro_batch_size: int | str = 1
     """Sequences per micro-batch, a divisor of ``batch_size``; or ``"auto"``: TeraIO picks the
-    divisor whose planned iteration simulates shortest (``teraio.systems.microbatch``; one
+    divisor whose planned iteration simulates shortest (``teraio.trainer.microbatch``; one
     stage only; other systems refuse it)."""
     seq_len: int = 64
     warmup_steps: int = 2
@@ -113,7 +113,7 @@ class WorkloadConfig:
     def grad_accum_steps(self) -> int:
         if self.micro_batch_size == "auto":
             raise ValueError("workload.micro_batch_size=auto: the micro-batches per step are known once "
-                             "TeraIO has chosen (teraio.systems.microbatch)")
+                             "TeraIO has chosen (teraio.trainer.microbatch)")
         return self.batch_size // self.micro_batch_size
 
     @property

@@ -42,7 +42,7 @@ def write_atomic(path: str | Path, data: bytes, commit=os.replace) -> None:
 
 
 # The scratch entries that runs leave on the drives, as (prefix, suffix): TeraIO's SSD slot
-# files (teraio.core.tiers.ssd) and ZeRO-Infinity's swap directories (teraio.systems.zero).
+# files (teraio.core.tiers.ssd) and ZeRO-Infinity's swap directories (baselines.zero).
 SLOT_FILES = ("teraio-", ".slots")
 SWAP_DIRS = ("zero-", "")
 SCRATCH = (SLOT_FILES, SWAP_DIRS)

@@ -8,7 +8,7 @@ Schema (keys always present; unknown values are ``null``):
 ``error``             error text, or null when ok
 ``measure``           ``"measured"`` (timed on hardware), ``"composed"`` (Ideal: the step
                       composed from its phases, each timed on hardware, where the whole step
-                      does not fit: ``teraio.systems.ideal.run_composed``) or ``"modeled"``
+                      does not fit: ``baselines.ideal.run_composed``) or ``"modeled"``
                       (performance model)
 ``point``             ``{model, system, hardware, batch_size, micro_batch_size, seq_len, trial}``
 ``config``            the whole resolved run config (dict)

@@ -179,7 +179,7 @@ def test_the_ssd_floor_estimate_is_the_peak_beyond_the_usable_capacity_and_meets
     import json
 
     from analysis.breakdown import scaled_frame
-    from teraio.systems.teraio_options import CUDA_HEADROOM_FRACTION
+    from teraio.trainer.options import CUDA_HEADROOM_FRACTION
 
     f = scaled_frame("fig7_h200").set_index(["model", "point"])
     capacity = f["peak_bytes"] / (f["paper_m"] / 100)
@@ -536,7 +536,7 @@ def test_fig7_70b_cut_matches_the_make_up_where_one_gpu_allows_and_its_file_quot
 
     from analysis.breakdown import CONF_DIR, adamw_update_bytes, fixed_capacity, load_model, scaled_frame
     from analysis.makeup import scaled_table_lines
-    from teraio.systems.teraio_options import CUDA_HEADROOM_FRACTION
+    from teraio.trainer.options import CUDA_HEADROOM_FRACTION
     from teraio.workload.models import build_meta_model, count_parameters
 
     model = load_model("llama3_70b_2l")

@@ -391,7 +391,7 @@ def test_a_row_whose_plan_predates_the_host_packing_loads_with_its_config(tmp_pa
     committed fig7_h200_first_estimate and fig9_h200 rows): its decision reads the plan it has
     (no region), and the row loads with the config it ran with, no choice added to it."""
     from analysis.trials import ran_with
-    from teraio.systems.teraio_options import decision
+    from teraio.trainer.options import decision
 
     job = write_run(tmp_path / "fig7_x", "mixed", system="teraio_mixed", trial=0, tps=100.0, **WL)
     edit(job, plan={"recomputes": 0})

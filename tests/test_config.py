@@ -178,9 +178,9 @@ def test_llama3_configs_match_torchtitan(name, key):
 
 
 def test_system_configs_match_their_runners():
-    from teraio.systems.zero import DEFAULTS, resolve_options
+    from baselines.zero import DEFAULTS, resolve_options
     from teraio.config import dataclass_from_dict
-    from teraio.systems.teraio_options import TeraIOOptions
+    from teraio.trainer.options import TeraIOOptions
     for name in systems.names():
         assert yaml.safe_load((CONF / "system" / f"{name}.yaml").read_text()).get("name") in (name, None)
     for name in ("zero_offload", "zero_infinity"):

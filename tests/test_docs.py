@@ -34,7 +34,7 @@ DOCS = ("README.md", "ae_README.md")
 ENTRY_MODULES = ("teraio.sweep", "teraio.harness.fig3")
 SLURM_PLUGIN = "hydra_plugins.hydra_submitit_launcher"
 # Repository paths as the READMEs write them: a top-level file, or under a tracked folder.
-PATH_RE = re.compile(r"(?<![\w./-])((?:\.ci|teraio|analysis|benchmarks|conf|scripts|tests)/[\w./-]*[\w/]"
+PATH_RE = re.compile(r"(?<![\w./-])((?:\.ci|teraio|baselines|analysis|benchmarks|conf|scripts|tests)/[\w./-]*[\w/]"
                      r"|(?:pyproject\.toml|Dockerfile|\.dockerignore|README\.md|ae_README\.md))(?![\w-])")
 OUTPUT_FLAGS = ("--out", "--out-dir")  # what follows is written by the command, not read
 SHELL_STOP = {"&&", "||", ";", "|", ">", ">>", "2>&1"}

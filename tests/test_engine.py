@@ -852,7 +852,7 @@ def test_a_long_run_under_the_engine_stays_flat(tmp_path):
     (``/proc``) grows by less than 1 MB from step 200 to step 1,000."""
     import gc
 
-    from teraio.systems.teraio_logs import EngineLogs
+    from teraio.trainer.logs import EngineLogs
 
     def rss() -> int:
         gc.collect()

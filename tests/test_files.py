@@ -27,7 +27,7 @@ def test_a_dead_process_scratch_files_and_dirs_are_removed_and_zero_names_its_sw
     from pathlib import Path
 
     from teraio.files import SWAP_DIRS, owner_tag, remove_orphans
-    from teraio.systems.zero import swap_dir_of
+    from baselines.zero import swap_dir_of
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

@@ -11,8 +11,8 @@ import yaml
 
 from teraio.config import run_config_from_dict
 from teraio.harness.run import run_point
-from teraio.systems import fsdp_offload, host_memory
-from teraio.systems.checkpointing import final_params_digest
+from baselines import fsdp_offload, host_memory
+from baselines.checkpointing import final_params_digest
 from teraio.workload.models import build_model
 from teraio.workload.step import make_batch, make_optimizer, train_step
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from teraio.systems import ideal
+from baselines import ideal
 from teraio.systems.capacity import EmulatedCapacity
 import numpy as np
 import pytest

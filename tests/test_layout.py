@@ -4,15 +4,23 @@
 1 ``teraio.core``: the paper's profiler, planner and engine with their tiers
 2 ``teraio.perf``: the performance model (simulator, the settings it chooses, roofline, synthesis)
 3 ``teraio.workload``: models and the training step every system trains
-4 ``teraio.systems.*``: the runners (TeraIO, Ideal, ZeRO) and the shared measurement loop
-5 ``teraio.harness`` and ``teraio.sweep``: composing, checking and launching runs
-6 ``analysis``: tables and figures from rows
+4 ``teraio.systems.*``: what every system's runner shares (the measurement loop, measurement, capacity)
+5 the runners: TeraIO's run (``teraio.trainer``) and the systems it is compared with (``baselines``)
+6 ``teraio.harness`` and ``teraio.sweep``: composing, checking and launching runs
+7 ``analysis``: tables and figures from rows
+
+The two kinds of runner stay apart, though they share a layer: ``baselines`` imports the shared
+layer (layers 0, 3 and 4), the performance model (``teraio.perf``: a modeled Ideal replays a
+TeraIO trace) and, of ``teraio.core``, only the tensor-lifetime profiler and its trace (the
+saved activations they count); never TeraIO's trainer (``teraio.trainer``) or engine (the rest
+of ``teraio.core``). TeraIO's run never imports ``baselines``.
 
 Nor do two modules import each other, through any chain (an import circle), at module level or
 inside a function.
 
-Sizes: no function of ``teraio`` is longer than :data:`MAX_FUNCTION_LINES`, and the runners
-(``teraio.systems``) share state through attributes, never ``nonlocal``.
+Sizes: no function of ``teraio`` or ``baselines`` is longer than :data:`MAX_FUNCTION_LINES`, and
+the runners (``teraio.trainer``, ``baselines``) and their shared layer (``teraio.systems``) share
+state through attributes, never ``nonlocal``.
 """
 from __future__ import annotations
 
@@ -23,22 +31,42 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = {"teraio", "teraio.config", "teraio.files", "teraio.interrupt", "teraio.result", "teraio.systems"}
+ROOTS = ("teraio", "baselines", "analysis")
 MAX_FUNCTION_LINES = 120
+# What ``baselines`` may import of ``teraio.core`` (the rest is TeraIO's engine and planner).
+BASELINES_MAY_USE_OF_CORE = ("teraio.core.profiler", "teraio.core.trace")
+
+
+def within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
 
 
 def layer(module: str) -> int:
     if module in BASE:
         return 0
-    for prefix, n in (("teraio.core", 1), ("teraio.perf", 2), ("teraio.workload", 3), ("teraio.systems.", 4),
-                      ("teraio.harness", 5), ("teraio.sweep", 5), ("analysis", 6)):
-        if module == prefix or module.startswith(prefix if prefix.endswith(".") else prefix + "."):
+    for prefix, n in (("teraio.core", 1), ("teraio.perf", 2), ("teraio.workload", 3), ("teraio.systems", 4),
+                      ("teraio.trainer", 5), ("baselines", 5), ("teraio.harness", 6), ("teraio.sweep", 6),
+                      ("analysis", 7)):
+        if within(module, prefix):
             return n
     raise KeyError(module)
 
 
+def breaches(module: str, imports: set[str]) -> set[str]:
+    """Of ``imports`` (what ``module`` imports), those the runners' rule forbids it: a module of
+    ``baselines`` importing TeraIO's trainer or engine (``teraio.core`` but its profiler and
+    trace), a module of TeraIO's run (``teraio.trainer``) importing ``baselines``."""
+    if within(module, "baselines"):
+        return {m for m in imports if within(m, "teraio.trainer") or
+                (within(m, "teraio.core") and not any(within(m, ok) for ok in BASELINES_MAY_USE_OF_CORE))}
+    if within(module, "teraio.trainer"):
+        return {m for m in imports if within(m, "baselines")}
+    return set()
+
+
 def modules() -> dict[str, Path]:
     out = {}
-    for root in ("teraio", "analysis"):
+    for root in ROOTS:
         for path in sorted((REPO / root).rglob("*.py")):
             parts = list(path.relative_to(REPO).with_suffix("").parts)
             if parts[-1] == "__init__":
@@ -58,7 +86,7 @@ def imported(path: Path, known: set[str]) -> set[str]:
                      for a in node.names]
         else:
             continue
-        found |= {n for n in names if n.split(".")[0] in ("teraio", "analysis")}
+        found |= {n for n in names if n.split(".")[0] in ROOTS}
     return found
 
 
@@ -80,6 +108,36 @@ def test_the_layer_check_sees_an_upward_import(tmp_path):
     bad.write_text("def f():\n    from teraio.harness import run\n")
     assert imported(bad, set(MODULES)) == {"teraio.harness.run"}
     assert layer("teraio.harness.run") > layer("teraio.core.engine")
+
+
+def test_the_runners_are_the_layout_the_issue_draws():
+    # every compared system's runner lives in baselines/, TeraIO's in teraio/trainer/
+    from teraio import systems
+
+    for name in systems.names():
+        spec = systems.get(name)
+        home = "teraio.trainer" if spec.role == "teraio" else "baselines"
+        assert within(spec.runner, home), (name, spec.runner)
+        assert spec.runner in MODULES, spec.runner
+    assert not [m for m in MODULES if within(m, "teraio") and layer(m) == 5 and not within(m, "teraio.trainer")]
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if within(m, "baselines") or within(m, "teraio.trainer")))
+def test_no_runner_crosses_to_the_other_kind(module):
+    crossed = breaches(module, imported(MODULES[module], set(MODULES)))
+    assert not crossed, f"{module} imports {sorted(crossed)} (tests/test_layout.py's docstring: the runners' rule)"
+
+
+def test_the_runners_check_sees_a_breach(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from teraio.core.engine import MigrationEngine\nfrom teraio.perf.jobdir import read_trace\n\n\n"
+                   "def f():\n    from teraio.trainer.trainer import TeraIOTrainer\n    import teraio.core.trace\n")
+    found = imported(bad, set(MODULES))
+    assert breaches("baselines.bad", found) == {"teraio.core.engine", "teraio.trainer.trainer"}
+    assert breaches("baselines.bad", {"teraio.core.profiler", "teraio.systems.loop", "teraio.workload.step"}) == set()
+    bad.write_text("def f():\n    from baselines.zero import run\n")
+    assert breaches("teraio.trainer.bad", imported(bad, set(MODULES))) == {"baselines.zero"}
+    assert breaches("teraio.harness.bad", {"baselines.zero"}) == set()  # the harness is above both
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -161,13 +219,14 @@ def nonlocal_lines(path: Path) -> list[int]:
 
 
 def test_no_function_is_longer_than_the_limit():
-    long = {str(p.relative_to(REPO)): f for p in sorted((REPO / "teraio").rglob("*.py")) if (f := long_functions(p))}
+    long = {str(p.relative_to(REPO)): f for root in ("teraio", "baselines") for p in sorted((REPO / root).rglob("*.py"))
+            if (f := long_functions(p))}
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines (split them): {long}"
 
 
 def test_no_runner_shares_state_through_nonlocal():
-    found = {str(p.relative_to(REPO)): n for p in sorted((REPO / "teraio" / "systems").rglob("*.py"))
-             if (n := nonlocal_lines(p))}
+    runners = [REPO / "teraio" / "systems", REPO / "teraio" / "trainer", REPO / "baselines"]
+    found = {str(p.relative_to(REPO)): n for d in runners for p in sorted(d.rglob("*.py")) if (n := nonlocal_lines(p))}
     assert not found, f"nonlocal in {found}: keep the run's state as attributes"
 
 

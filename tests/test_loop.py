@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import teraio.systems.loop
-import teraio.systems.teraio
-import teraio.systems.teraio_trainer
+import teraio.trainer.runner
+import teraio.trainer.trainer
 import teraio.workload.pipeline
 from teraio.config import WorkloadConfig, run_config_from_dict
 from teraio.systems.loop import Step, Steps, StepStats, measure_steps
@@ -70,14 +70,14 @@ def teraio_cfg(ssd_dir):
 def test_teraio_stops_at_a_loss_that_is_not_finite(tmp_path, monkeypatch):
     # Step 3 (an engine step of the loop) trains as planned, and its loss comes back nan.
     current = []
-    make_batch, train_step = teraio.systems.teraio_trainer.make_batch, teraio.workload.pipeline.train_step
-    monkeypatch.setattr(teraio.systems.teraio_trainer, "make_batch", lambda step, *a: current.append(step) or make_batch(step, *a))
+    make_batch, train_step = teraio.trainer.trainer.make_batch, teraio.workload.pipeline.train_step
+    monkeypatch.setattr(teraio.trainer.trainer, "make_batch", lambda step, *a: current.append(step) or make_batch(step, *a))
     monkeypatch.setattr(teraio.workload.pipeline, "train_step",
                         lambda *a: train_step(*a) * (float("nan") if current[-1] == 3 else 1.0))
     cfg = teraio_cfg(tmp_path)
     (tmp_path / "job").mkdir()
     with pytest.raises(FloatingPointError, match=r"^step 3: loss nan is not finite$") as err:
-        teraio.systems.teraio.run(cfg, tmp_path / "job", CPU)
+        teraio.trainer.runner.run(cfg, tmp_path / "job", CPU)
     measured = measured_before(err.value)
     assert [i["step"] for i in measured.iterations] == [2] and measured.extras["plan"]["shortfall_bytes"] == 0
 

@@ -3,7 +3,7 @@ rule, out-of-memory candidates and the record; the end-to-end choice is in
 test_teraio_train.py."""
 import pytest
 
-from teraio.systems.microbatch import Candidate, MicroBatchSearch, divisors
+from teraio.trainer.microbatch import Candidate, MicroBatchSearch, divisors
 
 
 def search(outcomes: dict, batch_size: int = 8, max_profiles: int = 3) -> MicroBatchSearch:

@@ -10,7 +10,7 @@ import torch
 from teraio.config import run_config_from_dict
 from teraio.core.pager import CapacityError, Pager, PagedStep, fresh_output_bytes
 from teraio.result import measured_before, result_row
-from teraio.systems.teraio import run
+from teraio.trainer.runner import run
 
 CPU = torch.device("cpu")
 KB = 1024

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from teraio.systems import ideal
+from baselines import ideal
 from teraio import sweep
 from teraio.config import run_config_from_dict
 from teraio.result import Measurements, kept_on_failure, measured_before, result_row

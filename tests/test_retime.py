@@ -16,7 +16,7 @@ from teraio.core.profiler import persistent_tensors
 from teraio.perf.retime import retime_copies
 from teraio.perf.simulator import served_launches, simulate
 from teraio.perf.synth import layered_trace
-from teraio.systems.teraio_options import TeraIOOptions
+from teraio.trainer.options import TeraIOOptions
 from conftest import open_tiers
 from test_engine import CPU, every_gap_plan, profiled, share_slots, train_bit_exact
 from test_simulator import GB, plan_of, trace_of

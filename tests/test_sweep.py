@@ -348,7 +348,7 @@ def check_options(system, options):
 
 def run(cfg, job_dir, device):  # trains as Ideal does, returning its teraio.result.Measurements
     import dataclasses
-    from teraio.systems import ideal
+    from baselines import ideal
     return ideal.run(dataclasses.replace(cfg, system=dataclasses.replace(cfg.system, name="ideal", options={})),
                      job_dir, device)
 '''

@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import teraio.core.engine
 import teraio.core.tiers.host
 import teraio.core.tiers.ssd
-import teraio.systems.teraio_trainer
+import teraio.trainer.trainer
 import teraio.workload.pipeline
 from conftest import GPU_FRACTION, GPU_MODEL, GPU_OPTIONS, WORK, ModelBuilt, cap_then_build, config
 
@@ -30,7 +30,7 @@ from teraio.core.bandwidth import TierBandwidth
 from teraio.core.plan import MigrationPlan
 from teraio.core.trace import Trace
 from teraio.perf.choose import REGION_MARGIN
-from teraio.systems.teraio import run
+from teraio.trainer.runner import run
 
 CPU = torch.device("cpu")
 
@@ -125,7 +125,7 @@ def test_capped_from_the_first_allocation(tmp_path, ref, monkeypatch, capsys, sy
         watcher.watch(model.buffers())
         return model
 
-    open_tiers = teraio.systems.teraio_trainer.open_tiers
+    open_tiers = teraio.trainer.trainer.open_tiers
     seen_before_plan, watching = [], []
 
     def stop_watching_and_open_tiers(*args, **kwargs):
@@ -142,7 +142,7 @@ def test_capped_from_the_first_allocation(tmp_path, ref, monkeypatch, capsys, sy
     monkeypatch.setattr(teraio.core.tiers.host.HostTier, "take_over",
                         lambda tier, name, buf: taken_over.append(name) or take_over(tier, name, buf))
     monkeypatch.setattr(teraio.workload.pipeline, "build_model", build_and_watch)
-    monkeypatch.setattr(teraio.systems.teraio_trainer, "open_tiers", stop_watching_and_open_tiers)
+    monkeypatch.setattr(teraio.trainer.trainer, "open_tiers", stop_watching_and_open_tiers)
     (tmp_path / "ssd").mkdir()
     probe = run_teraio(config(system, tmp_path / "ssd", None, **hw), tmp_path / "probe")
     capacity = int(probe["unoffloaded_peak_bytes"] * 0.4)
@@ -457,7 +457,7 @@ def test_the_ssd_tier_is_planned_within_the_drives_free_room(tmp_path, ref, monk
 
 
 def test_the_emulated_capacity_binds_before_the_model_is_built(tmp_path, monkeypatch):
-    calls = cap_then_build(monkeypatch, teraio.systems.teraio_trainer, teraio.workload.pipeline)
+    calls = cap_then_build(monkeypatch, teraio.trainer.trainer, teraio.workload.pipeline)
     cfg = config("teraio_mixed", tmp_path, 1 << 30)
     with pytest.raises(ModelBuilt):
         run(cfg, tmp_path, CPU)

@@ -20,7 +20,7 @@ from analysis.load import load_sweep
 from teraio import systems
 from teraio.config import run_config_from_dict
 from teraio.harness import tune
-from teraio.systems import zero
+from baselines import zero
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -182,11 +182,11 @@ def test_zero_candidates_are_the_divisors_of_the_batch_the_capacity_admits():
     for c in inf:
         zero.resolve_options("zero_infinity", c)
     assert systems.get("zero_offload").tuner == systems.get("zero_infinity").tuner == \
-        "teraio.systems.zero:tuning_candidates"
+        "baselines.zero:tuning_candidates"
 
 
 def test_the_users_baselines_are_tuned_over_the_divisors_of_the_points_micro_batch():
-    from teraio.systems import ideal_ac, torchao_offload
+    from baselines import ideal_ac, torchao_offload
     from teraio.workload.models import build_meta_model, ffn_hidden, micro_batch_bytes
 
     def cfg(system, cap):
@@ -205,7 +205,7 @@ def test_the_users_baselines_are_tuned_over_the_divisors_of_the_points_micro_bat
         {"mode": "selective", "micro_batch_size": 4}, {"mode": "full", "micro_batch_size": 4},
         {"mode": "selective", "micro_batch_size": 2}, {"mode": "full", "micro_batch_size": 2}]
     for system, module in (("torchao_offload", torchao_offload), ("ideal_ac", ideal_ac)):
-        assert systems.get(system).tuner == f"teraio.systems.{system}:tuning_candidates"
+        assert systems.get(system).tuner == f"baselines.{system}:tuning_candidates"
         for setting in module.tuning_candidates(cfg(system, two)):
             module.resolve_options(system, setting)  # every candidate is a valid setting
 

@@ -13,8 +13,8 @@ from teraio import systems
 from teraio.config import run_config_from_dict
 from teraio.harness.checks import validate
 from teraio.result import result_row
-from teraio.systems import fsdp_offload, ideal, ideal_ac, torchao_offload
-from teraio.systems.checkpointing import final_params_digest, saved_activation_peak_bytes
+from baselines import fsdp_offload, ideal, ideal_ac, torchao_offload
+from baselines.checkpointing import final_params_digest, saved_activation_peak_bytes
 from teraio.workload.models import build_model
 from teraio.workload.step import make_batch, make_optimizer, train_step
 

@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO baselines (teraio.systems.zero) on CPU: generated config, option errors,
+"""DeepSpeed ZeRO baselines (baselines.zero) on CPU: generated config, option errors,
 training that follows plain torch's loss trajectory, and real NVMe swapping.
 
 The DeepSpeed runs need the JIT ops built (``python scripts/build_ds_ops.py``: minutes
@@ -17,7 +17,8 @@ import pytest
 import torch
 import yaml
 
-from teraio.systems import zero
+from baselines import zero
+from baselines.process_group import free_port
 from conftest import ModelBuilt, cap_then_build
 from teraio.config import HardwareConfig, ModelConfig, RunConfig, SystemConfig, WorkloadConfig
 from teraio.workload.models import build_meta_model, build_model
@@ -403,7 +404,7 @@ def _rank_main(rank: int, port: int, out: str) -> None:
 def test_zero_offload_two_ranks_follow_plain_torch(tmp_path, reference):
     # Data parallel over 2 gloo ranks, 1 micro-batch each per step: DeepSpeed averages the
     # gradients over ranks, which is the shared step's mean over micro-batches.
-    torch.multiprocessing.spawn(_rank_main, args=(zero._free_port(), str(tmp_path)), nprocs=2)
+    torch.multiprocessing.spawn(_rank_main, args=(free_port(), str(tmp_path)), nprocs=2)
     for rank in (0, 1):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert result["status"] == "ok", result["error"]

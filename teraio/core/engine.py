@@ -468,7 +468,7 @@ class MigrationEngine(TorchDispatchMode):
         """Hand over the per-op records of the steps run so far (``oplog``, with ``log_ops``)
         and the records of the transfers issued so far, in issue order, up to the first
         still in flight (``transfers``), and forget them: a runner that writes them out as
-        it goes (``teraio.systems.teraio``) keeps a long run's memory flat. Between steps."""
+        it goes (``teraio.trainer.runner``) keeps a long run's memory flat. Between steps."""
         oplog, self.oplog = self.oplog, []
         for row in oplog:  # the GPU's op starts and ends, read now that the step is over
             gpu = row.pop("gpu", None)
@@ -489,7 +489,7 @@ class MigrationEngine(TorchDispatchMode):
         one of the pager's host buffers; transfers in flight finish first (an offload
         leaves its tensor resident, a prefetch makes it resident). Then the I/O threads
         stop and the tiers close. The reverse of :meth:`prime`, for planning anew
-        (``teraio.systems.teraio``, on a change of workload shape)."""
+        (``teraio.trainer.runner``, on a change of workload shape)."""
         if self._pool is None:
             raise RuntimeError("hand_back: the engine is closed")
         if self.host_update is not None:  # the hosted parameters at their updated values

@@ -10,7 +10,7 @@ import torch
 
 from teraio import systems
 from teraio.config import RunConfig
-from teraio.systems.microbatch import warmup_refusal, warmup_steps_needed
+from teraio.trainer.microbatch import warmup_refusal, warmup_steps_needed
 from teraio.workload.models import ties_embeddings
 
 
@@ -31,7 +31,7 @@ def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool =
     * a system that runs on CUDA only (``SystemSpec.cuda_only``) needs a CUDA device;
     * ``workload.micro_batch_size: auto`` only for TeraIO's systems (they choose it);
     * TeraIO's systems warm up for as many steps as they profile
-      (``teraio.systems.microbatch.warmup_steps_needed``: 2, or 4 with a micro-batch ``auto``);
+      (``teraio.trainer.microbatch.warmup_steps_needed``: 2, or 4 with a micro-batch ``auto``);
     * a system with a host tier (TeraIO-Mixed) needs ``hardware.host_mem_cap_bytes`` > 0;
     * ``timeout_s`` > 0, ``workload.measure_steps`` >= 1, ``workload.warmup_steps`` >= 1,
       ``hardware.n_gpus`` >= 1;

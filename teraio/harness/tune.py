@@ -43,7 +43,7 @@ from typing import Callable, Iterator
 import yaml
 
 from teraio import systems
-from teraio.config import RunConfig, run_config_from_dict
+from teraio.config import RunConfig, dataclass_from_dict, run_config_from_dict
 
 TUNING_DIR = "tuning"
 JOB_FILE = "tuning.json"
@@ -84,12 +84,7 @@ class TuneSettings:
 def tune_settings(tune: dict | None) -> TuneSettings:
     """:class:`TuneSettings` from the ``sweep.tune`` mapping. Raises ValueError naming an
     unknown key or a bad value."""
-    d = dict(tune or {})
-    names = {f.name for f in dataclasses.fields(TuneSettings)}
-    unknown = sorted(set(d) - names)
-    if unknown:
-        raise ValueError(f"sweep.tune: unknown key(s) {unknown}; valid: {sorted(names)}")
-    return TuneSettings(**d)
+    return dataclass_from_dict(TuneSettings, tune, "sweep.tune")
 
 
 def tuning_key(run: RunConfig, settings: TuneSettings) -> dict:

@@ -1,5 +1,5 @@
 """A job folder, read: the files one run leaves in ``<sweep dir>/<job>/`` (``teraio.sweep``,
-``teraio.harness.run``, ``teraio.systems.teraio``), which the performance model replays and
+``teraio.harness.run``, ``teraio.trainer.runner``), which the performance model replays and
 the analysis reads.
 
 =================  ===========================================  ===================

@@ -28,7 +28,7 @@ def plan_tiers(plan: MigrationPlan) -> TierBandwidth:
 def run_tiers(config: dict) -> TierBandwidth:
     """The rates a run was configured with: a result row's ``config`` (``teraio.result``),
     its SSD tier's rates per drive times its drives (``hardware.ssd_dirs``), as
-    ``teraio.systems.teraio_machine.tier_bandwidth`` gives them to the planner."""
+    ``teraio.trainer.machine.tier_bandwidth`` gives them to the planner."""
     hw = config["hardware"]
     n = len(hw["ssd_dirs"])
     return TierBandwidth(hw["ssd_write_gbps"] * n, hw["ssd_read_gbps"] * n, hw["host_d2h_gbps"], hw["host_h2d_gbps"])

@@ -101,30 +101,30 @@ class SystemSpec:
 
 # In the paper's order of comparison (§4.1); legend_rank gives its Fig. 7 legend order.
 _BUILT_IN = (
-    SystemSpec("zero_offload", "ZeRO-Offload", "teraio.systems.zero", "teraio.systems.zero:check_options",
-               cost_server="server_1tb", legend_rank=1, tuner="teraio.systems.zero:tuning_candidates"),
-    SystemSpec("zero_infinity", "ZeRO-Infinity", "teraio.systems.zero", "teraio.systems.zero:check_options",
+    SystemSpec("zero_offload", "ZeRO-Offload", "baselines.zero", "baselines.zero:check_options",
+               cost_server="server_1tb", legend_rank=1, tuner="baselines.zero:tuning_candidates"),
+    SystemSpec("zero_infinity", "ZeRO-Infinity", "baselines.zero", "baselines.zero:check_options",
                uses_drives=True, cost_server="server_1tb", legend_rank=0,
-               tuner="teraio.systems.zero:tuning_candidates", check_drives="teraio.systems.zero:check_swap_room"),
-    SystemSpec("teraio_ssd", "TeraIO-SSD", "teraio.systems.teraio", "teraio.systems.teraio_options:check_options",
+               tuner="baselines.zero:tuning_candidates", check_drives="baselines.zero:check_swap_room"),
+    SystemSpec("teraio_ssd", "TeraIO-SSD", "teraio.trainer.runner", "teraio.trainer.options:check_options",
                uses_drives=True, cost_server="server_base", role="teraio", legend_rank=2, pipeline=True,
-               decider="teraio.systems.teraio_options"),
-    SystemSpec("teraio_mixed", "TeraIO-Mixed", "teraio.systems.teraio", "teraio.systems.teraio_options:check_options",
+               decider="teraio.trainer.options"),
+    SystemSpec("teraio_mixed", "TeraIO-Mixed", "teraio.trainer.runner", "teraio.trainer.options:check_options",
                uses_drives=True, host_tier=True, cost_server="server_1tb", role="teraio", legend_rank=3,
-               pipeline=True, decider="teraio.systems.teraio_options"),
-    SystemSpec("ideal", "Ideal", "teraio.systems.ideal", "teraio.systems.ideal:check_options", role="ideal",
+               pipeline=True, decider="teraio.trainer.options"),
+    SystemSpec("ideal", "Ideal", "baselines.ideal", "baselines.ideal:check_options", role="ideal",
                legend_rank=4, pipeline=True),
     # What users switch on today instead (beyond the paper's comparison): torchtitan's
     # activation checkpointing, FSDP2's CPU offload, torchao's CPU-offloaded optimizer.
-    SystemSpec("ideal_ac", "Ideal+AC", "teraio.systems.ideal_ac", "teraio.systems.ideal_ac:check_options",
+    SystemSpec("ideal_ac", "Ideal+AC", "baselines.ideal_ac", "baselines.ideal_ac:check_options",
                cost_server="server_base", legend_rank=5, paper=False,
-               tuner="teraio.systems.ideal_ac:tuning_candidates"),
-    SystemSpec("fsdp_offload", "FSDP2-Offload", "teraio.systems.fsdp_offload",
-               "teraio.systems.fsdp_offload:check_options", cost_server="server_1tb", legend_rank=6,
+               tuner="baselines.ideal_ac:tuning_candidates"),
+    SystemSpec("fsdp_offload", "FSDP2-Offload", "baselines.fsdp_offload",
+               "baselines.fsdp_offload:check_options", cost_server="server_1tb", legend_rank=6,
                paper=False),
-    SystemSpec("torchao_offload", "torchao-Offload", "teraio.systems.torchao_offload",
-               "teraio.systems.torchao_offload:check_options", cost_server="server_1tb", legend_rank=7,
-               cuda_only=True, paper=False, tuner="teraio.systems.torchao_offload:tuning_candidates"),
+    SystemSpec("torchao_offload", "torchao-Offload", "baselines.torchao_offload",
+               "baselines.torchao_offload:check_options", cost_server="server_1tb", legend_rank=7,
+               cuda_only=True, paper=False, tuner="baselines.torchao_offload:tuning_candidates"),
 )
 
 

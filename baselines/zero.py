@@ -76,7 +76,6 @@ import gc
 import json
 import os
 import shutil
-import socket
 import sys
 import time
 from pathlib import Path
@@ -86,6 +85,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from baselines.process_group import init_process_group, mean_over_ranks, rank_rows
 from teraio.files import SWAP_DIRS, owner_tag, remove_orphans
 from teraio.config import RunConfig
 from teraio.systems.loop import Step, Steps, measure_steps
@@ -94,7 +94,7 @@ from teraio.workload.models import build_meta_model, build_model
 from teraio.result import Measurements, human_bytes, kept_on_failure
 from teraio.workload.step import make_batch, make_optimizer
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 CONFIG_FILE = "deepspeed_config.json"
 
 _COMMON = {"micro_batch_size": None, "stage": 3, "pin_memory": True, "param_persistence_threshold": 100_000,
@@ -462,26 +462,6 @@ def swap_dir_of(root: Path, job_dir: Path) -> Path:
     return root / f"{SWAP_DIRS[0]}{owner_tag()}-{job_dir.name}-{time.time_ns()}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _init_process_group(device: torch.device) -> bool:
-    """Initialise torch.distributed (nccl on CUDA, gloo on CPU) unless a launcher already
-    did; a lone process gets rank 0 of 1. Returns True if it initialised it here."""
-    if dist.is_initialized():
-        return False
-    for k, v in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("LOCAL_RANK", "0"),
-                 ("WORLD_SIZE", "1")):
-        os.environ.setdefault(k, v)
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
-    return True
-
-
 def _buffers_to(model: nn.Module, device: torch.device) -> None:
     for module in model.modules():
         for name, buf in module.named_buffers(recurse=False):
@@ -547,7 +527,7 @@ def _run(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measurem
     use_extensions_dir()
     import deepspeed  # after TORCH_EXTENSIONS_DIR is set: its ops JIT-load from there
 
-    own_group = _init_process_group(device)
+    own_group = init_process_group(device, "nccl" if device.type == "cuda" else "gloo")
     engine = None
     try:
         if swap_dir is not None:
@@ -581,10 +561,8 @@ def _train(engine, cfg: RunConfig, measured: Measurements, device: torch.device,
     (bytes) into ``measured``. DeepSpeed
     exposes no stall, migration time or bytes moved: those stay null."""
     w = cfg.workload
-    rank = dist.get_rank()
-    per_rank = w.batch_size // world
-    rows = slice(rank * per_rank, (rank + 1) * per_rank)
-    n_micro = per_rank // mb
+    rows = rank_rows(w.batch_size, world)
+    n_micro = (w.batch_size // world) // mb
     engine.train()
     reset_peak_memory(device)
 
@@ -601,13 +579,10 @@ def _train(engine, cfg: RunConfig, measured: Measurements, device: torch.device,
                 engine.backward(loss)  # DeepSpeed scales by 1 / gradient_accumulation_steps
                 engine.step()  # steps the optimizer at the accumulation boundary only
                 total += loss.detach() / n_micro
-            if world > 1:
-                dist.all_reduce(total)
-                total /= world
-            return float(total)
+            return mean_over_ranks(total, world)
 
         return Step(run)
 
-    steps = measure_steps(step_fn, w, device, progress=rank == 0, out=Steps(iterations=measured.iterations))
+    steps = measure_steps(step_fn, w, device, progress=dist.get_rank() == 0, out=Steps(iterations=measured.iterations))
     measured.losses = list(steps.losses.values())
     measured.peak_allocated_bytes, measured.peak_reserved_bytes = peak_memory(device)

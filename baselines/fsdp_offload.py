@@ -8,7 +8,7 @@ the output layer (apart unless the model ties them), then the root: torchtitan 0
 page-locked host memory; FSDP2 copies a unit's parameters to the GPU for its forward and
 backward and its reduced gradients back, and the optimizer (the shared
 ``teraio.workload.step.make_optimizer``: AdamW, FP32) steps on the CPU, as FSDP2 does it.
-Optional activation checkpointing of the blocks: torchtitan's (``teraio.systems.checkpointing``),
+Optional activation checkpointing of the blocks: torchtitan's (``baselines.checkpointing``),
 applied before sharding as torchtitan does.
 
 Same model, tokens, FP32, batch and loss as every system: the model is built on the host
@@ -19,14 +19,14 @@ ranks. FSDP2 averages gradients over ranks.
 
 ``system.options`` (defaults :data:`DEFAULTS`, documented in ``conf/system/fsdp_offload.yaml``):
   ``ac``                   ``none``, ``full`` or ``selective`` activation checkpointing
-  ``selective_ac_option``  ``op`` or ``"<n>"`` (``teraio.systems.checkpointing``)
+  ``selective_ac_option``  ``op`` or ``"<n>"`` (``baselines.checkpointing``)
   ``micro_batch_size``     sequences per micro-batch, a divisor of the workload's; null is
                            the workload's
   ``pin_memory``           page-locked host state (``CPUOffloadPolicy(pin_memory=...)``)
   ``reshard_after_forward``  free a unit's gathered parameters after its forward (FSDP2's
                            default true; false keeps them until backward)
   ``check_host_memory``    refuse the point before anything is allocated when the host state
-                           (``teraio.systems.host_memory``) exceeds the host's available memory
+                           (``baselines.host_memory``) exceeds the host's available memory
 
 Row extras: ``ac_mode``, ``selective_ac_option``, ``micro_batch_size_trained``,
 ``host_state_bytes`` (the offloaded state: 16 B per parameter), ``final_params_sha256``.
@@ -35,22 +35,21 @@ Not measured: FSDP2 exposes no stalls or bytes moved per step (null in every ite
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
+from baselines.checkpointing import (AC_MODES, apply_checkpointing, check_ac, check_bools, check_keys,
+                                     check_micro_batch, measure_and_digest, micro_batch)
+from baselines.host_memory import HOST_BYTES_PER_PARAMETER, check_host_room, offloaded_parameters
+from baselines.process_group import init_process_group, mean_over_ranks, rank_rows
 from teraio.config import RunConfig
 from teraio.result import Measurements, kept_on_failure
-from teraio.systems.checkpointing import (AC_MODES, apply_checkpointing, check_ac, check_bools, check_keys,
-                                          check_micro_batch, final_params_digest, micro_batch)
-from teraio.systems.host_memory import HOST_BYTES_PER_PARAMETER, check_host_room, offloaded_parameters
-from teraio.systems.loop import Step, Steps, measure_steps
-from teraio.systems.measure import apply_memory_cap, lift_memory_cap, peak_memory, reset_peak_memory
+from teraio.systems.loop import Step
+from teraio.systems.measure import apply_memory_cap, lift_memory_cap, reset_peak_memory
 from teraio.workload.models import build_model
-from teraio.workload.step import make_batch, make_optimizer
+from teraio.workload.step import make_batch, make_optimizer, train_step
 
 DEFAULTS = {"ac": "none", "selective_ac_option": "op", "micro_batch_size": None, "pin_memory": True,
             "reshard_after_forward": True, "check_host_memory": True}
@@ -68,26 +67,6 @@ def resolve_options(system: str, options: dict) -> dict:
 def check_options(system: str, options: dict) -> None:
     """``system.options`` of fsdp_offload (``teraio.systems``): :func:`resolve_options`."""
     resolve_options(system, options)
-
-
-def init_process_group(device: torch.device) -> bool:
-    """Initialise torch.distributed unless a launcher (torchrun) already did; a lone process
-    gets rank 0 of 1. On CUDA both backends, ``cpu:gloo,cuda:nccl``: the offloaded shards
-    live on the host, and gathering them whole (the row's parameter digest) is a CPU
-    collective. Returns True if it initialised it here."""
-    if dist.is_initialized():
-        return False
-    for k, v in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
-        os.environ.setdefault(k, v)
-    if "MASTER_PORT" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo",
-                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
-    return True
 
 
 def shard(model: torch.nn.Module, mesh, pin_memory: bool, reshard_after_forward: bool) -> torch.nn.Module:
@@ -137,7 +116,10 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
         if opts["check_host_memory"]:
             local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
             check_host_room(cfg.system.name, host_bytes * local // world, local)
-        own_group = init_process_group(device)
+        # On CUDA both backends: the offloaded shards live on the host, and gathering them whole
+        # (the row's parameter digest) is a CPU collective.
+        own_group = init_process_group(device, "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo",
+                                       set_device=True)
         apply_memory_cap(cap, device)
         try:
             _train(cfg, opts, device, world, mb, measured)
@@ -152,7 +134,6 @@ def _train(cfg: RunConfig, opts: dict, device: torch.device, world: int, mb: int
     from torch.distributed.device_mesh import init_device_mesh
 
     w = cfg.workload
-    rank = dist.get_rank()
     mesh = init_device_mesh(device.type, (world,))
     model = build_model(cfg.model, w.seq_len, "cpu", cfg.seed)
     for module in model.modules():  # the buffers (RoPE table) live on the device
@@ -161,9 +142,7 @@ def _train(cfg: RunConfig, opts: dict, device: torch.device, world: int, mb: int
     apply_checkpointing(model, opts["ac"], opts["selective_ac_option"])
     shard(model, mesh, opts["pin_memory"] and device.type == "cuda", opts["reshard_after_forward"])
     optimizer = make_optimizer(model, w.lr)
-    per_rank = w.batch_size // world
-    rows = slice(rank * per_rank, (rank + 1) * per_rank)
-    n_micro = per_rank // mb
+    rows = rank_rows(w.batch_size, world)
     reset_peak_memory(device)
 
     def step_fn(step: int) -> Step:
@@ -171,23 +150,9 @@ def _train(cfg: RunConfig, opts: dict, device: torch.device, world: int, mb: int
         inputs, labels = inputs[rows], labels[rows]
 
         def one() -> float:
-            total = torch.zeros((), device=device)
-            for i in range(n_micro):
-                sl = slice(i * mb, (i + 1) * mb)
-                logits = model(inputs[sl])
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), labels[sl].flatten()) / n_micro
-                loss.backward()
-                total += loss.detach()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if world > 1:
-                dist.all_reduce(total)
-                total /= world
-            return float(total)
+            loss = train_step(model, optimizer, inputs, labels, mb)
+            return loss if world == 1 else mean_over_ranks(torch.tensor(loss, device=device), world)
 
         return Step(one)
 
-    steps = measure_steps(step_fn, w, device, progress=rank == 0, out=Steps(iterations=measured.iterations))
-    measured.losses = list(steps.losses.values())
-    measured.peak_allocated_bytes, measured.peak_reserved_bytes = peak_memory(device)
-    measured.extras["final_params_sha256"] = final_params_digest(model)
+    measure_and_digest(step_fn, w, device, measured, model, progress=dist.get_rank() == 0)

@@ -168,7 +168,7 @@ def decision(row: dict) -> tuple[dict, dict]:
     made with the option that recomputes nothing is the plan without it); ``host_arena``, the
     packing its plan kept; ``host_update`` ``"on"`` where its plan updates parameters in host
     memory, else ``"off"``; the micro-batch it chose where it searched
-    (``teraio.systems.microbatch``; its row's ``micro_batch``).
+    (``teraio.trainer.microbatch``; its row's ``micro_batch``).
 
     Raises:
         ValueError: the row is not ok or has no plan.

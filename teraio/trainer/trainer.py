@@ -24,7 +24,7 @@ tokens at the same step):
   (:meth:`~TeraIOTrainer.replan`).
 
 On a CPU device with no capacity given nothing is capped (no pager, nothing to plan for).
-The options are ``teraio.systems.teraio_options.TeraIOOptions``.
+The options are ``teraio.trainer.options.TeraIOOptions``.
 """
 from __future__ import annotations
 
@@ -54,11 +54,11 @@ from teraio.result import Measurements, human_bytes, iteration_totals, progress_
 from teraio.systems.loop import Step, Steps, StepStats, measure_steps
 from teraio.systems.measure import (apply_memory_cap, lift_memory_cap, param_digest, peak_memory, reset_peak_memory,
                                     synchronize, timed)
-from teraio.systems.teraio_logs import EngineLogs
-from teraio.systems.teraio_machine import (check_model_fits, compute_stream, device_capacity, open_tiers,
-                                           tier_bandwidth)
-from teraio.systems.microbatch import Candidate, MicroBatchSearch, warmup_refusal
-from teraio.systems.teraio_options import TeraIOOptions
+from teraio.trainer.logs import EngineLogs
+from teraio.trainer.machine import (check_model_fits, compute_stream, device_capacity, open_tiers,
+                                    tier_bandwidth)
+from teraio.trainer.microbatch import Candidate, MicroBatchSearch, warmup_refusal
+from teraio.trainer.options import TeraIOOptions
 from teraio.workload.pipeline import build_training, gather_stages
 from teraio.workload.step import make_batch, train_step
 
@@ -114,7 +114,7 @@ class Planned:
 
 
 class TeraIOTrainer:
-    """Train ``cfg`` under TeraIO, recording into ``measured`` (``teraio.systems.teraio.run``
+    """Train ``cfg`` under TeraIO, recording into ``measured`` (``teraio.trainer.runner.run``
     says what the row holds and what a failure raises).
 
     Constructing it checks the options and the model against the capacity, measures null
@@ -182,7 +182,7 @@ class TeraIOTrainer:
         the loop's steps (re-planned where the shape changes). A failed run leaves no
         partial logs; either way :meth:`close` runs before anything is read back.
 
-        Raises: as ``teraio.systems.teraio.run``.
+        Raises: as ``teraio.trainer.runner.run``.
         """
         try:
             self.build()
@@ -313,7 +313,7 @@ class TeraIOTrainer:
                                             step=lambda x, y: train_step(model, optimizer, x, y, m))
 
     def choose_micro_batch(self) -> tuple[Trace, Planned, int]:
-        """``workload.micro_batch_size=auto`` (``teraio.systems.microbatch``): profile the
+        """``workload.micro_batch_size=auto`` (``teraio.trainer.microbatch``): profile the
         candidates the search names, one step each from step 1 on, plan each at the run's
         capacity and tiers and simulate it at the tiers' rates; train the winner from then on.
         A candidate whose step does not fit under the pager is recorded ``oom`` (its step's

@@ -1,7 +1,7 @@
 """TeraIO as a training system (``teraio_ssd`` and ``teraio_mixed``, paper §3, Fig. 4): the
 runner the registry names (``teraio.systems``). The run itself is
-``teraio.systems.teraio_trainer.TeraIOTrainer``; its options
-``teraio.systems.teraio_options.TeraIOOptions``.
+``teraio.trainer.trainer.TeraIOTrainer``; its options
+``teraio.trainer.options.TeraIOOptions``.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from teraio.config import RunConfig
 from teraio.result import Measurements, kept_on_failure
-from teraio.systems.teraio_trainer import TeraIOTrainer
+from teraio.trainer.trainer import TeraIOTrainer
 
 
 def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
@@ -23,7 +23,7 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
     the shared loop (``teraio.systems.loop.measure_steps``); each one's timed region covers
     making its batch and the engine's step. Extras of the row: ``plan`` (the first plan's
     summary, its recomputes included), ``micro_batch`` (with ``auto``: every candidate's
-    simulated iteration and the choice, ``teraio.systems.microbatch``),
+    simulated iteration and the choice, ``teraio.trainer.microbatch``),
     ``final_params_sha256`` and, on CUDA, ``audits`` (each engine's first step's
     ``teraio.core.engine.StepStats.audit`` with its ``step``: that step is usually a warm-up
     one, which has no iteration row); each iteration adds ``urgent_count``,

@@ -1,6 +1,6 @@
 """Ideal with activation checkpointing (``ideal_ac``): the shared training step
 (``teraio.workload.step``: model, tokens, FP32, AdamW, batch and micro-batches) with
-torchtitan's activation checkpointing applied to the blocks (``teraio.systems.checkpointing``),
+torchtitan's activation checkpointing applied to the blocks (``baselines.checkpointing``),
 nothing offloaded, under the point's capacity where the point has one. What a user whose
 model does not fit switches on first: recompute in backward instead of keeping activations.
 
@@ -22,14 +22,14 @@ from pathlib import Path
 
 import torch
 
+from baselines.checkpointing import (apply_checkpointing, check_ac, check_bools, check_keys, check_micro_batch,
+                                     measure_and_digest, micro_batch, micro_batch_divisors,
+                                     saved_activation_peak_bytes)
+from baselines.ideal import NO_MIGRATION
 from teraio.config import RunConfig
 from teraio.result import Measurements, kept_on_failure
-from teraio.systems.checkpointing import (apply_checkpointing, check_ac, check_bools, check_keys, check_micro_batch,
-                                          final_params_digest, micro_batch, micro_batch_divisors,
-                                          saved_activation_peak_bytes)
-from teraio.systems.ideal import NO_MIGRATION
-from teraio.systems.loop import Step, Steps, measure_steps
-from teraio.systems.measure import apply_memory_cap, lift_memory_cap, peak_memory, reset_peak_memory
+from teraio.systems.loop import Step
+from teraio.systems.measure import apply_memory_cap, lift_memory_cap, reset_peak_memory
 from teraio.workload.models import build_model
 from teraio.workload.step import make_batch, make_optimizer, train_step
 
@@ -119,10 +119,7 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
                     return loss
                 return Step(profile, lambda: NO_MIGRATION)
 
-            steps = measure_steps(step_fn, w, device, out=Steps(iterations=measured.iterations))
-            measured.losses = list(steps.losses.values())
-            measured.peak_allocated_bytes, measured.peak_reserved_bytes = peak_memory(device)
-            measured.extras["final_params_sha256"] = final_params_digest(model)
+            measure_and_digest(step_fn, w, device, measured, model)
         finally:
             lift_memory_cap(device)
     return measured

@@ -10,11 +10,11 @@ any other device, and so does the sweep's up-front check (``cuda_only`` in
 
 Same model (built on the device from the point's seed, as Ideal's), tokens, FP32, batch,
 micro-batches and loss as every system (``teraio.workload.step.train_step``), AdamW with
-the shared hyperparameters (``teraio.systems.zero.adamw_hyperparameters``).
+the shared hyperparameters (``baselines.zero.adamw_hyperparameters``).
 
 ``system.options`` (defaults :data:`DEFAULTS`, documented in ``conf/system/torchao_offload.yaml``):
   ``ac``                   ``none``, ``full`` or ``selective`` activation checkpointing
-  ``selective_ac_option``  ``op`` or ``"<n>"`` (``teraio.systems.checkpointing``)
+  ``selective_ac_option``  ``op`` or ``"<n>"`` (``baselines.checkpointing``)
   ``micro_batch_size``     sequences per micro-batch, a divisor of the workload's; null is
                            the workload's
   ``offload_gradients``    free each GPU gradient once copied to the host; torchao: "not
@@ -23,7 +23,7 @@ the shared hyperparameters (``teraio.systems.zero.adamw_hyperparameters``).
   ``minimal_size``         parameters of fewer elements stay on the GPU (torchao's 4096)
   ``fused``                the host AdamW's fused CPU kernel (torchao's default true)
   ``check_host_memory``    refuse the point before anything is allocated when the host state
-                           (``teraio.systems.host_memory``) exceeds the host's available memory
+                           (``baselines.host_memory``) exceeds the host's available memory
 
 Row extras: ``ac_mode``, ``selective_ac_option``, ``micro_batch_size_trained``,
 ``host_state_bytes``, ``final_params_sha256``. Not measured: no stalls or bytes moved per step.
@@ -34,14 +34,14 @@ from pathlib import Path
 
 import torch
 
+from baselines.checkpointing import (AC_MODES, apply_checkpointing, check_ac, check_bools, check_keys,
+                                     check_micro_batch, measure_and_digest, micro_batch, micro_batch_divisors)
+from baselines.host_memory import HOST_BYTES_PER_PARAMETER, check_host_room, offloaded_parameters
+from baselines.zero import adamw_hyperparameters
 from teraio.config import RunConfig
 from teraio.result import Measurements, kept_on_failure
-from teraio.systems.checkpointing import (AC_MODES, apply_checkpointing, check_ac, check_bools, check_keys,
-                                          check_micro_batch, final_params_digest, micro_batch, micro_batch_divisors)
-from teraio.systems.host_memory import HOST_BYTES_PER_PARAMETER, check_host_room, offloaded_parameters
-from teraio.systems.loop import Step, Steps, measure_steps
-from teraio.systems.measure import apply_memory_cap, lift_memory_cap, peak_memory, reset_peak_memory
-from teraio.systems.zero import adamw_hyperparameters
+from teraio.systems.loop import Step
+from teraio.systems.measure import apply_memory_cap, lift_memory_cap, reset_peak_memory
 from teraio.workload.models import build_model
 from teraio.workload.step import make_batch, train_step
 
@@ -70,7 +70,7 @@ def check_options(system: str, options: dict) -> None:
 def tuning_candidates(cfg: RunConfig) -> list[dict]:
     """The settings the sweep measures before a torchao_offload point's trials
     (``teraio.harness.tune``; the registry's ``SystemSpec.tuner``), as ZeRO's are: each
-    micro-batch of :func:`teraio.systems.checkpointing.micro_batch_divisors` whose activations
+    micro-batch of :func:`baselines.checkpointing.micro_batch_divisors` whose activations
     are estimated to fit (they stay on the device), largest first."""
     return [{"micro_batch_size": mb} for mb in micro_batch_divisors(cfg, keep_activations=True)]
 
@@ -128,10 +128,7 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
                 inputs, labels = make_batch(step, w, cfg.model.vocab_size, cfg.seed, device)
                 return Step(lambda: train_step(model, optimizer, inputs, labels, mb))
 
-            steps = measure_steps(step_fn, w, device, out=Steps(iterations=measured.iterations))
-            measured.losses = list(steps.losses.values())
-            measured.peak_allocated_bytes, measured.peak_reserved_bytes = peak_memory(device)
-            measured.extras["final_params_sha256"] = final_params_digest(model)
+            measure_and_digest(step_fn, w, device, measured, model)
         finally:
             lift_memory_cap(device)
     return measured

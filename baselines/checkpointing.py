@@ -28,8 +28,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from teraio.config import RunConfig
+from teraio.config import RunConfig, WorkloadConfig
 from teraio.core.profiler import profile_step
+from teraio.result import Measurements
+from teraio.systems.loop import Steps, measure_steps
+from teraio.systems.measure import peak_memory
 
 AC_MODES = ("none", "full", "selective")
 
@@ -149,3 +152,15 @@ def final_params_digest(model: nn.Module) -> str:
         h.update(name.replace(CHECKPOINT_PREFIX, "").encode())
         h.update(t.cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+def measure_and_digest(step_fn, workload: WorkloadConfig, device: torch.device, measured: Measurements,
+                       model: nn.Module, progress: bool = True) -> None:
+    """The users' baselines' measured steps: ``step_fn``'s steps run by the shared loop
+    (``teraio.systems.loop.measure_steps``, progress lines where ``progress``), then their
+    losses, the device's peaks (bytes) and :func:`final_params_digest` of ``model`` into
+    ``measured``."""
+    steps = measure_steps(step_fn, workload, device, progress=progress, out=Steps(iterations=measured.iterations))
+    measured.losses = list(steps.losses.values())
+    measured.peak_allocated_bytes, measured.peak_reserved_bytes = peak_memory(device)
+    measured.extras["final_params_sha256"] = final_params_digest(model)
