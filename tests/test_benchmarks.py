@@ -156,12 +156,14 @@ def test_a_host_placement_comes_without_host_arena():
     assert all(m.slot == m.name and m.offset == -1 for m in host)
 
 
-def test_the_committed_recompute_replay_regenerates_from_its_rows(tmp_path, monkeypatch):
-    """``benchmarks/results/recompute_h100.json`` is what its command computes from the
-    committed rows (measured means, plans, simulated iterations)."""
+@pytest.mark.parametrize("name", ["recompute_h100.json", "replay_microbatch_h100.json"])
+def test_the_committed_replays_regenerate_from_their_rows(tmp_path, monkeypatch, name):
+    """``benchmarks/results/recompute_h100.json`` and ``replay_microbatch_h100.json`` (plans
+    whose host copies are launched in deadline order among them) are what their commands
+    compute from the committed rows (measured means, plans, simulated iterations)."""
     from benchmarks import replay_runs
 
-    committed = json.loads((BENCH / "results" / "recompute_h100.json").read_text())
+    committed = json.loads((BENCH / "results" / name).read_text())
     argv = shlex.split(committed["command"])[3:]
     out = tmp_path / "replay.json"
     argv[argv.index("--out") + 1] = str(out)
