@@ -10,7 +10,7 @@ import torch
 
 from teraio import systems
 from teraio.config import RunConfig
-from teraio.trainer.microbatch import warmup_refusal, warmup_steps_needed
+from teraio.trainer.microbatch import warmup_refusal
 from teraio.workload.models import ties_embeddings
 
 
@@ -82,8 +82,7 @@ def validate(run: RunConfig, *, check_device: bool = True, make_ssd_dirs: bool =
                          f"(a divisor of batch_size={w.batch_size}); only "
                          f"{[n for n in systems.names() if systems.get(n).role == 'teraio']} choose their own")
     if spec.role == "teraio" and (refusal := warmup_refusal(w.warmup_steps, w.micro_batch_size)):
-        raise ValueError(f"{refusal}; give workload.warmup_steps={warmup_steps_needed(w.micro_batch_size)} "
-                         f"or more for {spec.name}")
+        raise ValueError(f"{refusal} for {spec.name}")
     if w.pipeline_stages > 1:
         check_pipeline(run, spec, device)
     if spec.uses_drives:

@@ -244,14 +244,14 @@ class _Transfers:
         keep = anchor + db[:, None] >= 0
         mi = np.broadcast_to(np.arange(len(ms))[:, None], anchor.shape)[keep]  # per instance, in order
         anchor = anchor[keep]
-        self.migration, self.anchor = mi, anchor  # per instance
+        self.migration = mi  # per instance
         # per instance: the global ops of its offload's launch and deadline, and its prefetch's
         self.ops = {"offload": anchor + dla[mi], "free": anchor + df[mi],
                     "prefetch": anchor + dlb[mi], "need": anchor + db[mi]}
         names = np.array([TIER_CHANNELS[m.tier] for m in ms], dtype=object).reshape(-1, 2)
         self.channel: list[str] = names[mi].ravel().tolist()
         self.nbytes: list[int] = np.repeat(nbytes[mi], 2).tolist()
-        self.deadline: list[int] = np.stack([anchor + df[mi], anchor + db[mi]], axis=1).ravel().tolist()
+        self.deadline: list[int] = np.stack([self.ops["free"], self.ops["need"]], axis=1).ravel().tolist()
         key = 2 * np.arange(len(anchor))
         deadline_order = plan.meta.get("copy_order") == "deadline"  # as the engine launches them
         self.events: dict[str, tuple[list[int], list[int]]] = {}

@@ -41,7 +41,7 @@ def warmup_refusal(warmup_steps: int, micro_batch_size: int | str) -> str | None
     why = (f"up to {MAX_PROFILES} profiled candidate micro-batches" if micro_batch_size == "auto"
            else "one profiled step")
     return (f"workload.warmup_steps={warmup_steps}: TeraIO needs >= {need} (one step to create the "
-            f"optimizer state, {why})")
+            f"optimizer state, {why}); give workload.warmup_steps={need} or more")
 
 
 def divisors(n: int) -> list[int]:
