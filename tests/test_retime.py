@@ -1,6 +1,7 @@
-"""The host link's copies in deadline order (``teraio.perf.retime``): launches the simulator
-and the engine follow, moved only within their windows, never slower in simulation, and
-training under a plan with moved launches bit-identical to plain PyTorch's."""
+"""The host link's copies in deadline order and a step's tail offloads launched as the next
+step starts (``teraio.perf.retime``): launches the simulator and the engine follow, moved
+only within their windows, never slower in simulation, and training under a plan with moved
+launches bit-identical to plain PyTorch's."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,8 +14,8 @@ from teraio.core.engine import MigrationEngine
 from teraio.core.plan import MigrationPlan
 from teraio.core.planner import plan_migrations
 from teraio.core.profiler import persistent_tensors
-from teraio.perf.retime import retime_copies
-from teraio.perf.simulator import served_launches, simulate
+from teraio.perf.retime import defer_tail_offloads, retime_copies
+from teraio.perf.simulator import late_offloads, served_launches, simulate
 from teraio.perf.synth import layered_trace
 from teraio.trainer.options import TeraIOOptions
 from conftest import open_tiers
@@ -125,3 +126,56 @@ def test_training_under_moved_launches_is_bit_exact_and_launches_there(tmp_path)
 def test_a_bad_copy_order_is_named():
     with pytest.raises(ValueError, match="copy_order='lifo'; valid: fifo, deadline"):
         TeraIOOptions(copy_order="lifo")
+
+
+def test_only_copies_still_running_at_the_step_end_and_freed_in_the_next_are_deferred():
+    # 8 ops of 1 s, links of 1 GB/s, nothing stalls. A (1.5 GB, offloaded after op 6, freed
+    # before op 3 of the next step) is still copying when op 7 ends (done at 8.5 s): deferred.
+    # B (0.25 GB, after op 6, freed before op 2 of the next step) is queued behind A: late
+    # too. C (1 GB, after op 2, freed before op 1 of the next step) is done at 4 s: kept.
+    # D (1 GB to the SSD, after op 5, freed before op 7 of its own step) is waited for
+    # inside the step: kept.
+    tr = trace_of([1.0] * 8)
+    plan = plan_of(8, (3 * GB // 2, 6, 3, 4, 6, "host"), (GB // 4, 6, 2, 4, 6, "host"),
+                   (GB, 2, 1, 1, 2, "host"), (GB, 5, 7, 0, 3, "ssd"))
+    tiers = TierBandwidth.uniform(1.0)
+    assert simulate(tr, plan, tiers).stall_seconds == 0.0
+    assert late_offloads(tr, plan, tiers).tolist() == [True, True, False, False]
+    out = defer_tail_offloads(tr, plan, tiers)
+    assert [m.offload_launch for m in out.migrations] == [7, 7, 2, 5]
+    assert out.meta["tail_offloads"] == {"deferred": 2, "bytes": 3 * GB // 2 + GB // 4}
+    # the launches move within their windows, and by no more than the step's last ops
+    assert simulate(tr, out, tiers).iteration_seconds == pytest.approx(simulate(tr, plan, tiers).iteration_seconds)
+    again = defer_tail_offloads(tr, out, tiers)  # already after the last op: nothing more to move
+    assert again.meta["tail_offloads"] == {"deferred": 0, "bytes": 0} and again.migrations == out.migrations
+    held = trace_of([1.0] * 8)
+    held.meta["host_update"] = {"param:w": {}}
+    kept = defer_tail_offloads(held, plan, tiers)
+    assert kept.migrations == plan.migrations and kept.meta["tail_offloads"]["deferred"] == 0
+
+
+def test_offloads_after_the_last_op_launch_as_the_next_step_starts_bit_exact(tmp_path):
+    # Every gap of every tensor offloaded to the host tier; each offload whose window crosses
+    # the step boundary freed before op 0 of the next step and launched after the step's
+    # last op: the engine launches those before op 0 of the next step (then waits for them
+    # there), never after op n-1, and training stays bit-identical.
+    model, opt, losses, trace = profiled()
+    base = share_slots(every_gap_plan(trace, lambda i: "host"))
+    n = trace.n_ops
+    migs = [dataclasses.replace(m, free_before=0, launch_after=n - 1)
+            if m.wraps and m.prefetch_before < m.offload_after < n - 1 else m for m in base.migrations]
+    deferred = {m.name for m in migs if m.launch_after == n - 1}
+    assert len(deferred) > 3
+    plan = dataclasses.replace(base, migrations=migs)
+    eng = MigrationEngine(trace, plan, persistent_tensors(model, opt), open_tiers(plan, tmp_path), CPU)
+    train_bit_exact(eng, model, opt, losses, n_steps=6)
+    rows = [r for r in eng.transfers if r["direction"] == "offload" and r["tensor"] in deferred]
+    assert not any(r["op_issued"] == n - 1 for r in rows)
+    for step in (3, 4, 5):  # launched by the step before; the first engine step's were primed
+        assert {r["tensor"] for r in rows if r["step"] == step and r["op_issued"] == 0} == deferred
+    assert not any(r["step"] == 2 and r["op_issued"] == 0 for r in rows)
+
+
+def test_a_bad_tail_offloads_is_named():
+    with pytest.raises(ValueError, match="tail_offloads='later'; valid: in_step, next_step"):
+        TeraIOOptions(tail_offloads="later")

@@ -13,6 +13,11 @@ op k of the profiled trace. Around each op k:
   not planned is fetched at once ("urgent", paper §3.2) and counted.
 * after k: register the storages of planned intermediates that op k allocated, and launch
   the offloads launched after k (``Migration.offload_launch``: ``offload_after``, or later).
+  Those launched after the step's last op are launched as the next step starts, before its
+  op 0: after the host has read the step's result, so that the loss read and the training
+  loop's sync at the step's end do not wait for them (``teraio.perf.retime``'s
+  ``defer_tail_offloads``); their tensors stay resident until then, and an engine that
+  ends there (``close``, ``hand_back``) leaves them so.
 * an out-of-memory error in op k (memory the plan does not see: workspaces, fragmentation,
   tensors held past their profiled last use) frees again the tensor prefetched ahead whose
   use is furthest from k (its read finished first; its tier slot still holds its bytes until
@@ -310,6 +315,10 @@ class MigrationEngine(TorchDispatchMode):
         self.transfers: list[dict] = []
         self._op_t = np.zeros(self.n_ops)
         self._op_stall = np.zeros(self.n_ops)
+        # Offloads launched after a step's last op: launched as the next step starts (before
+        # its op 0), after the host has read the step's result (teraio.perf.retime's
+        # defer_tail_offloads); until then their tensors stay resident.
+        self._next_step: list[Migration] = []
 
     def _index_launches(self, plan: MigrationPlan) -> None:
         """Per op, the migrations whose offload is launched after it and whose prefetch before
@@ -495,6 +504,7 @@ class MigrationEngine(TorchDispatchMode):
         if self.host_update is not None:  # the hosted parameters at their updated values
             self.host_update.close()
         self.step_index, self.stats = -1, StepStats(step=-1)
+        self._next_step.clear()  # their tensors are resident
         for tid, t in self.tensors.items():
             if t.storage is None or t.status == RESIDENT:
                 continue
@@ -539,6 +549,7 @@ class MigrationEngine(TorchDispatchMode):
             self.host_update.close()
         # Restores after the last step are not part of any step's statistics.
         self.step_index, self.stats = -1, StepStats(step=-1)
+        self._next_step.clear()  # their tensors are resident
         errors = []
         for tid, t in self.tensors.items():
             if t.rerun is not None:  # an intermediate dropped by a step that failed: nothing reads it again
@@ -731,6 +742,12 @@ class MigrationEngine(TorchDispatchMode):
                 f"op {k} is {name}, but the profiled trace has {self.op_names[k]} there")
 
     def _before(self, k: int, args, kwargs) -> None:
+        if k == 0 and self._next_step:
+            for m in self._next_step:
+                t = self.tensors[m.tid]
+                if t.status == RESIDENT and t.storage is not None:
+                    self._launch_offload(m, t, k)
+            self._next_step.clear()
         if self.host_update is not None:
             waited = self.host_update.before(k)
             if waited > 0:
@@ -793,10 +810,13 @@ class MigrationEngine(TorchDispatchMode):
             self.host_update.after(k, lambda name: self._grads[self._grad_tid[name]])
         for tid in self.grad_free_after.get(k, ()):
             self._grads.pop(tid).resize_(0)  # param.grad keeps the tensor; zero_grad drops it
-        for m in self.offload_after[k]:
-            t = self.tensors[m.tid]
-            if t.status == RESIDENT and t.storage is not None:
-                self._launch_offload(m, t, k)
+        if k == self.n_ops - 1:  # after the step's last op: as the next step starts
+            self._next_step.extend(self.offload_after[k])
+        else:
+            for m in self.offload_after[k]:
+                t = self.tensors[m.tid]
+                if t.status == RESIDENT and t.storage is not None:
+                    self._launch_offload(m, t, k)
         for tid in self.release_after.get(k, ()):
             t = self.tensors[tid]
             if t.status != RESIDENT:

@@ -205,6 +205,29 @@ def served_launches(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, pol
     return out
 
 
+def late_offloads(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, shared_ssd: bool = False,
+                  stream_frees: bool = False) -> np.ndarray:
+    """Per migration of ``plan`` (bool ``[n_migrations]``): whether its offload, launched in
+    the steady-state iteration :func:`simulate` reports and freed in the next one (its window
+    crosses the iteration boundary), is still copying when that iteration's last op ends, in
+    a FIFO replay at ``tiers`` (``shared_ssd``, ``stream_frees`` as for :func:`simulate`):
+    the copies a step that ends with a device sync waits for (``teraio.perf.retime``).
+
+    Raises:
+        ValueError: as :func:`simulate`, or a trace with host updates.
+    """
+    _, transfers, chans, boundary = _simulate(trace, plan, tiers, "fifo", shared_ssd, None, stream_frees)
+    first, total = (_ITERATIONS - 1) * trace.n_ops, _ITERATIONS * trace.n_ops
+    end = boundary[total]
+    late = np.zeros(len(plan.migrations), dtype=bool)
+    for j, mi in enumerate(transfers.migration):
+        launched, freed = int(transfers.ops["offload"][j]), int(transfers.ops["free"][j])
+        if first <= launched < total <= freed:
+            key = 2 * j
+            late[mi] |= chans[transfers.channel[key]].done_time(key, end) > end
+    return late
+
+
 class _Transfers:
     """The transfers of a plan's migrations over the replayed iterations, and when the
     replay meets them.

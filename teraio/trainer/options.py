@@ -15,7 +15,7 @@ from teraio import systems
 from teraio.config import dataclass_from_dict
 from teraio.core.planner import BENEFITS
 from teraio.perf.choose import is_host_arena
-from teraio.perf.retime import COPY_ORDERS
+from teraio.perf.retime import COPY_ORDERS, TAIL_OFFLOADS
 
 CUDA_HEADROOM_FRACTION = 0.08
 """Default ``headroom_fraction`` on CUDA: the share of the capacity kept out of the plan and
@@ -102,10 +102,20 @@ class TeraIOOptions:
     ``plan.copy_order`` says which was kept and both simulated iterations). Default
     ``"fifo"``; it changes only by measurement on a GPU."""
 
+    tail_offloads: str = "in_step"
+    """Where the offloads still copying at a step's end are launched (beyond the paper):
+    ``"in_step"``, where the planner put them, so that the step's closing sync waits for
+    them; ``"next_step"``, those whose window crosses the step boundary launched after the
+    step's last op, which the engine does as the next step starts (``teraio.perf.retime``'s
+    ``defer_tail_offloads``; the row's ``plan.tail_offloads`` counts them). The simulator
+    already has them run on into the next step, so both simulate alike."""
+
     def __post_init__(self) -> None:
         bad = []
         if self.copy_order not in COPY_ORDERS:
             bad.append(f"copy_order={self.copy_order!r}; valid: {', '.join(COPY_ORDERS)}")
+        if self.tail_offloads not in TAIL_OFFLOADS:
+            bad.append(f"tail_offloads={self.tail_offloads!r}; valid: {', '.join(TAIL_OFFLOADS)}")
         if isinstance(self.host_update, bool):
             self.host_update = "on" if self.host_update else "off"
         if self.host_update not in ("off", "on", "auto"):

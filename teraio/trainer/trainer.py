@@ -45,7 +45,7 @@ from teraio.core.pager import CapacityError, Pager, PagedStep, PagerStats
 from teraio.core.plan import MigrationPlan
 from teraio.core.host_update import HostUpdate, give_back, measure_rate, take_from_optimizer
 from teraio.perf.choose import plan_fastest, plan_host_update
-from teraio.perf.retime import retime_copies
+from teraio.perf.retime import defer_tail_offloads, retime_copies
 from teraio.perf.simulator import simulate
 from teraio.core.profiler import persistent_tensors, profile_step
 from teraio.core.tiers.ssd import SSD_FREE_RESERVE, drive_room_bytes
@@ -108,6 +108,7 @@ class Planned:
                 **({"recompute_auto": plan.meta["recompute_auto"]} if "recompute_auto" in plan.meta else {}),
                 **({"copy_order": plan.meta["copy_order"], "copy_order_sim": plan.meta.get("copy_order_sim")}
                    if "copy_order" in plan.meta else {}),
+                **({"tail_offloads": plan.meta["tail_offloads"]} if "tail_offloads" in plan.meta else {}),
                 **({"host_update": {"params": len(self.hosted), "bytes": sum(
                     self.trace.meta["host_update"][p]["nbytes"] for p in self.hosted),
                     **plan.meta["host_update_auto"]}} if "host_update_auto" in plan.meta else {})}
@@ -367,9 +368,11 @@ class TeraIOTrainer:
         if self.host_update_gbps is not None:  # the optimizer update where its state lives
             trace, plan, hosted = plan_host_update(raw, plan, capacity, self.bandwidths, host_cap, self.host_update_gbps,
                                                    self.opts.host_update, self.opts.release_grads, **options)
+        stream_frees = self.opts.device_waits and self.device.type == "cuda"
         if self.opts.copy_order == "deadline":
-            plan = retime_copies(trace, plan, self.bandwidths, shared_ssd=True,
-                                 stream_frees=self.opts.device_waits and self.device.type == "cuda")
+            plan = retime_copies(trace, plan, self.bandwidths, shared_ssd=True, stream_frees=stream_frees)
+        if self.opts.tail_offloads == "next_step":
+            plan = defer_tail_offloads(trace, plan, self.bandwidths, shared_ssd=True, stream_frees=stream_frees)
         return Planned(trace, plan, capacity, unoffloaded_peak, ssd_cap, time.perf_counter() - t0, tuple(hosted))
 
     def ssd_room(self) -> int:
