@@ -12,7 +12,10 @@ iteration seconds over ``measured_steps`` iterations, the simulated ones, their 
 ``capacity_bytes``; and the same plan simulated with each channel serving the transfer whose
 op waits first, preempting (``simulated_edf_iteration_seconds``: what an engine that ordered
 its copies so would reach, where the engine's copies run in issue order on one stream per
-direction, as FIFO). ``--out`` is replaced atomically.
+direction, as FIFO); and FIFO with each iteration ending with the device synchronised, as
+the measurement loop ends each step (``simulated_step_sync_iteration_seconds`` and
+``step_sync_over_measured``: the copies still running at a step's end are waited for
+there, ``teraio.perf.simulator.simulate``'s ``step_sync``). ``--out`` is replaced atomically.
 """
 from __future__ import annotations
 
@@ -37,6 +40,8 @@ def replay(job: Path) -> dict:
     r = replay_run(trace, plan, plan_tiers(plan), row.get("iterations") or [], shared_ssd=plan.meta["shared_ssd"])
     edf = replay_run(trace, plan, plan_tiers(plan), row.get("iterations") or [], policy="edf",
                      shared_ssd=plan.meta["shared_ssd"])
+    synced = replay_run(trace, plan, plan_tiers(plan), row.get("iterations") or [],
+                        shared_ssd=plan.meta["shared_ssd"], step_sync=True)
     return {"job": str(job), "system": row["point"]["system"], "status": row["status"],
             "gpu_name": row.get("gpu_name"), "recompute": plan.meta.get("recompute"),
             "recomputes": len(plan.recomputes), "recomputed_bytes": plan.recomputed_bytes(),
@@ -45,6 +50,8 @@ def replay(job: Path) -> dict:
             "simulated_iteration_seconds": r.simulated.iteration_seconds,
             "simulated_over_measured": r.predicted_over_measured,
             "simulated_edf_iteration_seconds": edf.simulated.iteration_seconds,
+            "simulated_step_sync_iteration_seconds": synced.simulated.iteration_seconds,
+            "step_sync_over_measured": synced.predicted_over_measured,
             "ideal_s": float(trace.op_seconds.sum()), "capacity_bytes": plan.capacity_bytes}
 
 

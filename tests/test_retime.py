@@ -154,6 +154,24 @@ def test_only_copies_still_running_at_the_step_end_and_freed_in_the_next_are_def
     assert kept.migrations == plan.migrations and kept.meta["tail_offloads"]["deferred"] == 0
 
 
+def test_a_synchronised_step_waits_for_its_tail_copies_but_not_for_those_launched_after_its_last_op():
+    # 8 ops of 1 s, a 1 GB/s link; A (1.5 GB) offloaded after op 6, freed before op 3 of the
+    # next step. Run on, the copy ends 0.5 s into the next step and nothing waits; with the
+    # device synchronised at each step's end, op 0 waits 0.5 s for it; launched after op 7
+    # (defer_tail_offloads) it is issued after that sync and ends before op 3 needs it.
+    tr, tiers = trace_of([1.0] * 8), TierBandwidth.uniform(1.0)
+    plan = plan_of(8, (3 * GB // 2, 6, 3, 4, 6, "host"))
+    assert simulate(tr, plan, tiers).iteration_seconds == 8.0
+    synced = simulate(tr, plan, tiers, step_sync=True)
+    assert synced.iteration_seconds == 8.5 and synced.op_stall_seconds.tolist() == [0.5] + [0.0] * 7
+    deferred = defer_tail_offloads(tr, plan, tiers)
+    assert deferred.migrations[0].offload_launch == 7
+    assert simulate(tr, deferred, tiers, step_sync=True).iteration_seconds == 8.0
+    # copies that end inside the step add nothing
+    two = plan_of(8, (3 * GB // 2, 6, 3, 4, 6, "host"), (GB, 0, 2, 2, 3, "host"))
+    assert simulate(tr, two, tiers, step_sync=True).iteration_seconds == 8.5
+
+
 def test_offloads_after_the_last_op_launch_as_the_next_step_starts_bit_exact(tmp_path):
     # Every gap of every tensor offloaded to the host tier; each offload whose window crosses
     # the step boundary freed before op 0 of the next step and launched after the step's

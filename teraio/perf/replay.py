@@ -89,13 +89,14 @@ class Replay:
 
 
 def replay_run(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, iterations: list[dict],
-               policy: str = "fifo", shared_ssd: bool = False) -> Replay:
-    """``plan`` on ``trace`` simulated at ``tiers`` (``simulate``'s ``policy`` and
-    ``shared_ssd``), beside the run's measured ``iterations`` (its row's).
+               policy: str = "fifo", shared_ssd: bool = False, step_sync: bool = False) -> Replay:
+    """``plan`` on ``trace`` simulated at ``tiers`` (``simulate``'s ``policy``,
+    ``shared_ssd`` and ``step_sync``), beside the run's measured ``iterations`` (its row's).
 
     Raises:
         ValueError: no measured iteration, or what ``simulate`` refuses.
     """
     if not iterations:
         raise ValueError("iterations=[]: a replay needs the run's measured iterations")
-    return Replay(simulate(trace, plan, tiers, policy=policy, shared_ssd=shared_ssd), list(iterations))
+    return Replay(simulate(trace, plan, tiers, policy=policy, shared_ssd=shared_ssd, step_sync=step_sync),
+                  list(iterations))

@@ -28,6 +28,9 @@ Model
   first left in flight (steady state). In the first iteration, a transfer that belongs
   to the iteration before is taken as already done (the engine primes them before step
   one).
+* With ``step_sync`` each iteration ends as a measured step does, with the device
+  synchronised: op 0 of the next iteration waits until every channel is empty, and the
+  offloads launched after the last op are issued after that wait (``simulate``).
 * A recompute (``plan.recomputes``) re-runs its chain's ops before op ``recompute_before``,
   after that op's waits, on the compute stream: its ``seconds`` add to that op's run.
 * A parameter updated in host memory (``trace.meta["host_update"]``,
@@ -104,7 +107,7 @@ _ITERATIONS = 2  # replayed; the last is reported (module docstring)
 
 def simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: str = "fifo",
              shared_ssd: bool = False, host_update_gbps: float | None = None,
-             stream_frees: bool = False) -> SimResult:
+             stream_frees: bool = False, step_sync: bool = False) -> SimResult:
     """Predict the steady-state iteration of ``trace`` under ``plan`` (module docstring).
 
     Args:
@@ -119,17 +122,24 @@ def simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: st
             ``device_waits`` frees the storage at once and the caching allocator holds its
             memory until the copy ran (``teraio.core.engine``); the memory is then reused
             later than planned, which the model does not see.
+        step_sync: each iteration ends with the device synchronised, as the measurement
+            loop ends each step (``teraio.systems.loop``): before op 0 of the next iteration
+            the run waits until every channel has served what it was given (a stall of op
+            0), and the offloads launched after the last op are issued after that wait, as
+            the engine launches them as the next step starts. Without it, copies run on
+            across the boundary (the steady state of a loop that never synchronises).
 
     Raises:
         ValueError: unknown policy, a plan for another op count, a migration whose ops
             are not in cyclic order offload_after < free_before <= prefetch_before <= needed_by,
             or host updates without a positive ``host_update_gbps`` or with EDF.
     """
-    return _simulate(trace, plan, tiers, policy, shared_ssd, host_update_gbps, stream_frees)[0]
+    return _simulate(trace, plan, tiers, policy, shared_ssd, host_update_gbps, stream_frees, step_sync)[0]
 
 
 def _simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: str, shared_ssd: bool,
-              host_update_gbps: float | None, stream_frees: bool = False) -> tuple[SimResult, "_Transfers", dict, np.ndarray]:
+              host_update_gbps: float | None, stream_frees: bool = False,
+              step_sync: bool = False) -> tuple[SimResult, "_Transfers", dict, np.ndarray]:
     """:func:`simulate`, and the replay's transfers, channels and op slot boundaries."""
     if policy not in POLICIES:
         raise ValueError(f"policy={policy!r}; valid: {POLICIES}")
@@ -154,7 +164,7 @@ def _simulate(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, policy: s
     chans = {c: _Channel(policy, rates) for c in CHANNELS}
     if shared_ssd:
         chans["ssd_read"] = chans["ssd_write"]
-    boundary, op_start, op_stall, stalls = _replay(run.tolist(), transfers, chans)
+    boundary, op_start, op_stall, stalls = _replay(run.tolist(), transfers, chans, step_sync)
 
     first = (_ITERATIONS - 1) * n
     last = slice(first, total)
@@ -320,10 +330,12 @@ class _Transfers:
                     self.refreshed.setdefault(need, []).append(key + 1)
 
 
-def _replay(run: list[float], transfers: _Transfers, chans: dict[str, "_Channel"]):
+def _replay(run: list[float], transfers: _Transfers, chans: dict[str, "_Channel"], step_sync: bool = False):
     """Replay the iterations (module docstring): before each op the waits for frees, then
     the prefetches issued, then the waits for needed tensors; after it the offloads issued.
-    A transfer never issued moved before step one (no wait).
+    A transfer never issued moved before step one (no wait). With ``step_sync``
+    (:func:`simulate`), before op 0 of each iteration after the first, the wait for every
+    channel to drain, then the offloads launched after the iteration before's last op.
 
     Returns:
         (boundary: float64 ``[total + 1]``, when each op's slot starts, and the end;
@@ -344,6 +356,8 @@ def _replay(run: list[float], transfers: _Transfers, chans: dict[str, "_Channel"
     t = 0.0
     cpu = 0.0  # the host's AdamW is busy until then
     ready: list[tuple[float, int]] = []  # (when, key): refreshed parameters, their update done by then
+    queues = list({id(c): c for c in chans.values()}.values())
+    held: list[int] = []  # step_sync: offloads launched after the last op, issued after the sync
     for g in range(total):
         boundary[g] = t
         while ready and ready[0][0] <= t:  # refreshes whose update is done, in that order
@@ -351,6 +365,14 @@ def _replay(run: list[float], transfers: _Transfers, chans: dict[str, "_Channel"
             chan[key].issue(when, key, nbytes[key], deadline[key], name[key])
             issued[key] = 1
         t0 = t
+        if step_sync and g and g % n == 0:
+            for q in queues:
+                t = max(t, q.drained())
+            stalls[g] += t > t0
+            for key in held:
+                chan[key].issue(t, key, nbytes[key], deadline[key], name[key])
+                issued[key] = 1
+            held.clear()
         while free_g[jf] == g:
             key = free_k[jf]
             jf += 1
@@ -389,6 +411,9 @@ def _replay(run: list[float], transfers: _Transfers, chans: dict[str, "_Channel"
         while off_g[jo] == g:
             key = off_k[jo]
             jo += 1
+            if step_sync and g % n == n - 1:
+                held.append(key)
+                continue
             chan[key].issue(t, key, nbytes[key], deadline[key], name[key])
             issued[key] = 1
         for key in transfers.grads.get(g, ()):
@@ -437,6 +462,13 @@ class _Channel:
         while key not in self.done:
             self._serve(until=_INF, one=True)
         return self.done[key]
+
+    def drained(self) -> float:
+        """When the queue is empty: everything issued so far served (nothing is issued
+        meanwhile, as the replay waits for it)."""
+        if self.queue:
+            self._serve(until=_INF)
+        return self.time
 
     def _serve_to(self, t: float) -> None:
         """:meth:`_serve` up to ``t``; an empty queue only moves its clock on."""
