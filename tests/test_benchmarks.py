@@ -180,6 +180,26 @@ def test_the_committed_replays_regenerate_from_their_rows(tmp_path, monkeypatch,
                 assert new[key] == value, (new["job"], key)
 
 
+def test_the_committed_tail_offloads_regenerate_from_their_rows(tmp_path, monkeypatch):
+    """``benchmarks/results/tail_offloads/committed_runs.json`` is what its command computes
+    from the committed rows, and no plan simulates more than 0.01 % slower with its tail
+    offloads launched as the next step starts."""
+    from benchmarks import tail_offloads
+
+    committed = json.loads((BENCH / "results" / "tail_offloads" / "committed_runs.json").read_text())
+    argv = shlex.split(committed["command"])[3:]
+    out = tmp_path / "tail.json"
+    argv[argv.index("--out") + 1] = str(out)
+    monkeypatch.chdir(REPO)
+    tail_offloads.main(argv)
+    fresh = json.loads(out.read_text())["jobs"]
+    for new, old in zip(fresh, committed["jobs"], strict=True):
+        assert new.keys() == old.keys()
+        for key, value in old.items():
+            assert new[key] == (pytest.approx(value, rel=1e-9) if isinstance(value, float) else value), (new["job"], key)
+        assert new["next_step_s"] <= new["in_step_s"] * (1 + 1e-4)
+
+
 def test_the_committed_microbatch_plans_regenerate_from_their_traces(tmp_path, monkeypatch):
     """``benchmarks/results/microbatch_plans/llama3_8b_cut_h100.json`` is what its command
     computes from the committed run and traces; a trace given without its label is refused
