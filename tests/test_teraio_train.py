@@ -327,6 +327,21 @@ def test_micro_batch_auto_trains_the_candidate_with_the_shortest_simulated_itera
     assert [p["step"] for p in result["paged_steps"]] == list(range(1 + len(tried)))
 
 
+def test_micro_batch_auto_simulates_candidates_whose_plans_update_parameters_in_host_memory(tmp_path):
+    # Each candidate's plan may host parameters' AdamW updates (host_update: on): the search
+    # simulates them at the run's measured host rate (a candidate's plan once failed there:
+    # "the trace updates 15 parameters in host memory: simulate them with ... host_update_gbps").
+    (tmp_path / "ssd").mkdir()
+    work = {"batch_size": 4, "micro_batch_size": "auto", "warmup_steps": 4, "measure_steps": 2}
+    cfg = config("teraio_mixed", tmp_path / "ssd", 1 << 20, workload=work, options={"host_update": "on"},
+                 ssd_write_gbps=0.5, ssd_read_gbps=0.5)
+    result = run_teraio(cfg, tmp_path / "job")
+    assert result["host_update_gbps"] > 0
+    rec = result["micro_batch"]
+    assert all(c["status"] == "simulated" and c["simulated_seconds"] > 0 for c in rec["candidates"])
+    assert result["plan"]["host_update"]["params"] > 0 and len(result["iterations"]) == 2
+
+
 def test_micro_batch_auto_needs_warm_up_steps_for_its_candidates(tmp_path):
     cfg = config("teraio_ssd", tmp_path, 1 << 20, workload={"batch_size": 4, "micro_batch_size": "auto"})
     with pytest.raises(ValueError, match=r"warmup_steps=2: TeraIO needs >= 4 .*up to 3 profiled candidate"):

@@ -335,7 +335,8 @@ class TeraIOTrainer:
                 self.search.add(Candidate(m, "oom", profile_step=step))
             else:
                 planned = self.plan(trace)
-                sim = simulate(planned.trace, planned.plan, self.bandwidths, shared_ssd=True)
+                sim = simulate(planned.trace, planned.plan, self.bandwidths, shared_ssd=True,
+                               host_update_gbps=self.host_update_gbps)
                 self.search.add(Candidate(m, "simulated", sim.ideal_seconds, sim.iteration_seconds, step))
                 kept[m] = (trace, planned, seconds)
             step += 1
