@@ -489,7 +489,7 @@ def test_a_signal_to_the_sweep_closes_the_tiers_and_writes_an_interrupted_row(tm
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 128 + sig, out
     r = json.loads((log.parent / "result.json").read_text())
-    assert r["status"] == "interrupted" and "interrupted by SIGTERM" in r["error"]  # the sweep ends its worker so
+    assert r["status"] == "interrupted" and "interrupted by SIGTERM" in r["error"], r["error"]  # the sweep ends its worker so
     assert r["plan"]["migrations"] > 0 and r["iterations"]  # what it measured before, kept
     assert scratch(runs) == []  # the worker closed its tiers (nothing was left to remove)
     assert "left by process" not in out and "Traceback" not in out
