@@ -4,9 +4,14 @@ package's (``teraio.perf.replay``, ``teraio.perf.replan``, ``teraio.perf.jobdir`
 each tool parses its arguments, calls it and writes its file."""
 from __future__ import annotations
 
+import argparse
 import contextlib
+import json
 import shlex
-from typing import Iterator
+from pathlib import Path
+from typing import Callable, Iterator
+
+from teraio.files import write_atomic
 
 
 def command(module: str, argv: list[str]) -> str:
@@ -24,3 +29,22 @@ def refusing(module: str) -> Iterator[None]:
         yield
     except ValueError as e:
         raise SystemExit(f"python -m {module}: {e}") from e
+
+
+def job_tool(module: str, description: str, argv: list[str], per_job: Callable[[Path], dict],
+             line: Callable[[dict], str]) -> None:
+    """The command line of a tool that reads TeraIO job directories (``JOB_DIR ... --out
+    FILE.json``): ``per_job`` of each (its ``ValueError`` refused as :func:`refusing` does,
+    before anything is written), ``line`` of each printed, and ``{"command", "jobs"}``
+    written to ``--out`` atomically."""
+    ap = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
+    ap.add_argument("jobs", nargs="+", type=Path, help="TeraIO job directories (row, trace and plan)")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    jobs = []
+    for job in args.jobs:
+        with refusing(module):
+            j = per_job(job)
+        print(f"{job}: {line(j)}")
+        jobs.append(j)
+    write_atomic(args.out, (json.dumps({"command": command(module, argv), "jobs": jobs}, indent=1) + "\n").encode())

@@ -19,13 +19,10 @@ there, ``teraio.perf.simulator.simulate``'s ``step_sync``). ``--out`` is replace
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
-from benchmarks import command, refusing
-from teraio.files import write_atomic
+from benchmarks import job_tool
 from teraio.perf import jobdir
 from teraio.perf.replay import plan_tiers, replay_run
 
@@ -56,21 +53,10 @@ def replay(job: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("jobs", nargs="+", type=Path, help="TeraIO job directories (row, trace and plan)")
-    ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args(argv)
-    jobs = []
-    for job in args.jobs:
-        with refusing("benchmarks.replay_runs"):
-            j = replay(job)
-        print(f"{job}: {j['status']}, recompute {j['recompute']} ({j['recomputes']} chains), measured "
-              f"{j['measured_iteration_seconds']:.2f} s over {j['measured_steps']} steps, simulated "
-              f"{j['simulated_iteration_seconds']:.2f} s ({j['simulated_over_measured']:.3f})")
-        jobs.append(j)
-    out = {"command": command("benchmarks.replay_runs", argv), "jobs": jobs}
-    write_atomic(args.out, (json.dumps(out, indent=1) + "\n").encode())
+    job_tool("benchmarks.replay_runs", __doc__.split("\n\n")[0], sys.argv[1:] if argv is None else argv, replay,
+             lambda j: (f"{j['status']}, recompute {j['recompute']} ({j['recomputes']} chains), measured "
+                        f"{j['measured_iteration_seconds']:.2f} s over {j['measured_steps']} steps, simulated "
+                        f"{j['simulated_iteration_seconds']:.2f} s ({j['simulated_over_measured']:.3f})"))
 
 
 if __name__ == "__main__":

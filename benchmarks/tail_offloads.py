@@ -16,13 +16,10 @@ launched after it (``next_step_s``; ``deferred`` and ``deferred_bytes`` count th
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
-from benchmarks import command, refusing
-from teraio.files import write_atomic
+from benchmarks import job_tool
 from teraio.perf import jobdir
 from teraio.perf.replay import plan_tiers, replay_run
 from teraio.perf.retime import defer_tail_offloads
@@ -53,21 +50,10 @@ def compare(job: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("jobs", nargs="+", type=Path, help="TeraIO job directories (row, trace and plan)")
-    ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args(argv)
-    jobs = []
-    for job in args.jobs:
-        with refusing("benchmarks.tail_offloads"):
-            j = compare(job)
-        print(f"{job}: measured {j['measured_iteration_seconds']:.2f} s, in step {j['in_step_s']:.2f} s "
-              f"({j['in_step_over_measured']:.3f}), {j['deferred']} offloads to the next step: "
-              f"{j['next_step_s']:.2f} s ({j['next_step_over_in_step']:.3f})")
-        jobs.append(j)
-    out = {"command": command("benchmarks.tail_offloads", argv), "jobs": jobs}
-    write_atomic(args.out, (json.dumps(out, indent=1) + "\n").encode())
+    job_tool("benchmarks.tail_offloads", __doc__.split("\n\n")[0], sys.argv[1:] if argv is None else argv, compare,
+             lambda j: (f"measured {j['measured_iteration_seconds']:.2f} s, in step {j['in_step_s']:.2f} s "
+                        f"({j['in_step_over_measured']:.3f}), {j['deferred']} offloads to the next step: "
+                        f"{j['next_step_s']:.2f} s ({j['next_step_over_in_step']:.3f})"))
 
 
 if __name__ == "__main__":

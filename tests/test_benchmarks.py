@@ -156,6 +156,19 @@ def test_a_host_placement_comes_without_host_arena():
     assert all(m.slot == m.name and m.offset == -1 for m in host)
 
 
+def regenerated(tmp_path, monkeypatch, tool, committed_file: str, key: str) -> tuple[list, list, list[str]]:
+    """``(fresh, committed, argv)``: the entries under ``key`` of
+    ``benchmarks/results/<committed_file>`` and of its command (``tool.main`` with its recorded
+    arguments ``argv``) run again from the repository root, its ``--out`` into ``tmp_path``."""
+    committed = json.loads((BENCH / "results" / committed_file).read_text())
+    argv = shlex.split(committed["command"])[3:]
+    out = tmp_path / "regenerated.json"
+    argv[argv.index("--out") + 1] = str(out)
+    monkeypatch.chdir(REPO)
+    tool.main(argv)
+    return json.loads(out.read_text())[key], committed[key], argv
+
+
 @pytest.mark.parametrize("name", ["recompute_h100.json", "replay_microbatch_h100.json"])
 def test_the_committed_replays_regenerate_from_their_rows(tmp_path, monkeypatch, name):
     """``benchmarks/results/recompute_h100.json`` and ``replay_microbatch_h100.json`` (plans
@@ -163,15 +176,9 @@ def test_the_committed_replays_regenerate_from_their_rows(tmp_path, monkeypatch,
     compute from the committed rows (measured means, plans, simulated iterations)."""
     from benchmarks import replay_runs
 
-    committed = json.loads((BENCH / "results" / name).read_text())
-    argv = shlex.split(committed["command"])[3:]
-    out = tmp_path / "replay.json"
-    argv[argv.index("--out") + 1] = str(out)
-    monkeypatch.chdir(REPO)
-    replay_runs.main(argv)
-    fresh = json.loads(out.read_text())["jobs"]
-    assert [j["job"] for j in fresh] == [j["job"] for j in committed["jobs"]]
-    for new, old in zip(fresh, committed["jobs"]):
+    fresh, committed, _ = regenerated(tmp_path, monkeypatch, replay_runs, name, "jobs")
+    assert [j["job"] for j in fresh] == [j["job"] for j in committed]
+    for new, old in zip(fresh, committed):
         assert new.keys() == old.keys()
         for key, value in old.items():
             if isinstance(value, float):
@@ -186,14 +193,8 @@ def test_the_committed_tail_offloads_regenerate_from_their_rows(tmp_path, monkey
     offloads launched as the next step starts."""
     from benchmarks import tail_offloads
 
-    committed = json.loads((BENCH / "results" / "tail_offloads" / "committed_runs.json").read_text())
-    argv = shlex.split(committed["command"])[3:]
-    out = tmp_path / "tail.json"
-    argv[argv.index("--out") + 1] = str(out)
-    monkeypatch.chdir(REPO)
-    tail_offloads.main(argv)
-    fresh = json.loads(out.read_text())["jobs"]
-    for new, old in zip(fresh, committed["jobs"], strict=True):
+    fresh, committed, _ = regenerated(tmp_path, monkeypatch, tail_offloads, "tail_offloads/committed_runs.json", "jobs")
+    for new, old in zip(fresh, committed, strict=True):
         assert new.keys() == old.keys()
         for key, value in old.items():
             assert new[key] == (pytest.approx(value, rel=1e-9) if isinstance(value, float) else value), (new["job"], key)
@@ -206,15 +207,10 @@ def test_the_committed_microbatch_plans_regenerate_from_their_traces(tmp_path, m
     before anything is planned."""
     from benchmarks import microbatch_plans
 
-    committed = json.loads((BENCH / "results" / "microbatch_plans" / "llama3_8b_cut_h100.json").read_text())
-    argv = shlex.split(committed["command"])[3:]
-    out = tmp_path / "plans.json"
-    argv[argv.index("--out") + 1] = str(out)
-    monkeypatch.chdir(REPO)
-    microbatch_plans.main(argv)
-    fresh = json.loads(out.read_text())["traces"]
-    assert [t["label"] for t in fresh] == [t["label"] for t in committed["traces"]]
-    for new, old in zip(fresh, committed["traces"]):
+    fresh, committed, argv = regenerated(tmp_path, monkeypatch, microbatch_plans,
+                                         "microbatch_plans/llama3_8b_cut_h100.json", "traces")
+    assert [t["label"] for t in fresh] == [t["label"] for t in committed]
+    for new, old in zip(fresh, committed):
         for setting in microbatch_plans.RECOMPUTE:
             assert new[setting].pop("bytes_per_tier") == old[setting].pop("bytes_per_tier")
             assert new[setting] == pytest.approx(old[setting], rel=1e-9), (new["label"], setting)
