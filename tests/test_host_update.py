@@ -2,6 +2,9 @@
 whose device optimizer no longer holds some parameters, the planner and simulator on it."""
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -117,8 +120,12 @@ def reference_losses(steps):
     return [step(s)() for s in range(1, steps)], dict(model.named_parameters())
 
 
-@pytest.mark.parametrize("planned", [False, True], ids=["no-migrations", "planned"])
-def test_training_with_host_updates_follows_plain_training(tmp_path, planned):
+@pytest.mark.parametrize("planned,slow", [(False, False), (True, False), (False, True)],
+                         ids=["no-migrations", "planned", "slow-host"])
+def test_training_with_host_updates_follows_plain_training(tmp_path, planned, slow):
+    # slow-host: the host's AdamW takes longer than the rest of the step, so the training
+    # thread reaches a hosted parameter's first use before the update waits for the step's
+    # release of it (on a loaded CI machine both threads once waited for each other there)
     from teraio.core.engine import MigrationEngine
     from teraio.core.host_update import HostUpdate, give_back, take_from_optimizer
     from teraio.core.planner import plan_migrations
@@ -142,12 +149,22 @@ def test_training_with_host_updates_follows_plain_training(tmp_path, planned):
                                   shares=plan.shared_slots("host"))}
     else:
         plan, tiers = MigrationPlan(hosted.n_ops, 10**12, 10**12, 10**12, []), {}
+    if slow:
+        for h in hu.hosted.values():
+            h.optimizer.step = (lambda run: lambda: (time.sleep(0.2), run())[1])(h.optimizer.step)
     eng = MigrationEngine(hosted, plan, persistent_tensors(model, opt), tiers, CPU, release_grads=True, host_update=hu)
     eng.prime()
     got = []
-    for s in range(2, steps):
-        got.append(eng.run_step(step(s), s))
-    eng.close()
+
+    def train():
+        for s in range(2, steps):
+            got.append(eng.run_step(step(s), s))
+        eng.close()
+
+    runner = threading.Thread(target=train, daemon=True)
+    runner.start()
+    runner.join(timeout=120)
+    assert not runner.is_alive(), "the training thread and the host update wait for each other"
     # steps 2.. ran with the host's fused AdamW: the same updates to rounding
     np.testing.assert_allclose(got, ref_losses[1:], rtol=1e-4)
     for name, p in model.named_parameters():

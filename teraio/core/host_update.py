@@ -192,17 +192,19 @@ class HostUpdate:
         training thread waited for updates not done yet (stalls)."""
         waited = 0.0
         for h in self._at["first_use"].get(k, ()):
-            h.released.clear()  # its last use in this step is still to come (after its first)
-            if h.job is None:  # none in flight: the engine's first step
-                continue
-            t0 = time.perf_counter()
-            if not h.job.done():
-                h.job.result()  # re-raises the update's error
-                waited += time.perf_counter() - t0
-            h.job.result()
-            h.job = None
-            if h.refresh_event is not None:
-                torch.cuda.current_stream(self.device).wait_event(h.refresh_event)
+            if h.job is not None:  # none in flight: the engine's first step
+                t0 = time.perf_counter()
+                if not h.job.done():
+                    h.job.result()  # re-raises the update's error
+                    waited += time.perf_counter() - t0
+                h.job.result()
+                h.job = None
+                if h.refresh_event is not None:
+                    torch.cuda.current_stream(self.device).wait_event(h.refresh_event)
+            # Its last use in this step is still to come (after its first). Cleared only once
+            # the update in flight is done: that update waits for the last step's release,
+            # and a clear before it got there would leave both threads waiting.
+            h.released.clear()
         return waited
 
     def end_step(self) -> None:
