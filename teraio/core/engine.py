@@ -743,10 +743,7 @@ class MigrationEngine(TorchDispatchMode):
 
     def _before(self, k: int, args, kwargs) -> None:
         if k == 0 and self._next_step:
-            for m in self._next_step:
-                t = self.tensors[m.tid]
-                if t.status == RESIDENT and t.storage is not None:
-                    self._launch_offload(m, t, k)
+            self._launch_offloads(self._next_step, k)
             self._next_step.clear()
         if self.host_update is not None:
             waited = self.host_update.before(k)
@@ -813,10 +810,7 @@ class MigrationEngine(TorchDispatchMode):
         if k == self.n_ops - 1:  # after the step's last op: as the next step starts
             self._next_step.extend(self.offload_after[k])
         else:
-            for m in self.offload_after[k]:
-                t = self.tensors[m.tid]
-                if t.status == RESIDENT and t.storage is not None:
-                    self._launch_offload(m, t, k)
+            self._launch_offloads(self.offload_after[k], k)
         for tid in self.release_after.get(k, ()):
             t = self.tensors[tid]
             if t.status != RESIDENT:
@@ -853,6 +847,13 @@ class MigrationEngine(TorchDispatchMode):
         t.job, t.tier, t.transfer, t.handle = self._pool.submit(waiter), tier, row, transfer
         self.transfers.append(row)
         (self.stats.bytes_offloaded if direction == "offload" else self.stats.bytes_prefetched)[tier] += t.nbytes
+
+    def _launch_offloads(self, ms: list[Migration], k: int) -> None:
+        """Launch the offloads of ``ms`` whose tensors are on the device (at op ``k``)."""
+        for m in ms:
+            t = self.tensors[m.tid]
+            if t.status == RESIDENT and t.storage is not None:
+                self._launch_offload(m, t, k)
 
     def _launch_offload(self, m: Migration, t: _Tensor, k: int) -> None:
         self._submit(t, m.tier, "offload", k)
