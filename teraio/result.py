@@ -21,7 +21,9 @@ Schema (keys always present; unknown values are ``null``):
                       the seconds the compute stream ran none of the step's ops (its stalls as the
                       GPU saw them; ``stall_seconds`` also counts the training thread's waits for
                       SSD transfers, while the GPU may run work queued before them;
-                      ``MigrationEngine.gpu_idle_seconds``)
+                      ``MigrationEngine.gpu_idle_seconds``); every system's on CUDA add
+                      ``allocator``, the caching allocator's retries, stream syncs and device
+                      allocations in the step (``teraio.systems.measure.ALLOCATOR_EVENTS``)
 ``tokens_per_s``      mean over measured iterations (tokens/s)
 ``stall_count``, ``stall_seconds``   totals over measured iterations
 ``bytes_per_tier``    ``{ssd, host}``: bytes offloaded + prefetched over measured iterations

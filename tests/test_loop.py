@@ -49,6 +49,25 @@ def test_steps_are_timed_recorded_and_printed(capsys):
     assert capsys.readouterr().out == ""
 
 
+def test_each_step_records_what_the_allocator_did_in_its_timed_region_only(monkeypatch):
+    counts = {"alloc_retries": 0, "sync_all_streams": 0, "device_allocs": 0, "device_frees": 0}
+
+    def events(device):  # the allocator's counters since the start, as on CUDA
+        return None if device.type == "cpu" else dict(counts)
+
+    def work(step):
+        counts["device_allocs"] += 100  # before the timer: not the step's
+        return Step(lambda: counts.update(alloc_retries=counts["alloc_retries"] + step,
+                                          device_allocs=counts["device_allocs"] + 1) or 1.0)
+
+    monkeypatch.setattr(teraio.systems.loop, "allocator_events", events)
+    monkeypatch.setattr(teraio.systems.loop, "timed", lambda device: contextlib.nullcontext({"seconds": 1.0}))
+    its = measure_steps(work, WORK, torch.device("meta"), progress=False).iterations
+    assert [i["allocator"] for i in its] == [
+        {"alloc_retries": s, "sync_all_streams": 0, "device_allocs": 1, "device_frees": 0} for s in (2, 3, 4)]
+    assert "allocator" not in measure_steps(lambda step: Step(lambda: 1.0), WORK, CPU).iterations[0]
+
+
 def test_a_loss_that_is_not_finite_stops_the_loop_naming_the_step(capsys):
     out = Steps()
     with pytest.raises(FloatingPointError, match=r"^step 3: loss nan is not finite$"):

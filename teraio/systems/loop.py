@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
 
 from teraio.config import WorkloadConfig
 from teraio.interrupt import raise_if_interrupted
-from teraio.systems.measure import timed
+from teraio.systems.measure import allocator_events, timed
 from teraio.result import check_loss, iteration_row, progress_line
 
 
@@ -94,7 +94,10 @@ def measure_steps(step_fn: StepFn, workload: WorkloadConfig, device: torch.devic
     untimed; its ``run`` timed with the device synchronised at both ends
     (``teraio.systems.measure.timed``); the loss checked; ``stats``; the progress line
     (``teraio.result.progress_line``, printed when ``progress``); and, from
-    ``workload.warmup_steps`` on, the iteration row, of ``workload.tokens_at(step)`` tokens.
+    ``workload.warmup_steps`` on, the iteration row, of ``workload.tokens_at(step)`` tokens;
+    on CUDA the row's ``allocator`` holds what the caching allocator did in the timed region
+    (``teraio.systems.measure.ALLOCATOR_EVENTS``: its retries, each a wait for every stream,
+    tell a step that ran at the memory cap).
 
     The time limit (``deadline``, a Unix time in seconds; default :func:`deadline_from_env`,
     the sweep's kill time): where another step as long as the one just run would not end
@@ -122,10 +125,14 @@ def measure_steps(step_fn: StepFn, workload: WorkloadConfig, device: torch.devic
         this = step_fn(step)
         if this is None:
             continue
+        events = allocator_events(device)
         with timed(device) as t:
             loss = this.run()
         check_loss(step, loss)
         s = this.stats()
+        if events is not None:
+            after = allocator_events(device)
+            s = replace(s, extra={**s.extra, "allocator": {k: after[k] - v for k, v in events.items()}})
         seconds, tokens, warmup = t["seconds"], workload.tokens_at(step), step < workload.warmup_steps
         limit = None
         if deadline is not None and step < last and _any_rank(time.time() + seconds + END_MARGIN_S > deadline,

@@ -59,6 +59,24 @@ def peak_memory(device: torch.device) -> tuple[int | None, int | None]:
     return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
 
 
+ALLOCATOR_EVENTS = {"alloc_retries": "num_alloc_retries", "sync_all_streams": "num_sync_all_streams",
+                    "device_allocs": "num_device_alloc", "device_frees": "num_device_free"}
+"""The caching allocator's counters (``torch.cuda.memory_stats`` keys) an iteration row reports
+as ``allocator``, by the row's name for each: ``alloc_retries`` (allocations that failed, made
+the allocator release its unused memory, which waits for every stream, and tried again),
+``sync_all_streams`` (those waits), ``device_allocs`` and ``device_frees`` (cudaMalloc/cudaFree
+calls, or with expandable segments the maps and unmaps of their pages)."""
+
+
+def allocator_events(device: torch.device) -> dict[str, int] | None:
+    """The counters of :data:`ALLOCATOR_EVENTS` since the process started, by row name; None
+    on a CPU device."""
+    if device.type != "cuda":
+        return None
+    stats = torch.cuda.memory_stats(device)
+    return {name: int(stats.get(key, 0)) for name, key in ALLOCATOR_EVENTS.items()}
+
+
 def peak_host_rss_bytes() -> int | None:
     """Peak resident set size of this process since it started, in bytes (Linux
     ``getrusage(RUSAGE_SELF).ru_maxrss``, which the kernel gives in KiB); None on another OS.
