@@ -80,7 +80,11 @@ write_result(resolved.parent / "result.json", row)
     ("teraio_ssd", "false", "lock free"),
     ("ideal", "true", "lock free"),  # Ideal moves nothing through a drive
 ])
-def test_sweep_holds_the_drive_while_an_ssd_system_runs(tmp_path, system, exclusive, expected):
+def test_sweep_holds_the_drive_while_an_ssd_system_runs(tmp_path, monkeypatch, system, exclusive, expected):
+    # The drive locks of this sweep in a temporary directory of its own (they live in
+    # tempfile.gettempdir()): another sweep of this host on the same drive holds the host's.
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     script = tmp_path / "probe_worker.py"
     script.write_text(PROBE_WORKER)
     ssd = tmp_path / "ssd"
