@@ -12,19 +12,22 @@ iteration seconds over ``measured_steps`` iterations, the simulated ones, their 
 ``capacity_bytes``; and the same plan simulated with each channel serving the transfer whose
 op waits first, preempting (``simulated_edf_iteration_seconds``: what an engine that ordered
 its copies so would reach, where the engine's copies run in issue order on one stream per
-direction, as FIFO); and FIFO with each iteration ending with the device synchronised, as
+direction, as FIFO; null for a plan that updates parameters in host memory, which the
+simulator replays FIFO only, at the host's AdamW rate the plan recorded,
+``host_update_gbps``); and FIFO with each iteration ending with the device synchronised, as
 the measurement loop ends each step (``simulated_step_sync_iteration_seconds`` and
 ``step_sync_over_measured``: the copies still running at a step's end are waited for
 there, ``teraio.perf.simulator.simulate``'s ``step_sync``). ``--out`` is replaced atomically.
 """
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
 from benchmarks import job_tool
 from teraio.perf import jobdir
-from teraio.perf.replay import plan_tiers, replay_run
+from teraio.perf.replay import plan_tiers, replay_run, replayed_trace
 
 
 def replay(job: Path) -> dict:
@@ -33,12 +36,12 @@ def replay(job: Path) -> dict:
     Raises:
         ValueError: ``job`` lacks its row, trace or plan, or its row measured no iteration.
     """
-    row, trace, plan = jobdir.result(job), jobdir.trace(job), jobdir.plan(job)
-    r = replay_run(trace, plan, plan_tiers(plan), row.get("iterations") or [], shared_ssd=plan.meta["shared_ssd"])
-    edf = replay_run(trace, plan, plan_tiers(plan), row.get("iterations") or [], policy="edf",
-                     shared_ssd=plan.meta["shared_ssd"])
-    synced = replay_run(trace, plan, plan_tiers(plan), row.get("iterations") or [],
-                        shared_ssd=plan.meta["shared_ssd"], step_sync=True)
+    row, plan = jobdir.result(job), jobdir.plan(job)
+    trace, gbps = replayed_trace(jobdir.trace(job), plan)
+    run = functools.partial(replay_run, trace, plan, plan_tiers(plan), row.get("iterations") or [],
+                            shared_ssd=plan.meta["shared_ssd"], host_update_gbps=gbps)
+    r, synced = run(), run(step_sync=True)
+    edf = run(policy="edf") if gbps is None else None  # the simulator replays host updates FIFO only
     return {"job": str(job), "system": row["point"]["system"], "status": row["status"],
             "gpu_name": row.get("gpu_name"), "recompute": plan.meta.get("recompute"),
             "recomputes": len(plan.recomputes), "recomputed_bytes": plan.recomputed_bytes(),
@@ -46,7 +49,8 @@ def replay(job: Path) -> dict:
             "measured_iteration_seconds": r.measured_iteration_seconds,
             "simulated_iteration_seconds": r.simulated.iteration_seconds,
             "simulated_over_measured": r.predicted_over_measured,
-            "simulated_edf_iteration_seconds": edf.simulated.iteration_seconds,
+            "simulated_edf_iteration_seconds": edf.simulated.iteration_seconds if edf else None,
+            "host_update_gbps": gbps,
             "simulated_step_sync_iteration_seconds": synced.simulated.iteration_seconds,
             "step_sync_over_measured": synced.predicted_over_measured,
             "ideal_s": float(trace.op_seconds.sum()), "capacity_bytes": plan.capacity_bytes}

@@ -47,15 +47,18 @@ case ,$WHICH, in *,rows,*)
   done
   kill "$sampler"
   tar czf "$OUT/rows.tar.gz" -C "$RUNS" --exclude '*.lock' .
-  # shellcheck disable=SC2046  # one argument per TeraIO job dir
-  python -m benchmarks.gpu_timeline $(find "$RUNS" -maxdepth 2 -type d -name '*-teraio_*') --out "$OUT/timeline.json"
+  mapfile -t teraio_jobs < <(find "$RUNS" -maxdepth 2 -type d -name '*-teraio_*')
+  [ "${#teraio_jobs[@]}" -gt 0 ] && python -m benchmarks.gpu_timeline "${teraio_jobs[@]}" --out "$OUT/timeline.json"
   python - "$RUNS" <<'PY' | tee "$OUT/summary.txt"
 import json, pathlib, sys
 for f in sorted(pathlib.Path(sys.argv[1]).glob("*/*/result.json")):
     r = json.loads(f.read_text())
     p = r["point"]
+    # the micro-batch it trained at: a baseline's own option wins over the point's (fig7_h200)
+    trained = (r.get("micro_batch_size_trained") or r.get("zero_micro_batch_size")
+               or (r.get("micro_batch") or {}).get("chosen") or p["micro_batch_size"])
     print(f"{p['system']:13} t{p['trial']} {r['status']:7} tokens/s={r.get('tokens_per_s')} "
-          f"stall_s={r.get('stall_seconds')} gpu={r.get('gpu_name')}")
+          f"micro_batch={trained} stall_s={r.get('stall_seconds')} gpu={r.get('gpu_name')}")
 PY
   ;;
 esac

@@ -171,3 +171,16 @@ def test_training_with_host_updates_follows_plain_training(tmp_path, planned, sl
         torch.testing.assert_close(p, ref_params[name], rtol=1e-4, atol=1e-6)
     give_back(opt, params, taken)  # and the device optimizer can take them back, in their places
     assert [p for g in opt.param_groups for p in g["params"]] == list(model.parameters())
+
+
+def test_a_replay_takes_the_hosted_parameters_from_the_plan_and_refuses_a_plan_that_does_not_name_them():
+    from teraio.perf.replay import replayed_trace
+
+    model, opt, step = tiny()
+    _, full = profile_step(step(1), model, opt, CPU)
+    plan = lambda auto: MigrationPlan(full.n_ops, 1, 1, 1, [], meta={"host_update_auto": auto})  # noqa: E731
+    assert replayed_trace(full, plan({"off": 1.0, "variants": [], "kept": None})) == (full, None)
+    trace, gbps = replayed_trace(full, plan({"kept": 0, "hosted": HOSTED, "gbps": 3.5}))
+    assert gbps == 3.5 and shape(trace, HOSTED) == shape(full.with_host_update(HOSTED), HOSTED)
+    with pytest.raises(ValueError, match="kept=0.* does not name them"):
+        replayed_trace(full, plan({"kept": 0}))

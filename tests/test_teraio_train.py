@@ -31,6 +31,7 @@ from teraio.core.plan import MigrationPlan
 from teraio.core.trace import Trace
 from teraio.perf.choose import REGION_MARGIN
 from teraio.trainer.runner import run
+from benchmarks.replay_runs import replay
 
 CPU = torch.device("cpu")
 
@@ -553,6 +554,13 @@ def test_host_update_trains_as_plain_training_does_and_the_row_says_what_it_host
     assert result["host_update_gbps"] > 0 and set(hu) >= {"params", "bytes", "off", "variants", "kept"}
     if mode == "on":
         assert hu["params"] > 0 and hu["kept"] is not None
+        # the plan names what it hosts and the rate, so that the run replays (benchmarks.replay_runs)
+        plan = json.loads((tmp_path / "job" / "plan.json").read_text())
+        assert len(plan["meta"]["host_update_auto"]["hosted"]) == hu["params"]
+        (tmp_path / "job" / "result.json").write_text(json.dumps(result))
+        replayed = replay(tmp_path / "job")
+        assert replayed["host_update_gbps"] == result["host_update_gbps"]
+        assert replayed["simulated_iteration_seconds"] > 0 and replayed["simulated_edf_iteration_seconds"] is None
     else:  # kept only where it simulates more than the margin faster than the plan without
         best = hu["variants"][hu["kept"]]["seconds"] if hu["kept"] is not None else None
         assert (best is not None and best < hu["off"] * (1 - REGION_MARGIN)) == (hu["params"] > 0)

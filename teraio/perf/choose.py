@@ -171,7 +171,9 @@ def plan_host_update(trace: Trace, plan: MigrationPlan, capacity_bytes: int, tie
         (the trace planned, its plan, the hosted parameters): ``trace`` (released) and
         ``plan`` with none. The plan's ``meta["host_update_auto"]`` holds ``"off"`` (``plan``'s
         simulated seconds), every variant tried (``{"groups", "params", "bytes", "seconds"}``;
-        seconds null where it did not fit as well) and ``"kept"`` (the variant's index, or null).
+        seconds null where it did not fit as well) and ``"kept"`` (the variant's index, or null);
+        where one is kept, also ``"hosted"`` (its parameters) and ``"gbps"``
+        (``host_update_gbps``), which a replay of the plan needs (``teraio.perf.replay``).
 
     Raises:
         ValueError: a ``mode`` other than ``"on"`` or ``"auto"``, or as ``Trace.with_host_update``.
@@ -218,5 +220,5 @@ def plan_host_update(trace: Trace, plan: MigrationPlan, capacity_bytes: int, tie
         plan.meta["host_update_auto"] = record
         return base, plan, []
     _, t, p, hosted = best
-    p.meta["host_update_auto"] = record
+    p.meta["host_update_auto"] = {**record, "hosted": hosted, "gbps": host_update_gbps}
     return t, p, hosted

@@ -61,6 +61,27 @@ def plan_as_committed(trace: Trace, committed: MigrationPlan, host_cap_bytes: in
                         recompute=recompute, **options)
 
 
+def replayed_trace(trace: Trace, plan: MigrationPlan) -> tuple[Trace, float | None]:
+    """``trace`` (a run's profiled step, as saved) as ``plan`` was made for it, and the host's
+    AdamW rate to simulate it at (GB/s): where the plan updates parameters in host memory
+    (``meta["host_update_auto"]["hosted"]``, ``teraio.perf.choose.plan_host_update``), the
+    trace without their device updates (``Trace.with_host_update``) and the rate the plan
+    recorded; else ``trace`` and None.
+
+    Raises:
+        ValueError: a plan that updates parameters in host memory without naming them
+            (made before plans recorded them), or as ``Trace.with_host_update``.
+    """
+    auto = plan.meta.get("host_update_auto") or {}
+    if auto.get("kept") is None:
+        return trace, None
+    if "hosted" not in auto:
+        raise ValueError("the plan updates parameters in host memory (host_update_auto.kept="
+                         f"{auto['kept']}) but does not name them: made before plans recorded "
+                         "host_update_auto.hosted, it cannot be replayed")
+    return trace.with_host_update(auto["hosted"]), auto["gbps"]
+
+
 @dataclasses.dataclass(frozen=True)
 class Replay:
     """A run's plan simulated (``simulated``) beside the iterations it measured
@@ -89,14 +110,16 @@ class Replay:
 
 
 def replay_run(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, iterations: list[dict],
-               policy: str = "fifo", shared_ssd: bool = False, step_sync: bool = False) -> Replay:
+               policy: str = "fifo", shared_ssd: bool = False, step_sync: bool = False,
+               host_update_gbps: float | None = None) -> Replay:
     """``plan`` on ``trace`` simulated at ``tiers`` (``simulate``'s ``policy``,
-    ``shared_ssd`` and ``step_sync``), beside the run's measured ``iterations`` (its row's).
+    ``shared_ssd``, ``step_sync`` and ``host_update_gbps``), beside the run's measured
+    ``iterations`` (its row's). A run's saved trace and plan: :func:`replayed_trace` first.
 
     Raises:
         ValueError: no measured iteration, or what ``simulate`` refuses.
     """
     if not iterations:
         raise ValueError("iterations=[]: a replay needs the run's measured iterations")
-    return Replay(simulate(trace, plan, tiers, policy=policy, shared_ssd=shared_ssd, step_sync=step_sync),
-                  list(iterations))
+    return Replay(simulate(trace, plan, tiers, policy=policy, shared_ssd=shared_ssd, step_sync=step_sync,
+                           host_update_gbps=host_update_gbps), list(iterations))
