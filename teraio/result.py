@@ -59,6 +59,9 @@ Schema (keys always present; unknown values are ``null``):
 ``plan_compile_seconds``, ``profile_seconds``   TeraIO one-time costs, null otherwise
 ``ssd_io_mode``       ``"gds" | "compat" | "direct" | "buffered" | null`` (SSD tier I/O path, ``teraio.core.tiers.ssd.SSDTier.mode``)
 ``gpu_name``, ``versions``, ``host``, ``started_at``, ``finished_at``, ``wall_seconds``
+``allocator_conf``    the CUDA caching allocator's settings the worker ran with
+                      (``PYTORCH_CUDA_ALLOC_CONF``; ``teraio.harness.run`` sets expandable
+                      segments unless the user set it), null on a CPU device
 ``artifacts``         relative paths of side files in the job dir (trace, plan, oplog, transfers,
                       deepspeed config), by name
 
@@ -125,7 +128,7 @@ POINT_KEYS: tuple[str, ...] = ("model", "system", "hardware", "batch_size", "mic
                                "seq_len", "trial")
 # Facts of the run itself, set by the worker or the sweep (not by a runner).
 RUN_KEYS: tuple[str, ...] = ("gpu_name", "versions", "host", "started_at", "finished_at", "wall_seconds",
-                             "peak_host_rss_bytes")
+                             "peak_host_rss_bytes", "allocator_conf")
 
 
 @dataclass
@@ -211,7 +214,8 @@ def result_row(point: dict, config: dict, measured: Measurements | None = None, 
         "step_peak_allocated_bytes": list(m.step_peak_allocated_bytes),
         "unoffloaded_peak_bytes": m.unoffloaded_peak_bytes, "memory_pressure": m.memory_pressure,
         "plan_compile_seconds": m.plan_compile_seconds, "profile_seconds": m.profile_seconds,
-        "ssd_io_mode": m.ssd_io_mode, "gpu_name": None, "versions": {}, "host": None, "started_at": None,
+        "ssd_io_mode": m.ssd_io_mode, "gpu_name": None, "allocator_conf": None, "versions": {}, "host": None,
+        "started_at": None,
         "finished_at": None, "wall_seconds": None, "artifacts": dict(m.artifacts),
     }
     if status == "ok":

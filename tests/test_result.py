@@ -21,7 +21,7 @@ SCHEMA_KEYS = [
     "stall_seconds", "bytes_per_tier", "peak_allocated_bytes", "peak_reserved_bytes", "peak_host_rss_bytes",
     "capacity_bytes", "capacity_emulated", "paged_steps", "replans", "tier_gbps", "step_peak_allocated_bytes",
     "unoffloaded_peak_bytes", "memory_pressure", "plan_compile_seconds", "profile_seconds", "ssd_io_mode",
-    "gpu_name", "versions", "host", "started_at", "finished_at", "wall_seconds", "artifacts",
+    "gpu_name", "allocator_conf", "versions", "host", "started_at", "finished_at", "wall_seconds", "artifacts",
 ]
 TINY = {"name": "llama3_tiny", "dim": 64, "n_layers": 1, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 128,
         "multiple_of": 32}

@@ -3,6 +3,7 @@ memory, and the facts (versions, GPU name) that go into a result row."""
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import resource
 import socket
@@ -109,11 +110,13 @@ def _version(dist: str) -> str | None:
 
 
 def environment_facts(device: torch.device) -> dict:
-    """Versions, host and GPU name for a result row. No GPU name where this process sees no
-    GPU (a modeled row, made on any machine, for a CUDA point)."""
+    """Versions, host, GPU name and the caching allocator's settings (``PYTORCH_CUDA_ALLOC_CONF``)
+    for a result row. No GPU name and no allocator settings where this process sees no GPU (a
+    modeled row, made on any machine, for a CUDA point)."""
+    on_gpu = device.type == "cuda" and torch.cuda.is_available()
     return {
-        "gpu_name": (torch.cuda.get_device_name(device) if device.type == "cuda" and torch.cuda.is_available()
-                     else None),
+        "gpu_name": torch.cuda.get_device_name(device) if on_gpu else None,
+        "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") if on_gpu else None,
         "host": socket.gethostname(),
         "versions": {
             "python": platform.python_version(), "torch": torch.__version__,
