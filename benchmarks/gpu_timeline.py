@@ -9,14 +9,18 @@ work: an op's span from its start to the next op's start is its kernels plus any
 per direction of the host link the bytes its copies moved, the seconds they ran and the
 rate while running, and the share of the span its stream was busy; where the logs have each
 op's end too (``gpu_end_s``), the seconds the compute stream ran none of the ops between the
-first op and the last (``gpu_idle_s``), and the ops in which the host waited for the device
-(``host_syncs``: those whose host time, ``oplog.csv``'s ``seconds``, is at least
-``--host-sync-s``; the host issues an op in well under a millisecond, so these held a
-device sync: the caching allocator releasing its cached memory to fit an allocation under
-the capacity, which waits for every stream, or a read of a device value such as the loss)
-with the seconds the compute stream waited for the host around them (the gap before each
-and its span past its profiled seconds). Beside them, the trace's profiled op seconds (what
-the plan and the simulator take the ops to cost).
+first op and the last (``gpu_idle_s``), and the ops in which the host most likely waited for
+the device (``host_syncs``: those whose host time, ``oplog.csv``'s ``seconds``, is at least
+``--host-sync-s`` and in which the engine measured no stall, whose waits for a drive or a
+host update are host time too; the host issues an op in well under a millisecond, so these
+held a device sync: the caching allocator releasing its cached memory to fit an allocation
+under the capacity, which waits for the stream, or a read of a device value) with the seconds
+the compute stream waited for the host around them (the gaps before and after each, and its
+span past its profiled seconds). The profiled seconds are the trace's the run planned
+(``teraio.perf.replay.replayed_trace``: without the device updates of parameters updated in
+host memory); a step whose ops are not that trace's (a step after a re-plan) has
+``host_syncs`` ``{"skipped": why}``. Beside them, the trace's profiled op seconds (what the
+plan and the simulator take the ops to cost).
 
     python -m benchmarks.gpu_timeline JOB_DIR [JOB_DIR ...] --out timeline.json [--host-sync-s 0.1]
 
@@ -34,34 +38,31 @@ import pandas as pd
 
 from benchmarks import command
 from teraio.perf import jobdir
+from teraio.perf.replay import replayed_trace
 
 
 HOST_SYNC_S = 0.1
 """Default ``--host-sync-s``: host seconds in one op that mark a device sync inside it."""
 
 
-def step_timeline(ops: pd.DataFrame, transfers: pd.DataFrame, profiled: np.ndarray | None = None,
+def step_timeline(ops: pd.DataFrame, transfers: pd.DataFrame, profiled: tuple[list[str], np.ndarray] | None = None,
                   host_sync_s: float = HOST_SYNC_S) -> dict:
     """One step's figures (module docstring) from its op rows (``op``, ``gpu_start_s``,
-    ``stall_s``; ``gpu_end_s`` and ``seconds`` where logged) and its transfer rows (``tier``,
-    ``direction``, ``nbytes``, ``copy_s``, ``gpu_start_s``); ``host_syncs`` where the ops have
-    their ends and ``profiled`` (the trace's op seconds, indexed by op) is given. Seconds;
-    GB = 1e9 bytes."""
+    ``stall_s``; ``gpu_end_s``, ``seconds`` and ``op_name`` where logged) and its transfer rows
+    (``tier``, ``direction``, ``nbytes``, ``copy_s``, ``gpu_start_s``); ``host_syncs`` where the
+    ops have their ends and ``profiled`` (the planned trace's op names and seconds, indexed by
+    op) is given. Seconds; GB = 1e9 bytes."""
     start = ops.sort_values("op")["gpu_start_s"].to_numpy(dtype=float)
     span = float(start[-1] - start[0])
     out = {"span_s": span, "stall_s": float(ops["stall_s"].sum()),
            "ops_and_gaps_s": span - float(ops["stall_s"].sum())}
     if "gpu_end_s" in ops and ops["gpu_end_s"].notna().all():  # where the GPU ran none of the ops
         o = ops.sort_values("op")
-        gaps = o["gpu_start_s"].to_numpy(dtype=float)[1:] - o["gpu_end_s"].to_numpy(dtype=float)[:-1]
-        out["gpu_idle_s"] = float(np.clip(gaps, 0, None).sum())
+        gaps = np.clip(o["gpu_start_s"].to_numpy(dtype=float)[1:] - o["gpu_end_s"].to_numpy(dtype=float)[:-1],
+                       0, None)
+        out["gpu_idle_s"] = float(gaps.sum())
         if profiled is not None and "seconds" in o:
-            synced = np.flatnonzero(o["seconds"].to_numpy(dtype=float) >= host_sync_s)  # NaN: not synced
-            op_spans = o["gpu_end_s"].to_numpy(dtype=float) - o["gpu_start_s"].to_numpy(dtype=float)
-            before = np.concatenate([[0.0], np.clip(gaps, 0, None)])
-            past = np.clip(op_spans - profiled[o["op"].to_numpy()], 0, None)
-            out["host_syncs"] = {"count": len(synced), "ops": [int(o["op"].iloc[i]) for i in synced],
-                                 "gpu_wait_s": float((before[synced] + past[synced]).sum())}
+            out["host_syncs"] = _host_syncs(o, gaps, *profiled, host_sync_s)
     host = transfers[(transfers["tier"] == "host") & transfers["copy_s"].notna()]
     for direction, g in host.groupby("direction"):
         seconds = float(g["copy_s"].sum())
@@ -71,9 +72,28 @@ def step_timeline(ops: pd.DataFrame, transfers: pd.DataFrame, profiled: np.ndarr
     return out
 
 
+def _host_syncs(o: pd.DataFrame, gaps: np.ndarray, names: list[str], seconds: np.ndarray,
+                host_sync_s: float) -> dict:
+    """``host_syncs`` (module docstring) of one step's op rows ``o`` (in op order) with the
+    compute stream's idle ``gaps`` between them, against the planned trace's op ``names`` and
+    profiled ``seconds``."""
+    idx = o["op"].to_numpy()
+    if len(o) != len(names) or "op_name" not in o or list(o["op_name"]) != [names[k] for k in idx]:
+        return {"skipped": "the step's ops are not the planned trace's (a step after a re-plan?)"}
+    host = o["seconds"].to_numpy(dtype=float)  # NaN (the step's last op): not counted
+    synced = np.flatnonzero((host >= host_sync_s) & (o["stall_s"].to_numpy(dtype=float) <= 0))
+    around = sorted({g for k in synced for g in (k - 1, k) if 0 <= g < len(gaps)})  # before and after each
+    spans = o["gpu_end_s"].to_numpy(dtype=float) - o["gpu_start_s"].to_numpy(dtype=float)
+    past = np.clip(spans - seconds[idx], 0, None)
+    return {"count": len(synced), "ops": [int(idx[k]) for k in synced],
+            "gpu_wait_s": float(gaps[around].sum() + past[synced].sum())}
+
+
 def job_timeline(job: Path, host_sync_s: float = HOST_SYNC_S) -> dict:
     """:func:`step_timeline` of every logged step of the TeraIO run in ``job``, with the
     trace's profiled op seconds; ``{"no_gpu_timeline": reason}`` where the logs have none.
+    ``host_syncs_skipped`` says why no step has ``host_syncs`` where the planned trace cannot
+    be rebuilt (``teraio.perf.replay.replayed_trace``).
 
     Raises:
         ValueError: the job dir has no op or transfer log (``teraio.perf.jobdir``).
@@ -86,12 +106,17 @@ def job_timeline(job: Path, host_sync_s: float = HOST_SYNC_S) -> dict:
     if "gpu_start_s" not in ops or ops["gpu_start_s"].isna().all():
         return {"no_gpu_timeline": "its logs hold no gpu_start_s (a CPU run, or logs made before the GPU timeline)"}
     trace = jobdir.read_trace(jobdir.side_file(job, "trace.json"))
-    profiled = np.asarray(trace.op_seconds, dtype=float)
+    out: dict = {}
+    try:  # the trace the run planned, whose ops its logs number
+        planned = replayed_trace(trace, jobdir.plan(job))[0] if jobdir.side_file(job, "plan.json") else trace
+        profiled = (list(planned.op_names), np.asarray(planned.op_seconds, dtype=float))
+    except ValueError as e:  # a plan that updates parameters on the host without naming them
+        profiled, out["host_syncs_skipped"] = None, str(e)
     steps = {int(s): step_timeline(g, transfers[transfers["step"] == s], profiled, host_sync_s)
              for s, g in ops.groupby("step")}
     spans = [v["span_s"] for v in steps.values()]
     return {"steps": steps, "median_span_s": float(np.median(spans)),
-            "profiled_op_seconds_sum": float(trace.op_seconds.sum())}
+            "profiled_op_seconds_sum": float(trace.op_seconds.sum()), **out}
 
 
 def main() -> None:

@@ -8,7 +8,8 @@ Per job: the row's ``status`` (an ``interrupted`` or time-limited row keeps the 
 measured, which are used), ``gpu_name``, the plan's ``recompute`` setting, its recomputes
 and recomputed bytes per iteration, ``tiers_gbps`` (the planned rates), the measured mean
 iteration seconds over ``measured_steps`` iterations, the simulated ones, their ratio
-``simulated_over_measured``, the profiled op sum ``ideal_s`` and the plan's
+``simulated_over_measured``, the profiled op sum ``ideal_s`` (of the trace the plan was made
+for: without the device updates of parameters it updates in host memory) and the plan's
 ``capacity_bytes``; and the same plan simulated with each channel serving the transfer whose
 op waits first, preempting (``simulated_edf_iteration_seconds``: what an engine that ordered
 its copies so would reach, where the engine's copies run in issue order on one stream per

@@ -58,7 +58,8 @@ for f in sorted(pathlib.Path(sys.argv[1]).glob("*/*/result.json")):
     trained = (r.get("micro_batch_size_trained") or r.get("zero_micro_batch_size")
                or (r.get("micro_batch") or {}).get("chosen") or p["micro_batch_size"])
     print(f"{p['system']:13} t{p['trial']} {r['status']:7} tokens/s={r.get('tokens_per_s')} "
-          f"micro_batch={trained} stall_s={r.get('stall_seconds')} gpu={r.get('gpu_name')}")
+          f"micro_batch={trained} stall_s={r.get('stall_seconds')} gpu={r.get('gpu_name')} "
+          f"allocator={r.get('allocator_conf')}")
 PY
   ;;
 esac

@@ -60,8 +60,9 @@ Schema (keys always present; unknown values are ``null``):
 ``ssd_io_mode``       ``"gds" | "compat" | "direct" | "buffered" | null`` (SSD tier I/O path, ``teraio.core.tiers.ssd.SSDTier.mode``)
 ``gpu_name``, ``versions``, ``host``, ``started_at``, ``finished_at``, ``wall_seconds``
 ``allocator_conf``    the CUDA caching allocator's settings the worker ran with
-                      (``PYTORCH_CUDA_ALLOC_CONF``; ``teraio.harness.run`` sets expandable
-                      segments unless the user set it), null on a CPU device
+                      (``teraio.systems.measure.allocator_conf``; ``teraio.harness.run`` sets
+                      expandable segments unless the user set them), null on a CPU device or
+                      where none is set
 ``artifacts``         relative paths of side files in the job dir (trace, plan, oplog, transfers,
                       deepspeed config), by name
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import threading
 
 import pytest
@@ -12,6 +13,17 @@ from teraio.harness.drive_lock import hold_drives, lock_path
 from test_sweep import run_sweep
 
 WAIT_S = 30  # bound on waits for another thread; never reached when the lock works
+
+
+@pytest.fixture(autouse=True)
+def own_lock_dir(tmp_path, monkeypatch):
+    """The drive locks of these tests, and of the sweeps they start, in a temporary directory of
+    their own (the locks live in ``tempfile.gettempdir()``): another sweep of the host on the
+    same drive holds the host's (a fresh-clone CI beside a smoke-sweep loop failed here)."""
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(locks))  # this process (tempfile caches its directory)
+    monkeypatch.setenv("TMPDIR", str(locks))  # the sweeps' processes
 
 
 def test_directories_on_one_drive_share_one_lock(tmp_path):
@@ -80,11 +92,7 @@ write_result(resolved.parent / "result.json", row)
     ("teraio_ssd", "false", "lock free"),
     ("ideal", "true", "lock free"),  # Ideal moves nothing through a drive
 ])
-def test_sweep_holds_the_drive_while_an_ssd_system_runs(tmp_path, monkeypatch, system, exclusive, expected):
-    # The drive locks of this sweep in a temporary directory of its own (they live in
-    # tempfile.gettempdir()): another sweep of this host on the same drive holds the host's.
-    (tmp_path / "tmp").mkdir()
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+def test_sweep_holds_the_drive_while_an_ssd_system_runs(tmp_path, system, exclusive, expected):
     script = tmp_path / "probe_worker.py"
     script.write_text(PROBE_WORKER)
     ssd = tmp_path / "ssd"

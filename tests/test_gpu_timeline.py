@@ -14,7 +14,7 @@ def write_job(job, gpu=True):
     Trace(["aten.mm.default"] * 3, np.array([1.0, 2.0, 0.5]),
           [TensorRecord(0, "param:w", 8, "param", True, [0, 2])]).save(job / "trace.json")
     ops = pd.DataFrame({"step": [3, 3, 3], "op": [0, 1, 2], "op_name": ["aten.mm.default"] * 3,
-                        "t_start_s": [0.0, 0.1, 0.2], "seconds": [0.001, 0.3, np.nan], "stall_s": [0.0, 0.5, 0.0],
+                        "t_start_s": [0.0, 0.1, 0.2], "seconds": [0.4, 0.3, np.nan], "stall_s": [0.2, 0.0, 0.3],
                         "gpu_start_s": [0.25, 1.25, 3.75] if gpu else [np.nan] * 3,
                         "gpu_end_s": [1.0, 3.5, 4.0] if gpu else [np.nan] * 3})
     ops.to_csv(job / "oplog.csv", index=False)
@@ -35,10 +35,19 @@ def test_a_steps_span_stalls_and_copies_come_from_its_gpu_timeline(tmp_path):
     assert step["offload"]["gbps_while_copying"] == pytest.approx(40.0)  # 2 GB in 0.05 s
     assert step["prefetch"]["busy_share_of_span"] == pytest.approx(0.1 / 3.5)
     assert "ssd" not in step and t["profiled_op_seconds_sum"] == pytest.approx(3.5)
-    # op 1's host held 0.3 s: a sync; the GPU waited 0.25 s before it and ran it 0.25 s past its 2 s
-    assert step["host_syncs"]["count"] == 1 and step["host_syncs"]["ops"] == [1]
-    assert step["host_syncs"]["gpu_wait_s"] == pytest.approx(0.5)
-    assert job_timeline(tmp_path / "job", host_sync_s=0.4)["steps"][3]["host_syncs"]["count"] == 0
+    # op 1's host held 0.3 s without a stall: a sync; the GPU waited 0.25 s before it, 0.25 s
+    # after it, and ran it 0.25 s past its profiled 2 s. Op 0's 0.4 s held a stall (host time
+    # too, a drive's read): not a sync.
+    assert step["host_syncs"] == {"count": 1, "ops": [1], "gpu_wait_s": pytest.approx(0.75)}
+    assert job_timeline(tmp_path / "job", host_sync_s=0.35)["steps"][3]["host_syncs"]["count"] == 0
+
+
+def test_host_syncs_are_skipped_for_a_step_whose_ops_are_not_the_planned_traces(tmp_path):
+    write_job(tmp_path / "job")
+    log = pd.read_csv(tmp_path / "job" / "oplog.csv")
+    log.loc[2, "op_name"] = "aten.add.Tensor"  # a step after a re-plan ran other ops
+    log.to_csv(tmp_path / "job" / "oplog.csv", index=False)
+    assert "skipped" in job_timeline(tmp_path / "job")["steps"][3]["host_syncs"]
 
 
 def test_logs_without_a_gpu_timeline_say_so(tmp_path):

@@ -181,6 +181,6 @@ def test_a_replay_takes_the_hosted_parameters_from_the_plan_and_refuses_a_plan_t
     plan = lambda auto: MigrationPlan(full.n_ops, 1, 1, 1, [], meta={"host_update_auto": auto})  # noqa: E731
     assert replayed_trace(full, plan({"off": 1.0, "variants": [], "kept": None})) == (full, None)
     trace, gbps = replayed_trace(full, plan({"kept": 0, "hosted": HOSTED, "gbps": 3.5}))
-    assert gbps == 3.5 and shape(trace, HOSTED) == shape(full.with_host_update(HOSTED), HOSTED)
+    assert gbps == 3.5 and shape(trace, HOSTED) == shape(full.with_host_update(HOSTED).with_released_grads(), HOSTED)
     with pytest.raises(ValueError, match="kept=0.* does not name them"):
         replayed_trace(full, plan({"kept": 0}))

@@ -58,7 +58,8 @@ def test_each_step_records_what_the_allocator_did_in_its_timed_region_only(monke
     def work(step):
         counts["device_allocs"] += 100  # before the timer: not the step's
         return Step(lambda: counts.update(alloc_retries=counts["alloc_retries"] + step,
-                                          device_allocs=counts["device_allocs"] + 1) or 1.0)
+                                          device_allocs=counts["device_allocs"] + 1) or 1.0,
+                    lambda: counts.update(device_frees=counts["device_frees"] + 7) or StepStats())  # after it
 
     monkeypatch.setattr(teraio.systems.loop, "allocator_events", events)
     monkeypatch.setattr(teraio.systems.loop, "timed", lambda device: contextlib.nullcontext({"seconds": 1.0}))
@@ -66,6 +67,19 @@ def test_each_step_records_what_the_allocator_did_in_its_timed_region_only(monke
     assert [i["allocator"] for i in its] == [
         {"alloc_retries": s, "sync_all_streams": 0, "device_allocs": 1, "device_frees": 0} for s in (2, 3, 4)]
     assert "allocator" not in measure_steps(lambda step: Step(lambda: 1.0), WORK, CPU).iterations[0]
+
+
+def test_a_row_names_the_allocator_settings_pytorch_reads_first(monkeypatch):
+    from teraio.systems.measure import allocator_conf
+
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    assert allocator_conf() == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:512")
+    assert allocator_conf() == "max_split_size_mb:512"
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF")
+    assert allocator_conf() is None
 
 
 def test_a_loss_that_is_not_finite_stops_the_loop_naming_the_step(capsys):

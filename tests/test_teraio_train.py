@@ -32,6 +32,7 @@ from teraio.core.trace import Trace
 from teraio.perf.choose import REGION_MARGIN
 from teraio.trainer.runner import run
 from benchmarks.replay_runs import replay
+from teraio.perf.replay import replayed_trace
 
 CPU = torch.device("cpu")
 
@@ -560,7 +561,15 @@ def test_host_update_trains_as_plain_training_does_and_the_row_says_what_it_host
         (tmp_path / "job" / "result.json").write_text(json.dumps(result))
         replayed = replay(tmp_path / "job")
         assert replayed["host_update_gbps"] == result["host_update_gbps"]
-        assert replayed["simulated_iteration_seconds"] > 0 and replayed["simulated_edf_iteration_seconds"] is None
+        assert replayed["simulated_edf_iteration_seconds"] is None
+        # the trace it replays is the one the engine ran: the op log's ops, op by op
+        ran = [line.split(",")[2] for line in (tmp_path / "job" / "oplog.csv").read_text().splitlines()[1:]
+               if line.startswith(f"{result['iterations'][0]['step']},")]
+        trace, _ = replayed_trace(Trace.load(tmp_path / "job" / "trace.json"), MigrationPlan.from_dict(plan))
+        assert list(trace.op_names) == ran
+        # and it simulates as the variant the planner kept did (nothing deferred after it here)
+        assert plan["meta"]["tail_offloads"]["deferred"] == 0
+        assert replayed["simulated_iteration_seconds"] == pytest.approx(hu["variants"][hu["kept"]]["seconds"])
     else:  # kept only where it simulates more than the margin faster than the plan without
         best = hu["variants"][hu["kept"]]["seconds"] if hu["kept"] is not None else None
         assert (best is not None and best < hu["off"] * (1 - REGION_MARGIN)) == (hu["params"] > 0)

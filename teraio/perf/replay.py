@@ -65,8 +65,9 @@ def replayed_trace(trace: Trace, plan: MigrationPlan) -> tuple[Trace, float | No
     """``trace`` (a run's profiled step, as saved) as ``plan`` was made for it, and the host's
     AdamW rate to simulate it at (GB/s): where the plan updates parameters in host memory
     (``meta["host_update_auto"]["hosted"]``, ``teraio.perf.choose.plan_host_update``), the
-    trace without their device updates (``Trace.with_host_update``) and the rate the plan
-    recorded; else ``trace`` and None.
+    trace without their device updates (``Trace.with_host_update``), its gradients released
+    after their last use as a run with host updates always has them
+    (``Trace.with_released_grads``), and the rate the plan recorded; else ``trace`` and None.
 
     Raises:
         ValueError: a plan that updates parameters in host memory without naming them
@@ -79,7 +80,7 @@ def replayed_trace(trace: Trace, plan: MigrationPlan) -> tuple[Trace, float | No
         raise ValueError("the plan updates parameters in host memory (host_update_auto.kept="
                          f"{auto['kept']}) but does not name them: made before plans recorded "
                          "host_update_auto.hosted, it cannot be replayed")
-    return trace.with_host_update(auto["hosted"]), auto["gbps"]
+    return trace.with_host_update(auto["hosted"]).with_released_grads(), auto["gbps"]  # a host update releases them
 
 
 @dataclasses.dataclass(frozen=True)

@@ -128,10 +128,10 @@ def measure_steps(step_fn: StepFn, workload: WorkloadConfig, device: torch.devic
         events = allocator_events(device)
         with timed(device) as t:
             loss = this.run()
+        after = allocator_events(device)
         check_loss(step, loss)
         s = this.stats()
         if events is not None:
-            after = allocator_events(device)
             s = replace(s, extra={**s.extra, "allocator": {k: after[k] - v for k, v in events.items()}})
         seconds, tokens, warmup = t["seconds"], workload.tokens_at(step), step < workload.warmup_steps
         limit = None

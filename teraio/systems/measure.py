@@ -64,9 +64,11 @@ ALLOCATOR_EVENTS = {"alloc_retries": "num_alloc_retries", "sync_all_streams": "n
                     "device_allocs": "num_device_alloc", "device_frees": "num_device_free"}
 """The caching allocator's counters (``torch.cuda.memory_stats`` keys) an iteration row reports
 as ``allocator``, by the row's name for each: ``alloc_retries`` (allocations that failed, made
-the allocator release its unused memory, which waits for every stream, and tried again),
-``sync_all_streams`` (those waits), ``device_allocs`` and ``device_frees`` (cudaMalloc/cudaFree
-calls, or with expandable segments the maps and unmaps of their pages)."""
+the allocator release its unused memory, which waits for the device, and tried again),
+``sync_all_streams`` (those waits, and those of every ``torch.cuda.empty_cache``, which
+TeraIO's engine and pager call after an out-of-memory error), ``device_allocs`` and
+``device_frees`` (cudaMalloc/cudaFree calls, or with expandable segments the maps and unmaps
+of their pages)."""
 
 
 def allocator_events(device: torch.device) -> dict[str, int] | None:
@@ -75,7 +77,7 @@ def allocator_events(device: torch.device) -> dict[str, int] | None:
     if device.type != "cuda":
         return None
     stats = torch.cuda.memory_stats(device)
-    return {name: int(stats.get(key, 0)) for name, key in ALLOCATOR_EVENTS.items()}
+    return {name: int(stats[key]) for name, key in ALLOCATOR_EVENTS.items()}
 
 
 def peak_host_rss_bytes() -> int | None:
@@ -109,14 +111,21 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def allocator_conf() -> str | None:
+    """The caching allocator's settings this process runs with: ``PYTORCH_ALLOC_CONF`` where
+    set (PyTorch reads it first), else ``PYTORCH_CUDA_ALLOC_CONF``; None where neither is set
+    (PyTorch's defaults)."""
+    return os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+
+
 def environment_facts(device: torch.device) -> dict:
-    """Versions, host, GPU name and the caching allocator's settings (``PYTORCH_CUDA_ALLOC_CONF``)
+    """Versions, host, GPU name and the caching allocator's settings (:func:`allocator_conf`)
     for a result row. No GPU name and no allocator settings where this process sees no GPU (a
     modeled row, made on any machine, for a CUDA point)."""
     on_gpu = device.type == "cuda" and torch.cuda.is_available()
     return {
         "gpu_name": torch.cuda.get_device_name(device) if on_gpu else None,
-        "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") if on_gpu else None,
+        "allocator_conf": allocator_conf() if on_gpu else None,
         "host": socket.gethostname(),
         "versions": {
             "python": platform.python_version(), "torch": torch.__version__,
