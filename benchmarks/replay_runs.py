@@ -27,8 +27,7 @@ import sys
 from pathlib import Path
 
 from benchmarks import job_tool
-from teraio.perf import jobdir
-from teraio.perf.replay import plan_tiers, replay_run, replayed_trace
+from teraio.perf.replay import plan_tiers, replay_run, saved_run
 
 
 def replay(job: Path) -> dict:
@@ -37,8 +36,7 @@ def replay(job: Path) -> dict:
     Raises:
         ValueError: ``job`` lacks its row, trace or plan, or its row measured no iteration.
     """
-    row, plan = jobdir.result(job), jobdir.plan(job)
-    trace, gbps = replayed_trace(jobdir.trace(job), plan)
+    row, trace, plan, gbps = saved_run(job)
     run = functools.partial(replay_run, trace, plan, plan_tiers(plan), row.get("iterations") or [],
                             shared_ssd=plan.meta["shared_ssd"], host_update_gbps=gbps)
     r, synced = run(), run(step_sync=True)

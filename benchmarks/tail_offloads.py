@@ -12,7 +12,10 @@ a sync at the step's end (``run_on_s``, the planner's model), with it (``in_step
 ``in_step_over_measured``), and with the offloads that would still be copying at the sync
 launched after it (``next_step_s``; ``deferred`` and ``deferred_bytes`` count them) and
 ``next_step_over_in_step``; the trace's op sum ``ideal_s`` and the plan's ``capacity_bytes``
-(what names the trace and plan it was made from). ``--out`` is replaced atomically.
+(what names the trace and plan it was made from). A plan that updates parameters in host
+memory is simulated on the trace it was made for, at the host's AdamW rate it recorded
+(``teraio.perf.replay.saved_run``); its tail offloads stay in the step
+(``defer_tail_offloads``). ``--out`` is replaced atomically.
 """
 from __future__ import annotations
 
@@ -20,8 +23,7 @@ import sys
 from pathlib import Path
 
 from benchmarks import job_tool
-from teraio.perf import jobdir
-from teraio.perf.replay import plan_tiers, replay_run
+from teraio.perf.replay import plan_tiers, replay_run, saved_run
 from teraio.perf.retime import defer_tail_offloads
 from teraio.perf.simulator import simulate
 
@@ -32,15 +34,17 @@ def compare(job: Path) -> dict:
     Raises:
         ValueError: ``job`` lacks its row, trace or plan, or its row measured no iteration.
     """
-    row, trace, plan = jobdir.result(job), jobdir.trace(job), jobdir.plan(job)
+    row, trace, plan, gbps = saved_run(job)
     tiers, shared = plan_tiers(plan), plan.meta["shared_ssd"]
-    in_step = replay_run(trace, plan, tiers, row.get("iterations") or [], shared_ssd=shared, step_sync=True)
+    in_step = replay_run(trace, plan, tiers, row.get("iterations") or [], shared_ssd=shared, step_sync=True,
+                         host_update_gbps=gbps)
     deferred = defer_tail_offloads(trace, plan, tiers, shared_ssd=shared)
-    next_step = simulate(trace, deferred, tiers, shared_ssd=shared, step_sync=True).iteration_seconds
+    next_step = simulate(trace, deferred, tiers, shared_ssd=shared, step_sync=True,
+                         host_update_gbps=gbps).iteration_seconds
     return {"job": str(job), "status": row["status"], "gpu_name": row.get("gpu_name"),
             "measured_steps": len(in_step.iterations),
             "measured_iteration_seconds": in_step.measured_iteration_seconds,
-            "run_on_s": simulate(trace, plan, tiers, shared_ssd=shared).iteration_seconds,
+            "run_on_s": simulate(trace, plan, tiers, shared_ssd=shared, host_update_gbps=gbps).iteration_seconds,
             "in_step_s": in_step.simulated.iteration_seconds,
             "in_step_over_measured": in_step.predicted_over_measured,
             "deferred": deferred.meta["tail_offloads"]["deferred"],

@@ -32,6 +32,7 @@ from teraio.core.trace import Trace
 from teraio.perf.choose import REGION_MARGIN
 from teraio.trainer.runner import run
 from benchmarks.replay_runs import replay
+from benchmarks.tail_offloads import compare as compare_tail_offloads
 from teraio.perf.replay import replayed_trace
 
 CPU = torch.device("cpu")
@@ -570,6 +571,9 @@ def test_host_update_trains_as_plain_training_does_and_the_row_says_what_it_host
         # and it simulates as the variant the planner kept did (nothing deferred after it here)
         assert plan["meta"]["tail_offloads"]["deferred"] == 0
         assert replayed["simulated_iteration_seconds"] == pytest.approx(hu["variants"][hu["kept"]]["seconds"])
+        # the tail-offload comparison reads the run the same way (its offloads kept in the step)
+        tails = compare_tail_offloads(tmp_path / "job")
+        assert tails["run_on_s"] == pytest.approx(replayed["simulated_iteration_seconds"]) and tails["deferred"] == 0
     else:  # kept only where it simulates more than the margin faster than the plan without
         best = hu["variants"][hu["kept"]]["seconds"] if hu["kept"] is not None else None
         assert (best is not None and best < hu["off"] * (1 - REGION_MARGIN)) == (hu["params"] > 0)

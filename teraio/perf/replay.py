@@ -16,6 +16,7 @@ import statistics
 from teraio.core.bandwidth import TierBandwidth
 from teraio.core.plan import MigrationPlan
 from teraio.core.trace import Trace
+from teraio.perf import jobdir
 from teraio.perf.choose import plan_fastest
 from teraio.perf.simulator import SimResult, simulate
 
@@ -81,6 +82,19 @@ def replayed_trace(trace: Trace, plan: MigrationPlan) -> tuple[Trace, float | No
                          f"{auto['kept']}) but does not name them: made before plans recorded "
                          "host_update_auto.hosted, it cannot be replayed")
     return trace.with_host_update(auto["hosted"]).with_released_grads(), auto["gbps"]  # a host update releases them
+
+
+def saved_run(job) -> tuple[dict, Trace, MigrationPlan, float | None]:
+    """A TeraIO run's job directory (``teraio.perf.jobdir``) as a replay takes it: its row, the
+    trace its plan was made for (:func:`replayed_trace` of the saved trace), its plan, and the
+    host's AdamW rate for the parameters it updates in host memory (None: none).
+
+    Raises:
+        ValueError: the directory lacks its row, trace or plan, or as :func:`replayed_trace`.
+    """
+    plan = jobdir.plan(job)
+    trace, gbps = replayed_trace(jobdir.trace(job), plan)
+    return jobdir.result(job), trace, plan, gbps
 
 
 @dataclasses.dataclass(frozen=True)
