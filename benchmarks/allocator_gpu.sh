@@ -41,6 +41,6 @@ for i in "${!confs[@]}"; do
   # a runs dir of its own, empty: the sweep would resume a row made under another setting
   # (the setting is the environment's, not the point's config)
   rm -rf "/tmp/allocator_$name"
-  env -u PYTORCH_ALLOC_CONF PYTORCH_CUDA_ALLOC_CONF=$conf RUNS=/tmp/allocator_$name OUT=$OUT/$name WHICH=rows TRIALS=$TRIALS \
-    BUDGET_S=$share TIMEOUT_S=$TIMEOUT_S ROWS=$ROWS bash benchmarks/side_by_side_gpu.sh
+  env -u PYTORCH_ALLOC_CONF "PYTORCH_CUDA_ALLOC_CONF=$conf" "RUNS=/tmp/allocator_$name" "OUT=$OUT/$name" WHICH=rows "TRIALS=$TRIALS" \
+    "BUDGET_S=$share" "TIMEOUT_S=$TIMEOUT_S" "ROWS=$ROWS" bash benchmarks/side_by_side_gpu.sh
 done
