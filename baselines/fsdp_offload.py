@@ -47,7 +47,8 @@ from baselines.process_group import init_process_group, mean_over_ranks, rank_ro
 from teraio.config import RunConfig
 from teraio.result import Measurements, kept_on_failure
 from teraio.systems.loop import Step
-from teraio.systems.measure import apply_memory_cap, lift_memory_cap, reset_peak_memory
+from teraio.systems.measure import reset_peak_memory
+from teraio.systems.memory_cap import apply_memory_cap
 from teraio.workload.models import build_model
 from teraio.workload.step import make_batch, make_optimizer, train_step
 
@@ -120,11 +121,11 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
         # (the row's parameter digest) is a CPU collective.
         own_group = init_process_group(device, "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo",
                                        set_device=True)
-        apply_memory_cap(cap, device)
+        held = apply_memory_cap(cap, device, cfg.hardware.capacity_mode)
         try:
             _train(cfg, opts, device, world, mb, measured)
         finally:
-            lift_memory_cap(device)
+            held.lift()
             if own_group:
                 dist.destroy_process_group()
     return measured

@@ -157,7 +157,7 @@ def run_measured(cfg: RunConfig, device: torch.device) -> Measurements:
         torch.OutOfMemoryError: the step does not fit the device (or ``capacity_bytes``).
     """
     w = cfg.workload
-    with EmulatedCapacity(cfg.system.options.get("capacity_bytes"), device), \
+    with EmulatedCapacity(cfg.system.options.get("capacity_bytes"), device, cfg.hardware.capacity_mode), \
             kept_on_failure(Measurements()) as measured:
         training = build_training(cfg.model, w, device, cfg.seed)
         reset_peak_memory(device)
@@ -215,7 +215,7 @@ def run_composed(cfg: RunConfig, device: torch.device) -> Measurements:
     n_micro, mb = w.grad_accum_steps, w.micro_batch_size
     fwd_bwd: list[float] = []
     opt_step: list[float] = []
-    with EmulatedCapacity(cfg.system.options.get("capacity_bytes"), device):
+    with EmulatedCapacity(cfg.system.options.get("capacity_bytes"), device, cfg.hardware.capacity_mode):
         model = build_model(cfg.model, w.seq_len, device, cfg.seed)
         optimizer = make_optimizer(model, w.lr)
         inputs, labels = make_batch(0, w, cfg.model.vocab_size, cfg.seed, device)

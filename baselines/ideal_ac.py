@@ -29,7 +29,8 @@ from baselines.ideal import NO_MIGRATION
 from teraio.config import RunConfig
 from teraio.result import Measurements, kept_on_failure
 from teraio.systems.loop import Step
-from teraio.systems.measure import apply_memory_cap, lift_memory_cap, reset_peak_memory
+from teraio.systems.measure import reset_peak_memory
+from teraio.systems.memory_cap import apply_memory_cap
 from teraio.workload.models import build_model
 from teraio.workload.step import make_batch, make_optimizer, train_step
 
@@ -95,7 +96,7 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
         "micro_batch_size_trained": mb, "saved_activation_peak_bytes": None})
     profiled = profiled_step(w) if opts["profile_saved_activations"] else None
     with kept_on_failure(measured):
-        apply_memory_cap(cap, device)
+        held = apply_memory_cap(cap, device, cfg.hardware.capacity_mode)
         try:
             model = apply_checkpointing(build_model(cfg.model, w.seq_len, device, cfg.seed), opts["mode"],
                                         opts["selective_ac_option"])
@@ -121,5 +122,5 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
 
             measure_and_digest(step_fn, w, device, measured, model)
         finally:
-            lift_memory_cap(device)
+            held.lift()
     return measured

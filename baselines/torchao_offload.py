@@ -41,7 +41,8 @@ from baselines.zero import adamw_hyperparameters
 from teraio.config import RunConfig
 from teraio.result import Measurements, kept_on_failure
 from teraio.systems.loop import Step
-from teraio.systems.measure import apply_memory_cap, lift_memory_cap, reset_peak_memory
+from teraio.systems.measure import reset_peak_memory
+from teraio.systems.memory_cap import apply_memory_cap
 from teraio.workload.models import build_model
 from teraio.workload.step import make_batch, train_step
 
@@ -117,7 +118,7 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
     with kept_on_failure(measured):
         if opts["check_host_memory"]:
             check_host_room(cfg.system.name, host_bytes)
-        apply_memory_cap(cap, device)
+        held = apply_memory_cap(cap, device, cfg.hardware.capacity_mode)
         try:
             model = apply_checkpointing(build_model(cfg.model, w.seq_len, device, cfg.seed), opts["ac"],
                                         opts["selective_ac_option"])
@@ -130,5 +131,5 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
 
             measure_and_digest(step_fn, w, device, measured, model)
         finally:
-            lift_memory_cap(device)
+            held.lift()
     return measured

@@ -89,7 +89,8 @@ from baselines.process_group import init_process_group, mean_over_ranks, rank_ro
 from teraio.files import SWAP_DIRS, owner_tag, remove_orphans
 from teraio.config import RunConfig
 from teraio.systems.loop import Step, Steps, measure_steps
-from teraio.systems.measure import apply_memory_cap, peak_memory, reset_peak_memory
+from teraio.systems.measure import peak_memory, reset_peak_memory
+from teraio.systems.memory_cap import MemoryCap, apply_memory_cap
 from teraio.workload.models import build_meta_model, build_model
 from teraio.result import Measurements, human_bytes, kept_on_failure
 from teraio.workload.step import make_batch, make_optimizer
@@ -468,16 +469,17 @@ def _buffers_to(model: nn.Module, device: torch.device) -> None:
             setattr(module, name, buf.to(device))
 
 
-def _release_device(device: torch.device, capped: bool) -> None:
+def _release_device(device: torch.device, held: MemoryCap | None) -> None:
     """Leave the process's device as found: a later run in the same process (tests) gets
-    neither this run's cap nor its cached blocks (DeepSpeed's engine and buffers are
-    freed by the collector: they sit in reference cycles)."""
+    neither this run's cap (``held``, None where none was applied yet) nor its cached blocks
+    (DeepSpeed's engine and buffers are freed by the collector: they sit in reference
+    cycles)."""
     if device.type != "cuda":
         return
     gc.collect()
     torch.cuda.empty_cache()
-    if capped:
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
+    if held is not None:
+        held.lift()
 
 
 def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
@@ -528,11 +530,12 @@ def _run(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measurem
     import deepspeed  # after TORCH_EXTENSIONS_DIR is set: its ops JIT-load from there
 
     own_group = init_process_group(device, "nccl" if device.type == "cuda" else "gloo")
-    engine = None
+    engine = held = None
     try:
         if swap_dir is not None:
             swap_dir.mkdir()
-        apply_memory_cap(cfg.hardware.gpu_capacity_bytes, device)  # before the first device allocation
+        # before the first device allocation
+        held = apply_memory_cap(cfg.hardware.gpu_capacity_bytes, device, cfg.hardware.capacity_mode)
         if opts["stage"] == 3:
             model = build_model(cfg.model, w.seq_len, "cpu", cfg.seed)
             deepspeed.zero.Init(module=model, config_dict_or_path=ds_config)
@@ -549,7 +552,7 @@ def _run(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measurem
             (deepspeed.comm if deepspeed.comm.is_initialized() else dist).destroy_process_group()
         if swap_dir is not None:
             shutil.rmtree(swap_dir, ignore_errors=True)
-        _release_device(device, capped=cfg.hardware.gpu_capacity_bytes is not None)
+        _release_device(device, held)
     measured.capacity_bytes = cfg.hardware.gpu_capacity_bytes
     measured.capacity_emulated = True if cfg.hardware.gpu_capacity_bytes is not None else None
     if cfg.hardware.gpu_capacity_bytes is not None and device.type != "cuda":

@@ -134,7 +134,8 @@ def main() -> None:
     from teraio.core.plan import MigrationPlan
     from teraio.core.profiler import persistent_tensors, profile_step
     from teraio.harness.compose import compose_run_config
-    from teraio.systems.measure import apply_memory_cap, lift_memory_cap, timed
+    from teraio.systems.measure import timed
+    from teraio.systems.memory_cap import apply_memory_cap
     from teraio.trainer.machine import compute_stream
     from teraio.trainer.options import TeraIOOptions
     from teraio.workload.models import build_model
@@ -189,7 +190,7 @@ def main() -> None:
         step += 1
     torch.cuda.empty_cache()
     limit = int(capacity * (1 - opts.headroom(dev)))
-    apply_memory_cap(capacity, dev)
+    held = apply_memory_cap(capacity, dev, capped.hardware.capacity_mode)
     pager = Pager(limit, dev, list(persistent_tensors(model, opt).values()), min_evict_bytes=opts.min_tensor_bytes)
     try:
         with timed(dev) as t:
@@ -200,7 +201,7 @@ def main() -> None:
                                 "pager": vars(pager.stats)}
     finally:
         pager.close()
-        lift_memory_cap(dev)
+        held.lift()
     ideal = min(s["seconds"] for s in out["steps"]["ideal"])
     out["min_seconds"] = {k: min(s["seconds"] for s in v) for k, v in out["steps"].items()}
     out["engine_over_ideal"] = out["min_seconds"]["engine"] / ideal

@@ -133,12 +133,25 @@ class SystemConfig:
         systems.get(self.name)  # ValueError naming the valid names
 
 
+CAPACITY_MODES = ("fraction", "reserve")
+"""The valid ``hardware.capacity_mode`` values (``teraio.systems.memory_cap``)."""
+
+
+def check_capacity_mode(mode: str) -> None:
+    """Raises ValueError naming ``mode`` and the valid ones unless it is one of
+    :data:`CAPACITY_MODES`."""
+    if mode not in CAPACITY_MODES:
+        raise ValueError(f"hardware.capacity_mode={mode!r}; valid: {', '.join(CAPACITY_MODES)}")
+
+
 @dataclasses.dataclass
 class HardwareConfig:
     """The machine to emulate.
 
-    ``gpu_capacity_bytes``: cap on device memory (null: uncapped). ``ssd_dirs``: one
-    directory per drive. Bandwidths are GB/s per direction, the SSD ones per drive; null:
+    ``gpu_capacity_bytes``: cap on device memory (null: uncapped). ``capacity_mode``: how
+    the cap is held, ``fraction`` (the caching allocator's own limit) or ``reserve`` (the
+    memory past it taken up front; ``teraio.systems.memory_cap`` says how they differ).
+    ``ssd_dirs``: one directory per drive. Bandwidths are GB/s per direction, the SSD ones per drive; null:
     measured on the machine that runs (``teraio.core.probe``; the SSD ones then over all the
     drives together). ``prices``: USD, for the cost table.
     """
@@ -147,6 +160,7 @@ class HardwareConfig:
     device: str = "cpu"
     n_gpus: int = 1
     gpu_capacity_bytes: int | None = None
+    capacity_mode: str = "fraction"
     ssd_dirs: list[str] = dataclasses.field(default_factory=lambda: ["/tmp/teraio_ssd"])
     ssd_write_gbps: float | None = 2.0
     ssd_read_gbps: float | None = 1.6
@@ -154,6 +168,9 @@ class HardwareConfig:
     host_d2h_gbps: float | None = 37.0
     host_h2d_gbps: float | None = 55.0
     prices: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_capacity_mode(self.capacity_mode)  # ValueError naming the valid modes
 
 
 @dataclasses.dataclass

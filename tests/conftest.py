@@ -15,6 +15,7 @@ import torch
 
 import teraio.harness.run  # noqa: F401  (the allocator configuration above)
 from teraio.config import run_config_from_dict
+from teraio.systems.memory_cap import MemoryCap
 
 GPU_TEST_TIMEOUT_S = 300
 
@@ -63,7 +64,11 @@ def cap_then_build(monkeypatch, runner_module, build_module=None) -> list:
         calls.append("build")
         raise ModelBuilt
 
-    monkeypatch.setattr(runner_module, "apply_memory_cap", lambda capacity, device: calls.append(("cap", capacity)))
+    def cap(capacity, device, mode="fraction"):
+        calls.append(("cap", capacity))
+        return MemoryCap(device, None)
+
+    monkeypatch.setattr(runner_module, "apply_memory_cap", cap)
     monkeypatch.setattr(build_module or runner_module, "build_model", build)
     return calls
 

@@ -36,7 +36,21 @@ def test_each_setting_runs_the_rows_whole(tmp_path):
     assert {(c[4], c[5], c[6]) for c in calls} == {("rows", "0,1", "unset")}
 
 
+def test_a_settings_overrides_join_every_sweep_of_the_rows(tmp_path):
+    rows = "model=a system=ideal;model=a system=teraio_mixed workload.micro_batch_size=4"
+    done, calls = run_script(tmp_path, ROWS=rows,
+                             CONFS="f=expandable_segments:True|hardware.capacity_mode=fraction;"
+                                   "r=expandable_segments:True|hardware.capacity_mode=reserve")
+    assert done.returncode == 0, done.stderr
+    assert [c[0] for c in calls] == ["expandable_segments:True"] * 2
+    assert [c[1] for c in calls] == [
+        "model=a system=ideal hardware.capacity_mode=fraction;"
+        "model=a system=teraio_mixed workload.micro_batch_size=4 hardware.capacity_mode=fraction",
+        "model=a system=ideal hardware.capacity_mode=reserve;"
+        "model=a system=teraio_mixed workload.micro_batch_size=4 hardware.capacity_mode=reserve"]
+
+
 def test_bad_settings_are_refused_before_anything_runs(tmp_path):
-    for confs, why in (("a=x;a=y", "given twice"), ("a b=x", "give name=setting"), ("a=", "give name=setting")):
+    for confs, why in (("a=x;a=y", "given twice"), ("a b=x", "give name=setting"), ("a=", "give name=setting"), ("a=|x=1", "give name=setting")):
         done, calls = run_script(tmp_path, CONFS=confs)
         assert done.returncode == 2 and why in done.stderr and calls == [], (confs, done.stderr)

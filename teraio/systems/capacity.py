@@ -1,7 +1,7 @@
 """An emulated device capacity that also binds on the CPU: a smaller GPU for the question
 "does this still fit?", asked the same way on a GPU and in CPU tests.
 
-On CUDA it is the allocator cap (``teraio.systems.measure.apply_memory_cap``: past it
+On CUDA it is the allocator cap (``teraio.systems.memory_cap.apply_memory_cap``: past it
 ``torch.OutOfMemoryError`` as on a smaller GPU). On the CPU, where no allocator can be capped,
 a ``TorchDispatchMode`` counts the bytes of the live storages on the device that the ops
 under it allocate (each counted from the op that made it until it is freed, a weak reference
@@ -16,7 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from teraio.core.profiler import fresh_outputs, iter_tensors, storage_key
-from teraio.systems.measure import apply_memory_cap, lift_memory_cap
+from teraio.systems.memory_cap import MemoryCap, apply_memory_cap
 
 
 class _LiveBytes(TorchDispatchMode):
@@ -65,26 +65,27 @@ class _LiveBytes(TorchDispatchMode):
 
 
 class EmulatedCapacity:
-    """``with EmulatedCapacity(capacity_bytes, device) as cap:`` — the device holds at most
-    ``capacity_bytes`` bytes inside the block (module docstring); None: no cap, nothing
-    done. On the CPU, tensors made before the block count once passed to :meth:`track`;
+    """``with EmulatedCapacity(capacity_bytes, device, mode) as cap:`` — the device holds at
+    most ``capacity_bytes`` bytes inside the block (module docstring), on CUDA held the
+    ``mode`` way (``hardware.capacity_mode``); None: no cap, nothing done. On the CPU, tensors made before the block count once passed to :meth:`track`;
     :attr:`peak_bytes` is then the largest count seen (bytes; None on CUDA or uncapped).
 
     Raises:
         ValueError: a capacity that is not positive, or above a GPU's total memory.
     """
 
-    def __init__(self, capacity_bytes: int | None, device: torch.device):
+    def __init__(self, capacity_bytes: int | None, device: torch.device, mode: str = "fraction"):
         if capacity_bytes is not None and capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes={capacity_bytes}; must be > 0 (bytes) or null")
-        self.capacity_bytes, self.device = capacity_bytes, torch.device(device)
+        self.capacity_bytes, self.device, self.cap_mode = capacity_bytes, torch.device(device), mode
         self._mode: _LiveBytes | None = None
+        self._cap: MemoryCap | None = None
 
     def __enter__(self) -> "EmulatedCapacity":
         if self.capacity_bytes is None:
             return self
         if self.device.type == "cuda":
-            apply_memory_cap(self.capacity_bytes, self.device)
+            self._cap = apply_memory_cap(self.capacity_bytes, self.device, self.cap_mode)
         else:
             self._mode = _LiveBytes(self.capacity_bytes, self.device)
             self._mode.__enter__()
@@ -95,8 +96,8 @@ class EmulatedCapacity:
             return
         if self._mode is not None:
             self._mode.__exit__(*exc)
-        else:
-            lift_memory_cap(self.device)
+        elif self._cap is not None:
+            self._cap.lift()
 
     def track(self, tensors) -> None:
         """Count ``tensors`` (made before the block) against the capacity (CPU)."""

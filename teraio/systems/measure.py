@@ -1,5 +1,5 @@
-"""Measurement helpers every system shares: the emulated memory cap, device sync, peak
-memory, and the facts (versions, GPU name) that go into a result row."""
+"""Measurement helpers every system shares: device sync, peak memory, the caching
+allocator's counters, and the facts (versions, GPU name) that go into a result row."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -12,35 +12,6 @@ import time
 from contextlib import contextmanager
 
 import torch
-
-
-def apply_memory_cap(capacity_bytes: int | None, device: torch.device) -> None:
-    """Emulate a GPU of ``capacity_bytes`` (bytes) with
-    ``torch.cuda.set_per_process_memory_fraction``: allocations past it raise
-    ``torch.OutOfMemoryError`` as on a smaller GPU. No-op for None or a CPU device.
-
-    Raises:
-        ValueError: capacity larger than the GPU's total memory, or not positive.
-    """
-    if capacity_bytes is None or device.type != "cuda":
-        return
-    total = torch.cuda.get_device_properties(device).total_memory
-    if not 0 < capacity_bytes <= total:
-        raise ValueError(f"hardware.gpu_capacity_bytes={capacity_bytes} must be in (0, {total}] "
-                         f"(the total memory of {torch.cuda.get_device_name(device)})")
-    torch.cuda.set_per_process_memory_fraction(capacity_bytes / total, _index(device))
-
-
-def lift_memory_cap(device: torch.device) -> None:
-    """Undo :func:`apply_memory_cap`: the emulated capacity binds training, not the cleanup
-    after it (restoring offloaded tensors at close can need more than the cap)."""
-    if device.type == "cuda":
-        torch.cuda.set_per_process_memory_fraction(1.0, _index(device))
-
-
-def _index(device: torch.device) -> int:
-    # set_per_process_memory_fraction rejects a device without an index ("cuda").
-    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def synchronize(device: torch.device) -> None:

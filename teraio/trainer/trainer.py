@@ -52,8 +52,8 @@ from teraio.core.tiers.ssd import SSD_FREE_RESERVE, drive_room_bytes
 from teraio.core.trace import Trace
 from teraio.result import Measurements, human_bytes, iteration_totals, progress_line
 from teraio.systems.loop import Step, Steps, StepStats, measure_steps
-from teraio.systems.measure import (apply_memory_cap, lift_memory_cap, param_digest, peak_memory, reset_peak_memory,
-                                    synchronize, timed)
+from teraio.systems.measure import param_digest, peak_memory, reset_peak_memory, synchronize, timed
+from teraio.systems.memory_cap import apply_memory_cap
 from teraio.trainer.logs import EngineLogs
 from teraio.trainer.machine import (check_model_fits, compute_stream, device_capacity, open_tiers,
                                     tier_bandwidth)
@@ -166,7 +166,8 @@ class TeraIOTrainer:
         self.hosted: tuple[dict, dict, HostUpdate] | None = None  # the current engine's: params, taken, update
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        apply_memory_cap(cfg.hardware.gpu_capacity_bytes, device)  # from the first allocation on
+        # from the first allocation on
+        self.cap = apply_memory_cap(cfg.hardware.gpu_capacity_bytes, device, cfg.hardware.capacity_mode)
         measured.capacity_bytes = self.capacity
         measured.capacity_emulated = emulated if self.capacity is not None else None
         self.training = self.logs = self.pager = self.engine = None
@@ -228,7 +229,7 @@ class TeraIOTrainer:
         """Lift the capacity and close the engine, restoring the parameters only (their
         digest is all that is read after training; reading back the optimizer state too
         would add minutes from an SSD tier)."""
-        lift_memory_cap(self.device)
+        self.cap.lift()
         if self.engine is not None:
             self.engine.close(restore=lambda name: name.startswith("param:"))
 
