@@ -16,6 +16,7 @@
 #   ROWS   the sweeps' overrides, as side_by_side_gpu.sh takes them (';' between sweeps; default
 #          TeraIO-Mixed at micro-batch 4 at fig7_h200's Llama3-8B cut seq_short)
 #   TRIALS (default 0)   TIMEOUT_S (per point, default 150)
+#   RUNS_ROOT (default /tmp): each setting's runs dir is RUNS_ROOT/allocator_<name>, emptied first
 #   BUDGET_S (default 500): shared by the settings in order, each given an equal share of what is
 #          left less OVERHEAD_S (default 20: its packing and summaries, run outside its share)
 set -uo pipefail
@@ -26,6 +27,11 @@ TRIALS=${TRIALS:-0}
 TIMEOUT_S=${TIMEOUT_S:-150}
 BUDGET_S=${BUDGET_S:-500}
 OVERHEAD_S=${OVERHEAD_S:-20}
+RUNS_ROOT=${RUNS_ROOT:-/tmp}
+IFS=';' read -ra sweeps <<< "$ROWS"
+for sweep in "${sweeps[@]}"; do  # a blank sweep would run fig7_h200's default points
+  [[ $sweep =~ [^[:space:]] ]] || { echo "ROWS='$ROWS': a sweep between ';' is blank; give each its overrides" >&2; exit 2; }
+done
 IFS=';' read -ra confs <<< "$CONFS"
 [ "${#confs[@]}" -gt 0 ] || { echo "CONFS='$CONFS': give at least one name=setting" >&2; exit 2; }
 declare -A seen
@@ -44,13 +50,12 @@ for i in "${!confs[@]}"; do
   name=${confs[$i]%%=*} conf=${confs[$i]#*=} extra=
   [[ $conf == *'|'* ]] && extra=${conf#*|} conf=${conf%%|*}
   rows=
-  IFS=';' read -ra sweeps <<< "$ROWS"
   for sweep in "${sweeps[@]}"; do rows+="${rows:+;}$sweep${extra:+ $extra}"; done
   share=$(( (BUDGET_S - (SECONDS - start)) / (${#confs[@]} - i) - OVERHEAD_S ))
   echo "== $name: PYTORCH_CUDA_ALLOC_CONF=$conf${extra:+, $extra}, ${share} s"
   # a runs dir of its own, empty: the sweep would resume a row made under another setting
   # (the setting is the environment's, not the point's config)
-  rm -rf "/tmp/allocator_$name"
-  env -u PYTORCH_ALLOC_CONF "PYTORCH_CUDA_ALLOC_CONF=$conf" "RUNS=/tmp/allocator_$name" "OUT=$OUT/$name" WHICH=rows "TRIALS=$TRIALS" \
+  rm -rf "$RUNS_ROOT/allocator_$name"
+  env -u PYTORCH_ALLOC_CONF "PYTORCH_CUDA_ALLOC_CONF=$conf" "RUNS=$RUNS_ROOT/allocator_$name" "OUT=$OUT/$name" WHICH=rows "TRIALS=$TRIALS" \
     "BUDGET_S=$share" "TIMEOUT_S=$TIMEOUT_S" "ROWS=$rows" bash benchmarks/side_by_side_gpu.sh
 done

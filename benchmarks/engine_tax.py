@@ -191,8 +191,9 @@ def main() -> None:
     torch.cuda.empty_cache()
     limit = int(capacity * (1 - opts.headroom(dev)))
     held = apply_memory_cap(capacity, dev, capped.hardware.capacity_mode)
-    pager = Pager(limit, dev, list(persistent_tensors(model, opt).values()), min_evict_bytes=opts.min_tensor_bytes)
+    pager = None
     try:
+        pager = Pager(limit, dev, list(persistent_tensors(model, opt).values()), min_evict_bytes=opts.min_tensor_bytes)
         with timed(dev) as t:
             t0 = time.time()
             _, profiles["paged"] = profile_step(work(step), model, opt, dev, meta=dict(cfg.point()), pager=pager)
@@ -200,7 +201,8 @@ def main() -> None:
         out["paged_profile"] = {"seconds": t["seconds"], "capacity_bytes": capacity, "limit_bytes": limit,
                                 "pager": vars(pager.stats)}
     finally:
-        pager.close()
+        if pager is not None:
+            pager.close()
         held.lift()
     ideal = min(s["seconds"] for s in out["steps"]["ideal"])
     out["min_seconds"] = {k: min(s["seconds"] for s in v) for k, v in out["steps"].items()}

@@ -55,7 +55,7 @@ def open_tiers(plan, tmp_path, host_tier=None) -> dict:
 def cap_then_build(monkeypatch, runner_module, build_module=None) -> list:
     """Replace ``apply_memory_cap`` in ``runner_module`` and ``build_model`` in
     ``build_module`` (default: the runner's own) with recorders: the returned list gets
-    ``("cap", capacity)`` and ``"build"`` in call order, and building raises
+    ``("cap", capacity, mode)`` and ``"build"`` in call order, and building raises
     :class:`ModelBuilt`, so a test sees what a runner does before its first device
     allocation."""
     calls: list = []
@@ -64,8 +64,8 @@ def cap_then_build(monkeypatch, runner_module, build_module=None) -> list:
         calls.append("build")
         raise ModelBuilt
 
-    def cap(capacity, device, mode="fraction"):
-        calls.append(("cap", capacity))
+    def cap(capacity, device, mode):
+        calls.append(("cap", capacity, mode))
         return MemoryCap(device, None)
 
     monkeypatch.setattr(runner_module, "apply_memory_cap", cap)

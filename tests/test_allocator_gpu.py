@@ -17,7 +17,7 @@ def run_script(tmp_path: Path, **env) -> tuple[subprocess.CompletedProcess, list
     calls = tmp_path / "calls.txt"
     calls.write_text("")
     done = subprocess.run(["bash", "benchmarks/allocator_gpu.sh"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=60, env={"PATH": os.environ["PATH"], "CALLS": str(calls),
+                          timeout=60, env={"PATH": os.environ["PATH"], "CALLS": str(calls), "RUNS_ROOT": str(tmp_path),
                                            "OUT": str(tmp_path / "out"), "PYTORCH_ALLOC_CONF": "x", **env})
     return done, [line.split("|") for line in calls.read_text().splitlines()]
 
@@ -31,7 +31,7 @@ def test_each_setting_runs_the_rows_whole(tmp_path):
     # the overrides reach the sweep as one value: a setting that ran fig7_h200's default points
     # instead of these (the rows split at their spaces) is what this guards against
     assert [c[1] for c in calls] == [rows, rows]
-    assert [c[2] for c in calls] == ["/tmp/allocator_a", "/tmp/allocator_b"]
+    assert [c[2] for c in calls] == [str(tmp_path / "allocator_a"), str(tmp_path / "allocator_b")]
     assert [c[3] for c in calls] == [str(tmp_path / "out" / "a"), str(tmp_path / "out" / "b")]
     assert {(c[4], c[5], c[6]) for c in calls} == {("rows", "0,1", "unset")}
 
@@ -51,6 +51,10 @@ def test_a_settings_overrides_join_every_sweep_of_the_rows(tmp_path):
 
 
 def test_bad_settings_are_refused_before_anything_runs(tmp_path):
-    for confs, why in (("a=x;a=y", "given twice"), ("a b=x", "give name=setting"), ("a=", "give name=setting"), ("a=|x=1", "give name=setting")):
+    for confs, why in (("a=x;a=y", "given twice"), ("a b=x", "give name=setting"), ("a=", "give name=setting"),
+                       ("a=|x=1", "give name=setting")):
         done, calls = run_script(tmp_path, CONFS=confs)
         assert done.returncode == 2 and why in done.stderr and calls == [], (confs, done.stderr)
+    for rows in ("model=a;;model=b", ";model=a", " "):
+        done, calls = run_script(tmp_path, ROWS=rows, CONFS="a=x|y=1")
+        assert done.returncode == 2 and "is blank" in done.stderr and calls == [], (rows, done.stderr)

@@ -170,7 +170,7 @@ def test_composed_ideal_times_the_step_as_the_measured_one_does(tmp_path, monkey
 
 def peak_of(fn) -> int:
     """Peak live CPU bytes of ``fn()`` (teraio.systems.capacity's count, no cap binding)."""
-    with EmulatedCapacity(1 << 50, torch.device("cpu")) as cap:
+    with EmulatedCapacity(1 << 50, torch.device("cpu"), "fraction") as cap:
         fn()
     return cap.peak_bytes
 

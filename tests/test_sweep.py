@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from teraio.config import load_run_config
+from teraio.harness.rows import changed_keys
 from teraio.result import read_status
 
 REPO = Path(__file__).resolve().parents[1]
@@ -452,6 +453,14 @@ def test_a_changed_config_never_reuses_an_old_ok_row(tmp_path, fake_worker, chan
     assert p.returncode == 0, p.stdout + p.stderr
     assert calls(runs, 0) == 2 and (job_dir(runs, 0) / "result.1.json").read_bytes() == ok
     assert row(runs, 0)["status"] == "ok" and row(runs, 0)["config"] != json.loads(ok)["config"]
+
+
+def test_a_row_made_before_the_capacity_mode_existed_was_held_by_the_fraction():
+    old = {"hardware": {"name": "h200", "gpu_capacity_bytes": 1}}
+    assert changed_keys(old, {"hardware": {**old["hardware"], "capacity_mode": "fraction"}}) == []
+    assert changed_keys(old, {"hardware": {**old["hardware"], "capacity_mode": "reserve"}}) == [
+        "hardware.capacity_mode"]
+    assert changed_keys(old, {"hardware": {**old["hardware"], "a_later_field": 1}}) == []  # not compared
 
 
 def test_a_copied_runs_dir_keeps_its_rows(tmp_path, fake_worker):

@@ -476,10 +476,10 @@ def test_the_ssd_tier_is_planned_within_the_drives_free_room(tmp_path, ref, monk
 
 def test_the_emulated_capacity_binds_before_the_model_is_built(tmp_path, monkeypatch):
     calls = cap_then_build(monkeypatch, teraio.trainer.trainer, teraio.workload.pipeline)
-    cfg = config("teraio_mixed", tmp_path, 1 << 30)
+    cfg = config("teraio_mixed", tmp_path, 1 << 30, capacity_mode="reserve")
     with pytest.raises(ModelBuilt):
         run(cfg, tmp_path, CPU)
-    assert calls == [("cap", 1 << 30), "build"]
+    assert calls == [("cap", 1 << 30, "reserve"), "build"]  # the config's mode
 
 
 def test_a_capacity_the_plan_cannot_meet_stops_before_the_engine_runs(tmp_path):

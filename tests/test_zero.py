@@ -417,7 +417,7 @@ def test_zero_offload_two_ranks_follow_plain_torch(tmp_path, reference):
 def test_the_emulated_capacity_binds_before_the_model_is_built(tmp_path, monkeypatch, stage):
     calls = cap_then_build(monkeypatch, zero)
     cfg = make_cfg("zero_offload", {"stage": stage})
-    cfg.hardware.gpu_capacity_bytes = 1 << 30
+    cfg.hardware.gpu_capacity_bytes, cfg.hardware.capacity_mode = 1 << 30, "reserve"
     with pytest.raises(ModelBuilt):
         zero.run(cfg, tmp_path / "job", torch.device("cpu"))
-    assert calls == [("cap", 1 << 30), "build"]
+    assert calls == [("cap", 1 << 30, "reserve"), "build"]  # the config's mode

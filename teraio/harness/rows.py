@@ -82,12 +82,29 @@ NOT_IDENTITY = ("hardware.ssd_dirs", "system.options.nvme_path", "timeout_s")
 # hardware.prices) is compared whole.
 SECTIONS = ("", "model.", "workload.", "system.", "hardware.", "system.options.")
 
+# Fields added to the run config whose absence from a row means a value: the way every run
+# went before the field existed. A row without one is compared as having that value.
+ADDED_AS = {("hardware", "capacity_mode"): "fraction"}
+
+
+def _as_added(config: Any) -> Any:
+    """``config`` with each :data:`ADDED_AS` field it lacks set to that field's value."""
+    if not isinstance(config, dict):
+        return config
+    out = dict(config)
+    for (section, key), value in ADDED_AS.items():
+        if isinstance(out.get(section), dict) and key not in out[section]:
+            out[section] = {**out[section], key: value}
+    return out
+
 
 def changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
     """Dotted keys of the run config whose values differ between ``old`` (the config a row
     was made with) and ``new``, but for :data:`NOT_IDENTITY`; a field of a section
     (:data:`SECTIONS`) that only one side has (a row made before the field existed) is
-    not compared."""
+    not compared, unless :data:`ADDED_AS` says what its absence meant."""
+    if not prefix:
+        old, new = _as_added(old), _as_added(new)
     if prefix in SECTIONS and isinstance(old, dict) and isinstance(new, dict):
         return [k for key in sorted(set(old) & set(new), key=str)
                 for k in changed_keys(old[key], new[key], f"{prefix}{key}.")]

@@ -1,9 +1,9 @@
 """An emulated device capacity that also binds on the CPU: a smaller GPU for the question
 "does this still fit?", asked the same way on a GPU and in CPU tests.
 
-On CUDA it is the allocator cap (``teraio.systems.memory_cap.apply_memory_cap``: past it
-``torch.OutOfMemoryError`` as on a smaller GPU). On the CPU, where no allocator can be capped,
-a ``TorchDispatchMode`` counts the bytes of the live storages on the device that the ops
+On CUDA it is the device held to the capacity (``teraio.systems.memory_cap``, the way
+``hardware.capacity_mode`` says: past it ``torch.OutOfMemoryError`` as on a smaller GPU). On
+the CPU, where no allocator can be capped, a ``TorchDispatchMode`` counts the bytes of the live storages on the device that the ops
 under it allocate (each counted from the op that made it until it is freed, a weak reference
 telling when), plus those of the tensors handed to :meth:`EmulatedCapacity.track`, and raises
 ``torch.OutOfMemoryError`` from the op that takes the count past the capacity.
@@ -67,14 +67,14 @@ class _LiveBytes(TorchDispatchMode):
 class EmulatedCapacity:
     """``with EmulatedCapacity(capacity_bytes, device, mode) as cap:`` — the device holds at
     most ``capacity_bytes`` bytes inside the block (module docstring), on CUDA held the
-    ``mode`` way (``hardware.capacity_mode``); None: no cap, nothing done. On the CPU, tensors made before the block count once passed to :meth:`track`;
-    :attr:`peak_bytes` is then the largest count seen (bytes; None on CUDA or uncapped).
+    ``mode`` way (``hardware.capacity_mode``); None: no cap, nothing done. On the CPU,
+    tensors made before the block count once passed to :meth:`track`; :attr:`peak_bytes` is then the largest count seen (bytes; None on CUDA or uncapped).
 
     Raises:
         ValueError: a capacity that is not positive, or above a GPU's total memory.
     """
 
-    def __init__(self, capacity_bytes: int | None, device: torch.device, mode: str = "fraction"):
+    def __init__(self, capacity_bytes: int | None, device: torch.device, mode: str):
         if capacity_bytes is not None and capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes={capacity_bytes}; must be > 0 (bytes) or null")
         self.capacity_bytes, self.device, self.cap_mode = capacity_bytes, torch.device(device), mode

@@ -15,7 +15,8 @@ Two ways to hold a run to the capacity (``hardware.capacity_mode``), applied by
   as on a GPU of that size: it maps only the pages a request lacks, and releases its unused
   memory when the device has no pages left. Memory that is not the allocator's and grows during
   the run (CUDA's lazily loaded kernels, library handles) comes out of the capacity, as it
-  does on a GPU of that size.
+  does on a GPU of that size. The allocator's ``garbage_collection_threshold`` setting, which
+  PyTorch applies only under a fraction, does nothing here.
 
 Which one holds a run is in its config; every system of a comparison is held the same way.
 """
@@ -31,8 +32,15 @@ from teraio.config import check_capacity_mode
 def ballast_bytes(capacity_bytes: int, free_bytes: int, reserved_bytes: int) -> int:
     """Bytes to take outside the caching allocator so that it can hold at most
     ``capacity_bytes`` in all: the device's ``free_bytes`` less what the allocator may still
-    add to its ``reserved_bytes``; 0 where the device has no more free than that."""
-    return max(0, free_bytes - max(0, capacity_bytes - reserved_bytes))
+    add to its ``reserved_bytes``; 0 where the device has no more free than that.
+
+    Raises:
+        ValueError: the allocator already holds more than the capacity.
+    """
+    if reserved_bytes > capacity_bytes:
+        raise ValueError(f"hardware.capacity_mode=reserve: the caching allocator already holds {reserved_bytes} "
+                         f"bytes, more than the capacity hardware.gpu_capacity_bytes={capacity_bytes}")
+    return max(0, free_bytes - (capacity_bytes - reserved_bytes))
 
 
 class _Driver:
@@ -61,8 +69,9 @@ class MemoryCap:
 
     Attributes:
         mode: ``"fraction"``, ``"reserve"``, or None where nothing was applied (no
-            capacity, or a CPU device).
-        ballast_bytes: the bytes taken outside the allocator (``reserve``), else 0.
+            capacity, or a CPU device) and once lifted.
+        ballast_bytes: the bytes taken outside the allocator (``reserve``; 0 where the device
+            had no more free than the capacity), else 0.
     """
 
     def __init__(self, device: torch.device, mode: str | None, ballast: tuple[_Driver, int] | None = None,
@@ -83,14 +92,17 @@ class MemoryCap:
         self.mode = None
 
 
-def apply_memory_cap(capacity_bytes: int | None, device: torch.device, mode: str = "fraction") -> MemoryCap:
+def apply_memory_cap(capacity_bytes: int | None, device: torch.device, mode: str) -> MemoryCap:
     """Hold ``device`` to ``capacity_bytes`` (bytes) the ``mode`` way (module docstring): past
     it allocations raise ``torch.OutOfMemoryError`` as on a smaller GPU. Nothing is applied for
-    None or a CPU device (a cap whose :meth:`MemoryCap.lift` does nothing).
+    None or a CPU device (a cap whose :meth:`MemoryCap.lift` does nothing). ``reserve`` first
+    releases the allocator's unused memory (a device sync), so that only what is live counts.
 
     Raises:
-        ValueError: a capacity larger than the GPU's total memory or not positive, or an
-            unknown mode.
+        ValueError: a capacity larger than the GPU's total memory or not positive, an unknown
+            mode, or (``reserve``) live memory already past the capacity.
+        OSError: (``reserve``) no CUDA driver library (``libcuda.so.1``).
+        RuntimeError: (``reserve``) the driver could not allocate the ballast.
     """
     check_capacity_mode(mode)
     if capacity_bytes is None or device.type != "cuda":
@@ -104,6 +116,7 @@ def apply_memory_cap(capacity_bytes: int | None, device: torch.device, mode: str
         return MemoryCap(device, mode)
     with torch.cuda.device(device):
         torch.cuda.synchronize(device)  # the primary context current on this thread
+        torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(device)
         nbytes = ballast_bytes(capacity_bytes, free, torch.cuda.memory_reserved(device))
         if nbytes == 0:

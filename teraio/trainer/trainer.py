@@ -3,8 +3,9 @@ around the shared training step (paper §3, Fig. 4), as a class in the shape of 
 ``Trainer``: the run's state as attributes, a method per phase of the cycle.
 
 The GPU capacity binds from the run's first allocation: the emulated one
-(``hardware.gpu_capacity_bytes``, a cap on the process's allocator) or, with none given on
-a CUDA device, the device's own free memory at start. No step runs un-offloaded.
+(``hardware.gpu_capacity_bytes``, held the way ``hardware.capacity_mode`` says,
+``teraio.systems.memory_cap``) or, with none given on a CUDA device, the device's own free
+memory at start. No step runs un-offloaded.
 
 Iteration schedule (the step index selects the data, so every system sees the same
 tokens at the same step):
@@ -127,6 +128,8 @@ class TeraIOTrainer:
         opts: the options (``TeraIOOptions``).
         headroom: the fraction of the capacity kept out of the plan and the pager.
         capacity: the device capacity in bytes (None: uncapped, a CPU given none).
+        cap: the emulated capacity as applied (``teraio.systems.memory_cap.MemoryCap``), lifted
+            by :meth:`close`.
         limit: the capacity less headroom, bytes: what the pager and the plan may use.
         bandwidths: the planner's tier bandwidths (GB/s).
         training: the model, optimizer and step (``teraio.workload.pipeline.Training``).
