@@ -18,7 +18,10 @@ simulator replays FIFO only, at the host's AdamW rate the plan recorded,
 ``host_update_gbps``); and FIFO with each iteration ending with the device synchronised, as
 the measurement loop ends each step (``simulated_step_sync_iteration_seconds`` and
 ``step_sync_over_measured``: the copies still running at a step's end are waited for
-there, ``teraio.perf.simulator.simulate``'s ``step_sync``). ``--out`` is replaced atomically.
+there, ``teraio.perf.simulator.simulate``'s ``step_sync``); and as the run ran: FIFO, the step
+synchronised, and a host-tier offload's storage freed without a wait where the run's engine
+freed it so (``stream_frees``: ``device_waits`` on CUDA; ``simulated_as_run_iteration_seconds``
+and ``as_run_over_measured``). ``--out`` is replaced atomically.
 """
 from __future__ import annotations
 
@@ -27,7 +30,19 @@ import sys
 from pathlib import Path
 
 from benchmarks import job_tool
+import torch
+
+from teraio.config import dataclass_from_dict
 from teraio.perf.replay import plan_tiers, replay_run, saved_run
+from teraio.trainer.options import TeraIOOptions
+
+
+def run_stream_frees(row: dict) -> bool:
+    """Whether the run of ``row`` freed host-tier offloads without a wait
+    (``TeraIOOptions.stream_frees`` of its config's options and device)."""
+    config = row["config"]
+    opts = dataclass_from_dict(TeraIOOptions, config["system"]["options"], "system.options (TeraIO)")
+    return opts.stream_frees(torch.device(config["hardware"]["device"]))
 
 
 def replay(job: Path) -> dict:
@@ -39,7 +54,8 @@ def replay(job: Path) -> dict:
     row, trace, plan, gbps = saved_run(job)
     run = functools.partial(replay_run, trace, plan, plan_tiers(plan), row.get("iterations") or [],
                             shared_ssd=plan.meta["shared_ssd"], host_update_gbps=gbps)
-    r, synced = run(), run(step_sync=True)
+    frees = run_stream_frees(row)
+    r, synced, as_run = run(), run(step_sync=True), run(step_sync=True, stream_frees=frees)
     edf = run(policy="edf") if gbps is None else None  # the simulator replays host updates FIFO only
     return {"job": str(job), "system": row["point"]["system"], "status": row["status"],
             "gpu_name": row.get("gpu_name"), "recompute": plan.meta.get("recompute"),
@@ -52,6 +68,8 @@ def replay(job: Path) -> dict:
             "host_update_gbps": gbps,
             "simulated_step_sync_iteration_seconds": synced.simulated.iteration_seconds,
             "step_sync_over_measured": synced.predicted_over_measured,
+            "stream_frees": frees, "simulated_as_run_iteration_seconds": as_run.simulated.iteration_seconds,
+            "as_run_over_measured": as_run.predicted_over_measured,
             "ideal_s": float(trace.op_seconds.sum()), "capacity_bytes": plan.capacity_bytes}
 
 

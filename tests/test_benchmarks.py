@@ -218,3 +218,15 @@ def test_the_committed_microbatch_plans_regenerate_from_their_traces(tmp_path, m
     with pytest.raises(SystemExit):
         microbatch_plans.main([argv[0], "--trace", "no_label.json.gz", "--out", str(tmp_path / "x.json")])
     assert not (tmp_path / "x.json").exists()
+
+
+def test_a_replay_as_run_frees_host_offloads_without_a_wait_where_the_run_did():
+    """``benchmarks.replay_runs``' as-run replay takes ``stream_frees`` from the row's config:
+    ``device_waits`` (default true) on a CUDA device."""
+    from benchmarks.replay_runs import run_stream_frees
+
+    def row(device, **options):
+        return {"config": {"system": {"options": options}, "hardware": {"device": device}}}
+
+    assert run_stream_frees(row("cuda")) and run_stream_frees(row("cuda:1", device_waits=True))
+    assert not run_stream_frees(row("cuda", device_waits=False)) and not run_stream_frees(row("cpu"))

@@ -126,9 +126,9 @@ class Replay:
 
 def replay_run(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, iterations: list[dict],
                policy: str = "fifo", shared_ssd: bool = False, step_sync: bool = False,
-               host_update_gbps: float | None = None) -> Replay:
+               host_update_gbps: float | None = None, stream_frees: bool = False) -> Replay:
     """``plan`` on ``trace`` simulated at ``tiers`` (``simulate``'s ``policy``,
-    ``shared_ssd``, ``step_sync`` and ``host_update_gbps``), beside the run's measured
+    ``shared_ssd``, ``step_sync``, ``host_update_gbps`` and ``stream_frees``), beside the run's measured
     ``iterations`` (its row's). A run's saved trace and plan: :func:`replayed_trace` first.
 
     Raises:
@@ -137,4 +137,4 @@ def replay_run(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, iteratio
     if not iterations:
         raise ValueError("iterations=[]: a replay needs the run's measured iterations")
     return Replay(simulate(trace, plan, tiers, policy=policy, shared_ssd=shared_ssd, step_sync=step_sync,
-                           host_update_gbps=host_update_gbps), list(iterations))
+                           host_update_gbps=host_update_gbps, stream_frees=stream_frees), list(iterations))

@@ -149,6 +149,12 @@ class TeraIOOptions:
             return self.headroom_fraction
         return CUDA_HEADROOM_FRACTION if device.type == "cuda" else 0.0
 
+    def stream_frees(self, device: torch.device) -> bool:
+        """Whether the engine frees a host-tier offload's storage as soon as its op is issued,
+        the caching allocator holding the memory until the copy ran (``device_waits`` on a
+        CUDA device; ``teraio.perf.simulator.simulate``'s ``stream_frees``)."""
+        return self.device_waits and device.type == "cuda"
+
     def planner_options(self) -> dict:
         """The options passed through to ``teraio.perf.choose.plan_fastest`` as keyword
         arguments (the run adds what the machine sets: capacity, bandwidths, tier room)."""

@@ -373,7 +373,7 @@ class TeraIOTrainer:
         if self.host_update_gbps is not None:  # the optimizer update where its state lives
             trace, plan, hosted = plan_host_update(raw, plan, capacity, self.bandwidths, host_cap, self.host_update_gbps,
                                                    self.opts.host_update, self.opts.release_grads, **options)
-        stream_frees = self.opts.device_waits and self.device.type == "cuda"
+        stream_frees = self.opts.stream_frees(self.device)
         if self.opts.copy_order == "deadline":
             plan = retime_copies(trace, plan, self.bandwidths, shared_ssd=True, stream_frees=stream_frees)
         if self.opts.tail_offloads == "next_step":
