@@ -9,7 +9,8 @@ from teraio.core.plan import MigrationPlan
 from teraio.core.planner import predicted_live_bytes
 from teraio.core.recompute import Chains, is_inplace, is_pure
 from teraio.core.trace import TensorRecord, Trace
-from teraio.perf.choose import plan_fastest
+from teraio.perf.choose import REGION_MARGIN, plan_fastest
+from teraio.perf.replay import plan_as_committed
 from teraio.perf.simulator import simulate
 
 GB = 10**9
@@ -135,6 +136,31 @@ def test_plan_with_recomputes_round_trips(tmp_path):
     p.save(tmp_path / "plan.json")
     q = MigrationPlan.load(tmp_path / "plan.json")
     assert q.recomputes == p.recomputes and q.migrations == p.migrations
+
+
+@pytest.mark.parametrize("gbps", [2.0, 4.0])
+def test_recompute_auto_simulates_the_alternatives_as_the_engine_frees_host_offloads(gbps):
+    # P (2 GB) offloaded to the host after op 3 must be gone before op 4: counted as a wait
+    # for the copy (1 s at 2 GB/s), moving it looks 0.5-1 s slower than recomputing it
+    # (0.02 s); the engine with device_waits frees it at once (``stream_frees``), and moving
+    # is then within the margin of recomputing: "auto" keeps the plan that moves.
+    tr, tiers = attention_trace(), TierBandwidth(0.01, 0.01, gbps, gbps)
+    kept = {sf: plan_fastest(tr, int(5.2 * GB), tiers, host_cap_bytes=8 * GB, allow_stalls=True, recompute="auto",
+                             stream_frees=sf) for sf in (False, True)}
+    assert kept[False].recomputes and not kept[True].recomputes
+    assert any(m.tier == "host" and m.name == "op2:out0" for m in kept[True].migrations)
+    for sf, plan in kept.items():
+        seconds = plan.meta["recompute_auto"]
+        assert seconds["on"] == pytest.approx(10.04)
+        assert seconds["off"] > 10.5 if not sf else seconds["off"] < 10.04 / (1 - REGION_MARGIN)
+        assert simulate(tr, plan, tiers, shared_ssd=True, stream_frees=sf).iteration_seconds == \
+            pytest.approx(seconds["on" if plan.recomputes else "off"])
+    # a replan as committed (teraio.perf.replay) simulates as the plan's run did, where it says
+    for sf, plan in kept.items():
+        plan.meta["stream_frees"] = sf
+        assert bool(plan_as_committed(tr, plan, recompute="auto").recomputes) is not sf
+    del kept[True].meta["stream_frees"]  # made before plans recorded it: simulated without
+    assert plan_as_committed(tr, kept[True], recompute="auto").recomputes
 
 
 @pytest.mark.parametrize("bad", [1, "on", None])

@@ -75,6 +75,7 @@ def test_half_capacity_is_bit_identical(tmp_path, ref, system, hw, options):
     plan = json.loads((tmp_path / "job" / "plan.json").read_text())
     arena = plan["meta"]["host_arena"]
     assert arena is options.get("host_arena", arena) is result["plan"]["host_arena"]
+    assert plan["meta"]["stream_frees"] is False  # the CPU engine waits for every offload's copy
     if "host_arena" not in options and system == "teraio_mixed":
         simulated = result["plan"]["host_arena_auto"]
         assert set(simulated) == {"slots", "arena"}

@@ -34,7 +34,7 @@ def is_host_arena(value) -> bool:
 def plan_fastest(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
                  host_arena: bool | str = False, recompute: bool | str = False,
                  shared_ssd: bool = True, min_tensor_bytes: int = 1 << 20, host_update_gbps: float | None = None,
-                 **options) -> MigrationPlan:
+                 stream_frees: bool = False, **options) -> MigrationPlan:
     """``plan_migrations`` with ``host_arena`` and ``recompute`` each true, false or
     ``"auto"``; the other arguments (``options`` included) are ``plan_migrations``'.
     Without an ``"auto"`` it is ``plan_migrations`` itself.
@@ -56,7 +56,10 @@ def plan_fastest(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_c
 
     In either case ``meta["compile_seconds"]`` covers every plan made and its simulation;
     ``host_update_gbps`` is the host's AdamW rate where ``trace`` updates parameters in host
-    memory (``Trace.with_host_update``), for the simulator.
+    memory (``Trace.with_host_update``), for the simulator. ``stream_frees``: the plans are
+    simulated as the engine that frees a host-tier offload at once runs them
+    (``simulate``'s ``stream_frees``; ``TeraIOOptions.stream_frees``): without it a choice
+    counts as a wait what that engine never waits for.
 
     Raises:
         ValueError: a ``host_arena`` or ``recompute`` other than true, false or ``"auto"``;
@@ -68,32 +71,33 @@ def plan_fastest(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_c
         raise ValueError(f"recompute={recompute!r}; valid: true, false or 'auto'")
     args = (trace, capacity_bytes, tiers, host_cap_bytes)
     options.update(shared_ssd=shared_ssd, min_tensor_bytes=min_tensor_bytes)
+    sim = {"host_update_gbps": host_update_gbps, "stream_frees": stream_frees}
     if recompute == "auto":
-        return _fastest_schedule(*args, host_arena=host_arena, host_update_gbps=host_update_gbps, **options)
+        return _fastest_schedule(*args, host_arena=host_arena, sim=sim, **options)
     if host_arena == "auto":
-        return _fastest_packing(*args, recompute=recompute, host_update_gbps=host_update_gbps, **options)
+        return _fastest_packing(*args, recompute=recompute, sim=sim, **options)
     return plan_migrations(*args, host_arena=host_arena, recompute=recompute, **options)
 
 
 def _fastest_schedule(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
-                      host_arena: bool | str, host_update_gbps: float | None, **options) -> MigrationPlan:
+                      host_arena: bool | str, sim: dict, **options) -> MigrationPlan:
     """``recompute="auto"`` (:func:`plan_fastest`): the plan without and with the recompute
-    option, the latter kept where it simulates more than :data:`REGION_MARGIN` faster."""
+    option, the latter kept where it simulates more than :data:`REGION_MARGIN` faster
+    (``sim``: ``simulate``'s ``host_update_gbps`` and ``stream_frees``)."""
     t0 = time.perf_counter()
     options["candidates"] = Candidates(trace, int(options["min_tensor_bytes"]))
 
     def one(recompute: bool) -> MigrationPlan:
         if host_arena == "auto":
-            return _fastest_packing(trace, capacity_bytes, tiers, host_cap_bytes, recompute=recompute,
-                                    host_update_gbps=host_update_gbps, **options)
+            return _fastest_packing(trace, capacity_bytes, tiers, host_cap_bytes, recompute=recompute, sim=sim,
+                                    **options)
         return plan_packings(trace, capacity_bytes, tiers, host_cap_bytes, ("arena" if host_arena else "slots",),
                              recompute=recompute, **options)["arena" if host_arena else "slots"]
 
     plans = {"on": one(True)}
     if plans["on"].recomputes:  # else it is the plan without the option
         plans["off"] = one(False)
-    seconds = {k: _simulated(plan) or simulate(trace, plan, tiers, shared_ssd=options["shared_ssd"],
-                                               host_update_gbps=host_update_gbps).iteration_seconds
+    seconds = {k: _simulated(plan) or simulate(trace, plan, tiers, shared_ssd=options["shared_ssd"], **sim).iteration_seconds
                for k, plan in plans.items()}
     on = "off" not in plans or seconds["on"] < seconds["off"] * (1 - REGION_MARGIN)
     kept = plans["on" if on else "off"]
@@ -109,15 +113,14 @@ def _simulated(plan: MigrationPlan) -> float | None:
 
 
 def _fastest_packing(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,
-                     recompute: bool, host_update_gbps: float | None, **options) -> MigrationPlan:
+                     recompute: bool, sim: dict, **options) -> MigrationPlan:
     """``host_arena="auto"`` (:func:`plan_fastest`): the host tier in slots and as one
     region (twins, ``plan_packings``), the region's plan kept where it simulates more than
-    :data:`REGION_MARGIN` faster."""
+    :data:`REGION_MARGIN` faster (``sim`` as for :func:`_fastest_schedule`)."""
     t0 = time.perf_counter()
     plans = plan_packings(trace, capacity_bytes, tiers, host_cap_bytes,
                           ("slots", "arena") if host_cap_bytes > 0 else ("slots",), recompute=recompute, **options)
-    seconds = {packing: simulate(trace, plan, tiers, shared_ssd=options["shared_ssd"],
-                                 host_update_gbps=host_update_gbps).iteration_seconds
+    seconds = {packing: simulate(trace, plan, tiers, shared_ssd=options["shared_ssd"], **sim).iteration_seconds
                for packing, plan in plans.items()}
     region = "arena" in seconds and seconds["arena"] < seconds["slots"] * (1 - REGION_MARGIN)
     kept = plans["arena" if region else "slots"]
@@ -153,7 +156,7 @@ def _group(name: str) -> str:
 
 def plan_host_update(trace: Trace, plan: MigrationPlan, capacity_bytes: int, tiers: TierBandwidth,
                      host_cap_bytes: int, host_update_gbps: float, mode: str, release_grads: bool,
-                     **options) -> tuple[Trace, MigrationPlan, list[str]]:
+                     stream_frees: bool = False, **options) -> tuple[Trace, MigrationPlan, list[str]]:
     """The optimizer update where its state lives (``teraio.core.host_update``), chosen by
     simulation per parameter group. ``plan`` is ``trace``'s plan without it (made as
     :func:`plan_fastest` makes it from ``trace``, gradients released where
@@ -165,7 +168,8 @@ def plan_host_update(trace: Trace, plan: MigrationPlan, capacity_bytes: int, tie
     (``Trace.with_host_update``; :func:`plan_fastest` with ``options``, the host cap less
     :data:`HOST_UPDATE_BYTES` per hosted byte) and simulated at ``host_update_gbps``; the
     fastest that fits as well as ``plan`` is kept, with ``mode="on"``, or with ``"auto"`` where
-    it simulates more than :data:`REGION_MARGIN` faster than ``plan``.
+    it simulates more than :data:`REGION_MARGIN` faster than ``plan``. Every simulation, and
+    :func:`plan_fastest`'s, takes ``stream_frees``.
 
     Returns:
         (the trace planned, its plan, the hosted parameters): ``trace`` (released) and
@@ -183,7 +187,7 @@ def plan_host_update(trace: Trace, plan: MigrationPlan, capacity_bytes: int, tie
     released = (lambda t: t.with_released_grads()) if release_grads else (lambda t: t)
     base = released(trace)
     shared = options.get("shared_ssd", True)
-    off = simulate(base, plan, tiers, shared_ssd=shared).iteration_seconds
+    off = simulate(base, plan, tiers, shared_ssd=shared, stream_frees=stream_frees).iteration_seconds
     candidates = hosted_candidates(plan)
     blocks = trace.update_blocks() if candidates else {}
     start = trace.op_start_seconds()
@@ -208,10 +212,12 @@ def plan_host_update(trace: Trace, plan: MigrationPlan, capacity_bytes: int, tie
         if room <= 0:
             continue
         t = released(trace.with_host_update(hosted))
-        p = plan_fastest(t, capacity_bytes, tiers, room, host_update_gbps=host_update_gbps, **options)
+        p = plan_fastest(t, capacity_bytes, tiers, room, host_update_gbps=host_update_gbps, stream_frees=stream_frees,
+                         **options)
         if p.shortfall_bytes > plan.shortfall_bytes:
             continue
-        entry["seconds"] = simulate(t, p, tiers, shared_ssd=shared, host_update_gbps=host_update_gbps).iteration_seconds
+        entry["seconds"] = simulate(t, p, tiers, shared_ssd=shared, host_update_gbps=host_update_gbps,
+                                    stream_frees=stream_frees).iteration_seconds
         if best is None or entry["seconds"] < best[0]["seconds"]:
             best = (entry, t, p, hosted)
     keep = best is not None and (mode == "on" or best[0]["seconds"] < off * (1 - REGION_MARGIN))

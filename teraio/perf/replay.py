@@ -44,7 +44,9 @@ def plan_as_committed(trace: Trace, committed: MigrationPlan, host_cap_bytes: in
     TeraIO-SSD); its host packing unless ``host_arena`` is given (true, false or
     ``"auto"``); its SSD files within its room unless ``ssd_cap_bytes`` is given (bytes);
     with ``recompute`` as ``plan_fastest`` takes it; and with ``host_placement``
-    (``plan_migrations``'; only with ``host_arena`` false) where given.
+    (``plan_migrations``'; only with ``host_arena`` false) where given. Its choices are
+    simulated as ``committed``'s were (``meta["stream_frees"]``, false in a plan made
+    before plans recorded it).
 
     Raises:
         ValueError: a bad ``host_arena``, ``recompute`` or ``host_placement``, or what
@@ -59,7 +61,7 @@ def plan_as_committed(trace: Trace, committed: MigrationPlan, host_cap_bytes: in
                         shared_ssd=meta["shared_ssd"],
                         host_arena=meta.get("host_arena", False) if host_arena is None else host_arena,
                         ssd_cap_bytes=meta.get("ssd_cap_bytes") if ssd_cap_bytes is None else ssd_cap_bytes,
-                        recompute=recompute, **options)
+                        recompute=recompute, stream_frees=meta.get("stream_frees", False), **options)
 
 
 def replayed_trace(trace: Trace, plan: MigrationPlan) -> tuple[Trace, float | None]:

@@ -320,9 +320,9 @@ class TeraIOTrainer:
     def choose_micro_batch(self) -> tuple[Trace, Planned, int]:
         """``workload.micro_batch_size=auto`` (``teraio.trainer.microbatch``): profile the
         candidates the search names, one step each from step 1 on, plan each at the run's
-        capacity and tiers and simulate it at the tiers' rates; train the winner from then on.
-        A candidate whose step does not fit under the pager is recorded ``oom`` (its step's
-        gradients dropped). The row's ``micro_batch`` holds every candidate and the choice.
+        capacity and tiers and simulate it at the tiers' rates as the engine runs it
+        (``TeraIOOptions.stream_frees``); train the winner from then on. A candidate whose step
+        does not fit under the pager is recorded ``oom`` (its step's gradients dropped). The row's ``micro_batch`` holds every candidate and the choice.
         Returns the winner's trace and plan and the first step after the profiled ones.
 
         Raises:
@@ -340,7 +340,8 @@ class TeraIOTrainer:
             else:
                 planned = self.plan(trace)
                 sim = simulate(planned.trace, planned.plan, self.bandwidths, shared_ssd=True,
-                               host_update_gbps=self.host_update_gbps)
+                               host_update_gbps=self.host_update_gbps,
+                               stream_frees=self.opts.stream_frees(self.device))
                 self.search.add(Candidate(m, "simulated", sim.ideal_seconds, sim.iteration_seconds, step))
                 kept[m] = (trace, planned, seconds)
             step += 1
@@ -358,7 +359,9 @@ class TeraIOTrainer:
         (``TeraIOOptions.planner_options``) and the machine's (the capacity less headroom,
         the tier bandwidths, the host tier's cap where the system has one, the SSD tier's
         room on its drives shared by the pipeline's stages). With ``host_update`` the plan may
-        update parameters in host memory (``teraio.perf.choose.plan_host_update``)."""
+        update parameters in host memory (``teraio.perf.choose.plan_host_update``). Every
+        choice is simulated as this run's engine frees host-tier offloads
+        (``TeraIOOptions.stream_frees``, recorded as the plan's ``meta["stream_frees"]``)."""
         unoffloaded_peak = trace.peak_bytes()  # M's numerator: the plain step's, for every option
         raw = trace
         if self.opts.release_grads:
@@ -367,17 +370,18 @@ class TeraIOTrainer:
         host_cap = self.cfg.hardware.host_mem_cap_bytes if self.spec.host_tier else 0
         t0 = time.perf_counter()
         ssd_cap = self.ssd_room()
-        options = {"ssd_cap_bytes": ssd_cap, **self.opts.planner_options()}
+        stream_frees = self.opts.stream_frees(self.device)
+        options = {"ssd_cap_bytes": ssd_cap, "stream_frees": stream_frees, **self.opts.planner_options()}
         plan = plan_fastest(trace, capacity, self.bandwidths, host_cap_bytes=host_cap, **options)
         hosted = []
         if self.host_update_gbps is not None:  # the optimizer update where its state lives
             trace, plan, hosted = plan_host_update(raw, plan, capacity, self.bandwidths, host_cap, self.host_update_gbps,
                                                    self.opts.host_update, self.opts.release_grads, **options)
-        stream_frees = self.opts.stream_frees(self.device)
         if self.opts.copy_order == "deadline":
             plan = retime_copies(trace, plan, self.bandwidths, shared_ssd=True, stream_frees=stream_frees)
         if self.opts.tail_offloads == "next_step":
             plan = defer_tail_offloads(trace, plan, self.bandwidths, shared_ssd=True, stream_frees=stream_frees)
+        plan.meta["stream_frees"] = stream_frees  # how its choices were simulated (plan_as_committed)
         return Planned(trace, plan, capacity, unoffloaded_peak, ssd_cap, time.perf_counter() - t0, tuple(hosted))
 
     def ssd_room(self) -> int:
