@@ -150,7 +150,9 @@ class HardwareConfig:
 
     ``gpu_capacity_bytes``: cap on device memory (null: uncapped). ``capacity_mode``: how
     the cap is held, ``fraction`` (the caching allocator's own limit) or ``reserve`` (the
-    memory past it taken up front; ``teraio.systems.memory_cap`` says how they differ).
+    memory past it taken up front; ``teraio.systems.memory_cap`` says how they differ). The
+    default is ``fraction``: on an H100 the two ran TeraIO-Mixed at the same speed with the
+    same allocator retries (``runs/reference/h100/allocator_settings/COMMAND.md``).
     ``ssd_dirs``: one directory per drive. Bandwidths are GB/s per direction, the SSD ones per drive; null:
     measured on the machine that runs (``teraio.core.probe``; the SSD ones then over all the
     drives together). ``prices``: USD, for the cost table.
