@@ -16,7 +16,11 @@ host update are host time too; the host issues an op in well under a millisecond
 held a device sync: the caching allocator releasing its cached memory to fit an allocation
 under the capacity, which waits for the stream, or a read of a device value) with the seconds
 the compute stream waited for the host around them (the gaps before and after each, and its
-span past its profiled seconds). The profiled seconds are the trace's the run planned
+span past its profiled seconds), and at each of those ops (``at``) the bytes the plan had
+live there (``planned_live_gb``, ``teraio.core.planner.predicted_live_bytes``, beside the
+plan's ``capacity_gb``) and the bytes of host-tier offloads launched before it whose copy was
+still running when the compute stream started the op before it (``offloads_copying_gb``: memory
+freed to the caching allocator but not reusable until the copy ran). The profiled seconds are the trace's the run planned
 (``teraio.perf.replay.replayed_trace``: without the device updates of parameters updated in
 host memory); a step whose ops are not that trace's (a step after a re-plan) has
 ``host_syncs`` ``{"skipped": why}``. Beside them, the trace's profiled op seconds (what the
@@ -37,6 +41,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks import command
+from teraio.core.planner import predicted_live_bytes
 from teraio.perf import jobdir
 from teraio.perf.replay import replayed_trace
 
@@ -46,12 +51,13 @@ HOST_SYNC_S = 0.1
 
 
 def step_timeline(ops: pd.DataFrame, transfers: pd.DataFrame, profiled: tuple[list[str], np.ndarray] | None = None,
-                  host_sync_s: float = HOST_SYNC_S) -> dict:
+                  host_sync_s: float = HOST_SYNC_S, live: np.ndarray | None = None) -> dict:
     """One step's figures (module docstring) from its op rows (``op``, ``gpu_start_s``,
     ``stall_s``; ``gpu_end_s``, ``seconds`` and ``op_name`` where logged) and its transfer rows
-    (``tier``, ``direction``, ``nbytes``, ``copy_s``, ``gpu_start_s``); ``host_syncs`` where the
-    ops have their ends and ``profiled`` (the planned trace's op names and seconds, indexed by
-    op) is given. Seconds; GB = 1e9 bytes."""
+    (``tier``, ``direction``, ``nbytes``, ``copy_s``, ``gpu_start_s``; ``op_issued`` for
+    ``host_syncs``' ``at``); ``host_syncs`` where the ops have their ends and ``profiled`` (the
+    planned trace's op names and seconds, indexed by op) is given, with the plan's live bytes
+    per op (``live``, bytes) where given. Seconds; GB = 1e9 bytes."""
     start = ops.sort_values("op")["gpu_start_s"].to_numpy(dtype=float)
     span = float(start[-1] - start[0])
     out = {"span_s": span, "stall_s": float(ops["stall_s"].sum()),
@@ -61,9 +67,10 @@ def step_timeline(ops: pd.DataFrame, transfers: pd.DataFrame, profiled: tuple[li
         gaps = np.clip(o["gpu_start_s"].to_numpy(dtype=float)[1:] - o["gpu_end_s"].to_numpy(dtype=float)[:-1],
                        0, None)
         out["gpu_idle_s"] = float(gaps.sum())
-        if profiled is not None and "seconds" in o:
-            out["host_syncs"] = _host_syncs(o, gaps, *profiled, host_sync_s)
     host = transfers[(transfers["tier"] == "host") & transfers["copy_s"].notna()]
+    if "gpu_idle_s" in out and profiled is not None and "seconds" in ops:
+        out["host_syncs"] = _host_syncs(ops.sort_values("op"), gaps, *profiled, host_sync_s,
+                                        host[host["direction"] == "offload"], live)
     for direction, g in host.groupby("direction"):
         seconds = float(g["copy_s"].sum())
         out[direction] = {"gb": float(g["nbytes"].sum()) / 1e9, "copy_s": seconds,
@@ -73,10 +80,11 @@ def step_timeline(ops: pd.DataFrame, transfers: pd.DataFrame, profiled: tuple[li
 
 
 def _host_syncs(o: pd.DataFrame, gaps: np.ndarray, names: list[str], seconds: np.ndarray,
-                host_sync_s: float) -> dict:
+                host_sync_s: float, offloads: pd.DataFrame, live: np.ndarray | None) -> dict:
     """``host_syncs`` (module docstring) of one step's op rows ``o`` (in op order) with the
     compute stream's idle ``gaps`` between them, against the planned trace's op ``names`` and
-    profiled ``seconds``."""
+    profiled ``seconds``; ``offloads``: the step's host-tier offloads with their copies'
+    ``gpu_start_s`` and ``copy_s``; ``live``: the plan's live bytes per op, or None."""
     idx = o["op"].to_numpy()
     if len(o) != len(names) or "op_name" not in o or list(o["op_name"]) != [names[k] for k in idx]:
         return {"skipped": "the step's ops are not the planned trace's (a step after a re-plan?)"}
@@ -85,8 +93,19 @@ def _host_syncs(o: pd.DataFrame, gaps: np.ndarray, names: list[str], seconds: np
     around = sorted({g for k in synced for g in (k - 1, k) if 0 <= g < len(gaps)})  # before and after each
     spans = o["gpu_end_s"].to_numpy(dtype=float) - o["gpu_start_s"].to_numpy(dtype=float)
     past = np.clip(spans - seconds[idx], 0, None)
+    start = o["gpu_start_s"].to_numpy(dtype=float)
+    issued = offloads["op_issued"].to_numpy()
+    copy_end = (offloads["gpu_start_s"] + offloads["copy_s"]).to_numpy(dtype=float)
+    nbytes = offloads["nbytes"].to_numpy(dtype=float)
+    at = []
+    for k in synced:
+        entry = {"op": int(idx[k]), "offloads_copying_gb":
+                 float(nbytes[(issued < idx[k]) & (copy_end > start[max(k - 1, 0)])].sum()) / 1e9}
+        if live is not None:
+            entry["planned_live_gb"] = float(live[idx[k]]) / 1e9
+        at.append(entry)
     return {"count": len(synced), "ops": [int(idx[k]) for k in synced],
-            "gpu_wait_s": float(gaps[around].sum() + past[synced].sum())}
+            "gpu_wait_s": float(gaps[around].sum() + past[synced].sum()), "at": at}
 
 
 def job_timeline(job: Path, host_sync_s: float = HOST_SYNC_S) -> dict:
@@ -107,12 +126,17 @@ def job_timeline(job: Path, host_sync_s: float = HOST_SYNC_S) -> dict:
         return {"no_gpu_timeline": "its logs hold no gpu_start_s (a CPU run, or logs made before the GPU timeline)"}
     trace = jobdir.read_trace(jobdir.side_file(job, "trace.json"))
     out: dict = {}
+    live = None
     try:  # the trace the run planned, whose ops its logs number
-        planned = replayed_trace(trace, jobdir.plan(job))[0] if jobdir.side_file(job, "plan.json") else trace
+        plan = jobdir.plan(job) if jobdir.side_file(job, "plan.json") else None
+        planned = replayed_trace(trace, plan)[0] if plan is not None else trace
         profiled = (list(planned.op_names), np.asarray(planned.op_seconds, dtype=float))
+        if plan is not None:
+            live = predicted_live_bytes(planned, plan)
+            out["capacity_gb"] = plan.capacity_bytes / 1e9
     except ValueError as e:  # a plan that updates parameters on the host without naming them
         profiled, out["host_syncs_skipped"] = None, str(e)
-    steps = {int(s): step_timeline(g, transfers[transfers["step"] == s], profiled, host_sync_s)
+    steps = {int(s): step_timeline(g, transfers[transfers["step"] == s], profiled, host_sync_s, live)
              for s, g in ops.groupby("step")}
     spans = [v["span_s"] for v in steps.values()]
     return {"steps": steps, "median_span_s": float(np.median(spans)),

@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from benchmarks.gpu_timeline import job_timeline
+from teraio.core.plan import MigrationPlan
 from teraio.core.trace import TensorRecord, Trace
 
 
@@ -38,8 +39,23 @@ def test_a_steps_span_stalls_and_copies_come_from_its_gpu_timeline(tmp_path):
     # op 1's host held 0.3 s without a stall: a sync; the GPU waited 0.25 s before it, 0.25 s
     # after it, and ran it 0.25 s past its profiled 2 s. Op 0's 0.4 s held a stall (host time
     # too, a drive's read): not a sync.
-    assert step["host_syncs"] == {"count": 1, "ops": [1], "gpu_wait_s": pytest.approx(0.75)}
+    # Offload a (2 GB, launched at op 0) copied from 0.3 to 0.35 s, after op 0 began (0.25 s):
+    # still copying when the sync came. No plan here: no live bytes.
+    assert step["host_syncs"] == {"count": 1, "ops": [1], "gpu_wait_s": pytest.approx(0.75),
+                                  "at": [{"op": 1, "offloads_copying_gb": pytest.approx(2.0)}]}
     assert job_timeline(tmp_path / "job", host_sync_s=0.35)["steps"][3]["host_syncs"]["count"] == 0
+
+
+def test_a_syncs_planned_live_bytes_come_from_the_runs_plan(tmp_path):
+    write_job(tmp_path / "job")
+    trace = Trace.load(tmp_path / "job" / "trace.json")
+    MigrationPlan(trace.n_ops, 3 * 10**9, 8, 8, []).save(tmp_path / "job" / "plan.json")
+    transfers = pd.read_csv(tmp_path / "job" / "transfers.csv")
+    transfers.loc[0, "gpu_start_s"] = 0.1  # offload a done (0.15 s) before op 0 began: not copying
+    transfers.to_csv(tmp_path / "job" / "transfers.csv", index=False)
+    t = job_timeline(tmp_path / "job")
+    assert t["capacity_gb"] == 3.0
+    assert t["steps"][3]["host_syncs"]["at"] == [{"op": 1, "offloads_copying_gb": 0.0, "planned_live_gb": 8e-9}]
 
 
 def test_host_syncs_are_skipped_for_a_step_whose_ops_are_not_the_planned_traces(tmp_path):
