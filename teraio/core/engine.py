@@ -716,9 +716,11 @@ class MigrationEngine(TorchDispatchMode):
                 f"the plan accounts {accounted} B resident there (planned peak "
                 f"{self.plan.predicted_peak_bytes} B for a capacity of {self.plan.capacity_bytes} B)")
         if self.device.type == "cuda":
+            backend = torch.cuda.get_allocator_backend()  # cudaMallocAsync keeps no blocks to list
             note += (f"; the caching allocator holds {torch.cuda.memory_allocated(self.device)} B "
                      f"allocated, {torch.cuda.memory_reserved(self.device)} B reserved; "
-                     + free_blocks_note(torch.cuda.memory_snapshot()))
+                     + (free_blocks_note(torch.cuda.memory_snapshot()) if backend == "native"
+                        else f"free blocks: not tracked by the {backend} backend"))
         if self._allocated is not None:
             alive = self.lingering(k)
             largest = ", ".join(f"{name} ({nbytes} B, last use op {last})" for name, nbytes, last in alive[:5])
