@@ -18,9 +18,12 @@ under the capacity, which waits for the stream, or a read of a device value) wit
 the compute stream waited for the host around them (the gaps before and after each, and its
 span past its profiled seconds), and at each of those ops (``at``) the bytes the plan had
 live there (``planned_live_gb``, ``teraio.core.planner.predicted_live_bytes``, beside the
-plan's ``capacity_gb``) and the bytes of host-tier offloads launched before it whose copy was
-still running when the compute stream started the op before it (``offloads_copying_gb``: memory
-freed to the caching allocator but not reusable until the copy ran). The profiled seconds are the trace's the run planned
+plan's ``capacity_gb``) and the bytes of host-tier offloads launched before it whose copy
+ended on the GPU after the host issued it (``offloads_copying_gb``: with ``device_waits``,
+memory freed to the caching allocator but not reusable until the copy ran; the host's clock,
+``oplog.csv``'s ``t_start_s``, and the GPU's both count from the step's start, which finds the
+device idle); per step, how far the GPU ran behind the host (``gpu_lag_s``: the median over
+the ops of ``gpu_start_s - t_start_s``). The profiled seconds are the trace's the run planned
 (``teraio.perf.replay.replayed_trace``: without the device updates of parameters updated in
 host memory); a step whose ops are not that trace's (a step after a re-plan) has
 ``host_syncs`` ``{"skipped": why}``. Beside them, the trace's profiled op seconds (what the
@@ -53,7 +56,7 @@ HOST_SYNC_S = 0.1
 def step_timeline(ops: pd.DataFrame, transfers: pd.DataFrame, profiled: tuple[list[str], np.ndarray] | None = None,
                   host_sync_s: float = HOST_SYNC_S, live: np.ndarray | None = None) -> dict:
     """One step's figures (module docstring) from its op rows (``op``, ``gpu_start_s``,
-    ``stall_s``; ``gpu_end_s``, ``seconds`` and ``op_name`` where logged) and its transfer rows
+    ``stall_s``; ``t_start_s``, ``gpu_end_s``, ``seconds`` and ``op_name`` where logged) and its transfer rows
     (``tier``, ``direction``, ``nbytes``, ``copy_s``, ``gpu_start_s``; ``op_issued`` for
     ``host_syncs``' ``at``); ``host_syncs`` where the ops have their ends and ``profiled`` (the
     planned trace's op names and seconds, indexed by op) is given, with the plan's live bytes
@@ -62,6 +65,8 @@ def step_timeline(ops: pd.DataFrame, transfers: pd.DataFrame, profiled: tuple[li
     span = float(start[-1] - start[0])
     out = {"span_s": span, "stall_s": float(ops["stall_s"].sum()),
            "ops_and_gaps_s": span - float(ops["stall_s"].sum())}
+    if "t_start_s" in ops:
+        out["gpu_lag_s"] = float(np.median(ops["gpu_start_s"] - ops["t_start_s"]))
     if "gpu_end_s" in ops and ops["gpu_end_s"].notna().all():  # where the GPU ran none of the ops
         o = ops.sort_values("op")
         gaps = np.clip(o["gpu_start_s"].to_numpy(dtype=float)[1:] - o["gpu_end_s"].to_numpy(dtype=float)[:-1],
@@ -93,14 +98,14 @@ def _host_syncs(o: pd.DataFrame, gaps: np.ndarray, names: list[str], seconds: np
     around = sorted({g for k in synced for g in (k - 1, k) if 0 <= g < len(gaps)})  # before and after each
     spans = o["gpu_end_s"].to_numpy(dtype=float) - o["gpu_start_s"].to_numpy(dtype=float)
     past = np.clip(spans - seconds[idx], 0, None)
-    start = o["gpu_start_s"].to_numpy(dtype=float)
+    host_start = o["t_start_s"].to_numpy(dtype=float)
     issued = offloads["op_issued"].to_numpy()
     copy_end = (offloads["gpu_start_s"] + offloads["copy_s"]).to_numpy(dtype=float)
     nbytes = offloads["nbytes"].to_numpy(dtype=float)
     at = []
     for k in synced:
         entry = {"op": int(idx[k]), "offloads_copying_gb":
-                 float(nbytes[(issued < idx[k]) & (copy_end > start[max(k - 1, 0)])].sum()) / 1e9}
+                 float(nbytes[(issued < idx[k]) & (copy_end > host_start[k])].sum()) / 1e9}
         if live is not None:
             entry["planned_live_gb"] = float(live[idx[k]]) / 1e9
         at.append(entry)

@@ -39,10 +39,12 @@ def test_a_steps_span_stalls_and_copies_come_from_its_gpu_timeline(tmp_path):
     # op 1's host held 0.3 s without a stall: a sync; the GPU waited 0.25 s before it, 0.25 s
     # after it, and ran it 0.25 s past its profiled 2 s. Op 0's 0.4 s held a stall (host time
     # too, a drive's read): not a sync.
-    # Offload a (2 GB, launched at op 0) copied from 0.3 to 0.35 s, after op 0 began (0.25 s):
-    # still copying when the sync came. No plan here: no live bytes.
+    # Offload a (2 GB, launched at op 0) copied on the GPU from 0.3 to 0.35 s, after the host
+    # issued op 1 (0.1 s): still to copy at the sync. No plan here: no live bytes. The GPU ran
+    # 0.25, 1.15 and 3.55 s behind the host.
     assert step["host_syncs"] == {"count": 1, "ops": [1], "gpu_wait_s": pytest.approx(0.75),
                                   "at": [{"op": 1, "offloads_copying_gb": pytest.approx(2.0)}]}
+    assert step["gpu_lag_s"] == pytest.approx(1.15)
     assert job_timeline(tmp_path / "job", host_sync_s=0.35)["steps"][3]["host_syncs"]["count"] == 0
 
 
@@ -51,7 +53,7 @@ def test_a_syncs_planned_live_bytes_come_from_the_runs_plan(tmp_path):
     trace = Trace.load(tmp_path / "job" / "trace.json")
     MigrationPlan(trace.n_ops, 3 * 10**9, 8, 8, []).save(tmp_path / "job" / "plan.json")
     transfers = pd.read_csv(tmp_path / "job" / "transfers.csv")
-    transfers.loc[0, "gpu_start_s"] = 0.1  # offload a done (0.15 s) before op 0 began: not copying
+    transfers.loc[0, "gpu_start_s"] = 0.0  # offload a copied by 0.05 s, before op 1 was issued
     transfers.to_csv(tmp_path / "job" / "transfers.csv", index=False)
     t = job_timeline(tmp_path / "job")
     assert t["capacity_gb"] == 3.0
