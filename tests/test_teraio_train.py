@@ -66,7 +66,8 @@ def run_teraio(cfg, job_dir, device=CPU):
     ("teraio_ssd", {}, {"release_grads": False}),
     ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, {"host_arena": True}),
     ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, {}),
-], ids=["ssd", "mixed", "ssd-held-grads", "mixed-arena", "mixed-auto"])
+    ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, {"pending_limit": "capacity"}),
+], ids=["ssd", "mixed", "ssd-held-grads", "mixed-arena", "mixed-auto", "mixed-pending-limit"])
 def test_half_capacity_is_bit_identical(tmp_path, ref, system, hw, options):
     result = check_bit_identical(tmp_path, ref, system, hw, fraction=0.5, options=options)
     # The packing the plan kept (the option's, or by default the region only where it
@@ -76,6 +77,7 @@ def test_half_capacity_is_bit_identical(tmp_path, ref, system, hw, options):
     arena = plan["meta"]["host_arena"]
     assert arena is options.get("host_arena", arena) is result["plan"]["host_arena"]
     assert plan["meta"]["stream_frees"] is False  # the CPU engine waits for every offload's copy
+    assert all(it["pending_waits"] == 0 for it in result["iterations"])  # so none is pending
     if "host_arena" not in options and system == "teraio_mixed":
         simulated = result["plan"]["host_arena_auto"]
         assert set(simulated) == {"slots", "arena"}
@@ -368,14 +370,17 @@ def test_bandwidth_starved_plan_stalls_but_fits(tmp_path, ref):
     ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, {"host_arena": False, "device_waits": False}),
     ("teraio_ssd", {}, {"release_grads": False}),
     ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, {"host_arena": True}),
-], ids=["ssd", "mixed", "mixed-host-waits", "ssd-held-grads", "mixed-arena"])
+    ("teraio_mixed", {"ssd_write_gbps": 0.5, "ssd_read_gbps": 0.5}, {"host_arena": False, "pending_limit": "capacity"}),
+], ids=["ssd", "mixed", "mixed-host-waits", "ssd-held-grads", "mixed-arena", "mixed-pending-limit"])
 def test_capped_run_is_bit_identical_on_gpu(tmp_path, system, hw, options):
     gpu = torch.device("cuda")
     ref = reference(gpu, **GPU_MODEL)
     settle_gpu()
-    check_bit_identical(tmp_path, ref, system, hw, fraction=GPU_FRACTION, device=gpu, model=GPU_MODEL,
-                        options={**GPU_OPTIONS, **options}, between_runs=settle_gpu)
+    result = check_bit_identical(tmp_path, ref, system, hw, fraction=GPU_FRACTION, device=gpu, model=GPU_MODEL,
+                                 options={**GPU_OPTIONS, **options}, between_runs=settle_gpu)
     settle_gpu()
+    waits = [it["pending_waits"] for it in result["iterations"]]
+    assert all(w >= 0 for w in waits) and (options.get("pending_limit") == "capacity" or not any(waits))
     # the GPU's own timeline in the logs: every op's start on the compute stream, in op order
     # within a step; every host-tier copy's start and seconds on its stream
     import pandas as pd

@@ -62,6 +62,9 @@ copy's CUDA event, and an offloaded storage is freed as soon as op k is issued, 
 allocator holding its memory until the copy ran (``record_stream`` in the host tier; PyTorch
 "CUDA semantics"). The paper's runtime stalls kernels, not the host (§3.2); this keeps the
 host issuing kernels ahead of the GPU. A stall is then the compute stream's measured wait.
+Those freed bytes stay the allocator's until the copies ran on the GPU, behind the host; with
+``pending_limit_bytes`` the host waits for the oldest copies where the plan's live bytes and
+those would pass it (``teraio.core.pending``).
 
 With ``release_grads`` the engine also frees each gradient's storage right after its last
 use (its parameter's update inside ``optimizer.step``) instead of leaving it to
@@ -94,7 +97,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from teraio.core.host_update import HostUpdate
+from teraio.core.pending import PendingFrees
 from teraio.core.plan import Migration, MigrationPlan, cyclic_between
+from teraio.core.planner import predicted_live_bytes
 from teraio.core.profiler import fresh_outputs, iter_tensors, storage_id, storage_key
 from teraio.core.rerun import Reruns
 from teraio.core.tiers.base import Transfer, byte_view
@@ -159,6 +164,7 @@ class StepStats:
     dropped_bytes: int = 0  # bytes of prefetched tensors freed again for those retries
     deferred_prefetches: int = 0  # planned prefetches that did not fit, read at their use instead
     spilled_bytes: int = 0  # bytes of resident tensors copied to host memory and freed for retries
+    pending_waits: int = 0  # offload copies waited for to keep freed-but-copying bytes under the limit
     recomputed_bytes: int = 0  # bytes of dropped tensors made again by re-running their chains
     recompute_seconds: float = 0.0  # host seconds spent issuing those re-runs (on CUDA, kernel launches)
     # the audited (first) step on CUDA: ``MigrationEngine.overrun`` as ``{"first": [op, bytes],
@@ -196,6 +202,11 @@ class MigrationEngine(TorchDispatchMode):
             trace is then ``Trace.with_host_update``'s): the engine sends each one's gradient
             after its last write, before freeing it, notes its parameter's last use, and
             waits for its refreshed copy before its first use. Needs ``release_grads``.
+        pending_limit_bytes: with ``device_waits``, the bytes the plan's live bytes at an op
+            and the offloaded storages freed while their copies may still run may take
+            together: before an op that would pass it the host waits for the oldest copies
+            (``teraio.core.pending``; counted per step as ``pending_waits``, their seconds as
+            stalls). None: never wait.
 
     Use :meth:`prime` once before the first step, run each step with :meth:`run_step`, and
     :meth:`close` at the end (restores every offloaded tensor and frees the tiers).
@@ -207,7 +218,8 @@ class MigrationEngine(TorchDispatchMode):
 
     def __init__(self, trace: Trace, plan: MigrationPlan, persistent: dict[str, torch.Tensor],
                  tiers: dict, device: torch.device, io_threads: int = 64, log_ops: bool = True,
-                 device_waits: bool = False, release_grads: bool = False, host_update: HostUpdate | None = None):
+                 device_waits: bool = False, release_grads: bool = False, host_update: HostUpdate | None = None,
+                 pending_limit_bytes: int | None = None):
         super().__init__()
         if plan.n_ops != trace.n_ops:
             raise ValueError(f"plan is for {plan.n_ops} ops but the trace has {trace.n_ops}")
@@ -305,6 +317,10 @@ class MigrationEngine(TorchDispatchMode):
         self._overrun_lingering: list[tuple[str, int, int]] = []  # at the largest overrun
         self._away: dict[int, int] = {}  # storage key -> tid, for storages freed right now
         self._away_bytes = 0
+        # offloaded storages freed while their copies may still run (device_waits), and the
+        # plan's live bytes per op they are held under with the limit
+        self._pending = PendingFrees(pending_limit_bytes)
+        self._planned_live = predicted_live_bytes(trace, plan) if pending_limit_bytes is not None else None
         self._k = 0
         self._failed = False
         self._step_t0 = 0.0
@@ -757,10 +773,19 @@ class MigrationEngine(TorchDispatchMode):
             t = self.tensors[m.tid]
             if t.status == OFFLOADING:
                 if self._stream_ordered(t):  # the allocator holds the memory until the copy ran
+                    if self._planned_live is not None:
+                        self._pending.add(t.handle, t.nbytes)
                     self._mark_done(t, k)
                 else:
                     self._wait(t, k)
                 self._free(m.tid, t)
+        if self._planned_live is not None:
+            waits, waited = self._pending.settle(int(self._planned_live[k]))
+            if waits:
+                self.stats.pending_waits += waits
+                self.stats.stall_count += 1
+                self.stats.stall_seconds += waited
+                self._op_stall[k] += waited
         for m in self.prefetch_before[k]:
             t = self.tensors[m.tid]
             if t.status == OFFLOADED:

@@ -17,6 +17,9 @@ from teraio.core.planner import BENEFITS
 from teraio.perf.choose import is_host_arena
 from teraio.perf.retime import COPY_ORDERS, TAIL_OFFLOADS
 
+PENDING_LIMITS: tuple[str, ...] = ("off", "capacity")
+"""The valid ``pending_limit`` values."""
+
 CUDA_HEADROOM_FRACTION = 0.08
 """Default ``headroom_fraction`` on CUDA: the share of the capacity kept out of the plan and
 the pager (on CPU: none)."""
@@ -52,6 +55,16 @@ class TeraIOOptions:
     device_waits: bool = True
     """Host-tier transfers on a CUDA device ordered on the compute stream (CUDA events)
     instead of blocking the training thread (``teraio.core.engine``)."""
+
+    pending_limit: str = "off"
+    """With ``device_waits``, whether the host waits for offload copies to keep the memory
+    they still hold under the device's capacity (``teraio.core.pending``): an offloaded
+    storage is freed as its op is issued, but the caching allocator can reuse its bytes only
+    once the copy ran on the GPU, which runs behind the host; where a request finds no room the
+    allocator syncs the device and releases its whole cache. ``"off"``: no wait (the allocator
+    syncs where it must); ``"capacity"``: before each op, the plan's live bytes there plus the
+    bytes of freed storages whose copies may still run are held under the capacity (the rows'
+    ``pending_waits``). Default ``"off"``; it changes only by measurement on a GPU."""
 
     release_grads: bool = True
     """Free each gradient right after its last use in the optimizer step and plan for it
@@ -117,6 +130,8 @@ class TeraIOOptions:
         bad = []
         if self.copy_order not in COPY_ORDERS:
             bad.append(f"copy_order={self.copy_order!r}; valid: {', '.join(COPY_ORDERS)}")
+        if self.pending_limit not in PENDING_LIMITS:
+            bad.append(f"pending_limit={self.pending_limit!r}; valid: {', '.join(PENDING_LIMITS)}")
         if self.tail_offloads not in TAIL_OFFLOADS:
             bad.append(f"tail_offloads={self.tail_offloads!r}; valid: {', '.join(TAIL_OFFLOADS)}")
         if isinstance(self.host_update, bool):

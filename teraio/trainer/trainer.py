@@ -465,7 +465,8 @@ class TeraIOTrainer:
         engine = MigrationEngine(planned.trace, planned.plan,
                                  persistent_tensors(self.training.model, self.training.optimizer), tiers,
                                  self.device, device_waits=self.opts.device_waits,
-                                 release_grads=self.opts.release_grads, host_update=update)
+                                 release_grads=self.opts.release_grads, host_update=update,
+                                 pending_limit_bytes=self.pending_limit_bytes())
         if pager is not None:
             # The pager's free page-locked buffers become host-tier slots; the rest of its
             # buffers are released as they empty, so host memory never holds both.
@@ -565,6 +566,13 @@ class TeraIOTrainer:
         self.logs.write(self.runs)
         self.runs, self.engine = [], None
 
+    def pending_limit_bytes(self) -> int | None:
+        """The engine's ``pending_limit_bytes``: the device capacity under
+        ``pending_limit="capacity"`` on a capped device, else None."""
+        if self.opts.pending_limit == "capacity" and self.capacity is not None:
+            return self.capacity
+        return None
+
     def engine_stats(self) -> StepStats:
         """The engine's step just run, for the loop (its peak kept, its logs written, its
         audit recorded where it is an engine's first step)."""
@@ -579,4 +587,4 @@ class TeraIOTrainer:
                          extra={"max_accounted_bytes": s.max_accounted_bytes,
                                 "gpu_idle_seconds": self.engine.gpu_idle_seconds(s.step),
                                 "recomputed_bytes": s.recomputed_bytes, "recompute_seconds": s.recompute_seconds,
-                                **{k: getattr(s, k) for k in RECOVERY_KEYS}})
+                                "pending_waits": s.pending_waits, **{k: getattr(s, k) for k in RECOVERY_KEYS}})
