@@ -21,8 +21,9 @@ Two ways to hold a run to the capacity (``hardware.capacity_mode``), applied by
 Which one holds a run is in its config; every system of a comparison is held the same way.
 Measured side by side on an H100 (TeraIO-Mixed at the Llama3-8B cut's ``seq_short`` point,
 ``runs/reference/h100/allocator_settings/capacity_mode/``), the two made the same 6-7 retries
-per step and the same tokens/s within the trials' spread: the retries there are the cache's free
-blocks that a gigabyte-sized request cannot use, under either mode.
+per step and the same tokens/s within the trials' spread: under either mode the cache there
+held memory a gigabyte-sized request could not use, free but not in one piece or still waiting
+on an offload's copy (``teraio.core.pending``).
 """
 from __future__ import annotations
 
