@@ -44,7 +44,8 @@ def plans(trace: Trace, job: Path) -> dict:
     out = {"ideal_s": float(trace.op_seconds.sum())}
     for name, recompute in RECOMPUTE.items():
         plan = plan_as_committed(trace, committed, recompute=recompute)
-        fifo, edf = (simulate(trace, plan, tiers, policy=p, shared_ssd=shared) for p in ("fifo", "edf"))
+        fifo, edf = (simulate(trace, plan, tiers, policy=p, shared_ssd=shared, stream_frees=plan.meta["stream_frees"])
+                     for p in ("fifo", "edf"))
         out[name] = {"fifo_s": fifo.iteration_seconds, "fifo_stall_s": fifo.stall_seconds,
                      "edf_s": edf.iteration_seconds, "edf_stall_s": edf.stall_seconds,
                      "bytes_per_tier": plan.bytes_per_tier(), "recomputes": len(plan.recomputes),

@@ -62,7 +62,8 @@ def schedule(job: Path) -> dict:
         t0 = time.perf_counter()
         plan = plan_as_committed(trace, committed, host_arena="auto", recompute=recompute)
         seconds = time.perf_counter() - t0
-        out[f"{key}_simulated_s"] = simulate(trace, plan, tiers, shared_ssd=shared).iteration_seconds
+        out[f"{key}_simulated_s"] = simulate(trace, plan, tiers, shared_ssd=shared,
+                                             stream_frees=plan.meta["stream_frees"]).iteration_seconds
         out[f"{key}_plan_seconds"] = seconds
         out[f"{key}_shortfall_bytes"] = plan.shortfall_bytes
     tiers_bytes = plan.bytes_per_tier()

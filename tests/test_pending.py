@@ -49,6 +49,15 @@ def test_copies_seen_done_are_dropped_without_a_wait():
     assert pending.settle(GB // 2)[0] == 1 and log == ["b"] and pending.bytes == 0
 
 
+def test_a_copy_done_behind_one_still_running_is_dropped():
+    # freed in the order b, a; a (issued first) is done, b is not: only b's bytes are pending
+    log: list[str] = []
+    pending = PendingFrees(3 * GB)
+    pending.add(Copy("b", log), 2 * GB)
+    pending.add(Copy("a", log, done=True), 2 * GB)
+    assert pending.settle(GB) == (0, 0.0) and pending.bytes == 2 * GB and not log
+
+
 def test_without_a_limit_nothing_is_waited_for():
     log: list[str] = []
     pending = PendingFrees(None)
@@ -59,5 +68,5 @@ def test_without_a_limit_nothing_is_waited_for():
 def test_a_negative_limit_and_an_unknown_option_value_are_refused():
     with pytest.raises(ValueError, match="limit_bytes=-1"):
         PendingFrees(-1)
-    with pytest.raises(ValueError, match="pending_limit='always'; valid: off, capacity"):
+    with pytest.raises(ValueError, match="pending_limit='always'; valid: off, capacity, plan"):
         TeraIOOptions(pending_limit="always")

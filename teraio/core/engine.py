@@ -204,7 +204,7 @@ class MigrationEngine(TorchDispatchMode):
             waits for its refreshed copy before its first use. Needs ``release_grads``.
         pending_limit_bytes: with ``device_waits``, the bytes the plan's live bytes at an op
             and the offloaded storages freed while their copies may still run may take
-            together: before an op that would pass it the host waits for the oldest copies
+            together: before an op that would pass it the host waits for the copies freed first
             (``teraio.core.pending``; counted per step as ``pending_waits``, their seconds as
             stalls). None: never wait.
 
@@ -547,6 +547,7 @@ class MigrationEngine(TorchDispatchMode):
         self._pool = None
         for tier in self.tiers.values():
             tier.close()
+        self._pending = PendingFrees(self._pending.limit_bytes)  # the tiers drained their copies
 
     def close(self, restore: Callable[[str], bool] | None = None) -> None:
         """Restore offloaded tensors to the device, stop the I/O threads and close the tiers

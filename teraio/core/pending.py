@@ -11,8 +11,10 @@ unused memory: a device sync and the remapping of its cache.
 
 :class:`PendingFrees` keeps those storages' copies in the order they were freed and, given a
 limit, holds the plan's live bytes plus the bytes still to copy under it: before an op that
-would pass it, the host waits for the oldest copies until it does not. That wait is for
-one copy on the host link, while the GPU goes on with the work queued before it.
+would pass it, the host waits for the copies freed first until it does not. That wait is for
+one copy on the host link, while the GPU goes on with the work queued before it. Gradients
+sent to the host for a host update (``teraio.core.host_update``) are freed the same way and
+not counted here.
 """
 from __future__ import annotations
 
@@ -56,8 +58,8 @@ class PendingFrees:
     def settle(self, live_bytes: int) -> tuple[int, float]:
         """Before an op the plan has ``live_bytes`` live in: drop the copies that are done
         and, where a limit is set and ``live_bytes`` plus the pending bytes pass it, wait for
-        the oldest until they do not (or none is left). Copies of one host link finish in
-        order, so the oldest go first. Returns (copies waited for, seconds waited)."""
+        the one freed first, drop those done by then, and so on until they fit (or none is
+        left). Returns (copies waited for, seconds waited)."""
         self._drop_done()
         waited, t0 = 0, time.perf_counter()
         while self._queue and self.limit_bytes is not None and live_bytes + self.bytes > self.limit_bytes:
@@ -69,5 +71,9 @@ class PendingFrees:
         return waited, (time.perf_counter() - t0) if waited else 0.0
 
     def _drop_done(self) -> None:
-        while self._queue and self._queue[0][0].done():
-            self.bytes -= self._queue.popleft()[1]
+        """Drop every copy seen done, wherever it is in the queue: copies finish in the
+        order they were issued, which need not be the order their storages were freed."""
+        if any(copy.done() for copy, _ in self._queue):
+            kept = [(copy, n) for copy, n in self._queue if not copy.done()]
+            self.bytes = sum(n for _, n in kept)
+            self._queue = deque(kept)

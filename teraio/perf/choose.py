@@ -59,7 +59,8 @@ def plan_fastest(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_c
     memory (``Trace.with_host_update``), for the simulator. ``stream_frees``: the plans are
     simulated as the engine that frees a host-tier offload at once runs them
     (``simulate``'s ``stream_frees``; ``TeraIOOptions.stream_frees``): without it a choice
-    counts as a wait what that engine never waits for.
+    counts as a wait what that engine never waits for. The plan returned records it
+    (``meta["stream_frees"]``).
 
     Raises:
         ValueError: a ``host_arena`` or ``recompute`` other than true, false or ``"auto"``;
@@ -73,10 +74,13 @@ def plan_fastest(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_c
     options.update(shared_ssd=shared_ssd, min_tensor_bytes=min_tensor_bytes)
     sim = {"host_update_gbps": host_update_gbps, "stream_frees": stream_frees}
     if recompute == "auto":
-        return _fastest_schedule(*args, host_arena=host_arena, sim=sim, **options)
-    if host_arena == "auto":
-        return _fastest_packing(*args, recompute=recompute, sim=sim, **options)
-    return plan_migrations(*args, host_arena=host_arena, recompute=recompute, **options)
+        plan = _fastest_schedule(*args, host_arena=host_arena, sim=sim, **options)
+    elif host_arena == "auto":
+        plan = _fastest_packing(*args, recompute=recompute, sim=sim, **options)
+    else:
+        plan = plan_migrations(*args, host_arena=host_arena, recompute=recompute, **options)
+    plan.meta["stream_frees"] = stream_frees  # how it is simulated (teraio.perf.replay.plan_as_committed)
+    return plan
 
 
 def _fastest_schedule(trace: Trace, capacity_bytes: int, tiers: TierBandwidth, host_cap_bytes: int,

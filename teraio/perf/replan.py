@@ -62,8 +62,9 @@ def plan_summary(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth) -> dic
     iteration, :func:`slot_bytes`, the most bytes each tier holds at once
     (``MigrationPlan.tier_bytes_held``), predicted peak and shortfall, :func:`ssd_files`,
     the host packing (and ``host_arena_auto`` where ``"auto"`` chose it), and the simulated
-    iteration and stall seconds at ``tiers``."""
-    sim = simulate(trace, plan, tiers)
+    iteration and stall seconds at ``tiers`` (with the plan's ``meta["stream_frees"]``, as its
+    choices were simulated)."""
+    sim = simulate(trace, plan, tiers, stream_frees=plan.meta.get("stream_frees", False))
     return {"migrations": len(plan.migrations), "exposed": plan.meta.get("n_exposed", 0),
             "bytes_per_tier": plan.bytes_per_tier(), "slot_bytes": slot_bytes(plan),
             "most_bytes_held": {t: int(plan.tier_bytes_held(t).max(initial=0)) for t in ("ssd", "host")},

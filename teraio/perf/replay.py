@@ -45,8 +45,8 @@ def plan_as_committed(trace: Trace, committed: MigrationPlan, host_cap_bytes: in
     ``"auto"``); its SSD files within its room unless ``ssd_cap_bytes`` is given (bytes);
     with ``recompute`` as ``plan_fastest`` takes it; and with ``host_placement``
     (``plan_migrations``'; only with ``host_arena`` false) where given. Its choices are
-    simulated as ``committed``'s were (``meta["stream_frees"]``, false in a plan made
-    before plans recorded it).
+    simulated with ``committed``'s ``meta["stream_frees"]`` (false in a plan made before plans
+    recorded it), without a host AdamW rate.
 
     Raises:
         ValueError: a bad ``host_arena``, ``recompute`` or ``host_placement``, or what

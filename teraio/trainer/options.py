@@ -17,7 +17,7 @@ from teraio.core.planner import BENEFITS
 from teraio.perf.choose import is_host_arena
 from teraio.perf.retime import COPY_ORDERS, TAIL_OFFLOADS
 
-PENDING_LIMITS: tuple[str, ...] = ("off", "capacity")
+PENDING_LIMITS: tuple[str, ...] = ("off", "capacity", "plan")
 """The valid ``pending_limit`` values."""
 
 CUDA_HEADROOM_FRACTION = 0.08
@@ -63,8 +63,10 @@ class TeraIOOptions:
     once the copy ran on the GPU, which runs behind the host; where a request finds no room the
     allocator syncs the device and releases its whole cache. ``"off"``: no wait (the allocator
     syncs where it must); ``"capacity"``: before each op, the plan's live bytes there plus the
-    bytes of freed storages whose copies may still run are held under the capacity (the rows'
-    ``pending_waits``). Default ``"off"``; it changes only by measurement on a GPU."""
+    bytes of freed storages whose copies may still run are held under the device's capacity
+    (the rows' ``pending_waits``); ``"plan"``: under the capacity less headroom, what the plan
+    was made for. It acts only where host-tier copies are stream-ordered (``device_waits`` on a
+    CUDA device; TeraIO-Mixed). Default ``"off"``; it changes only by measurement on a GPU."""
 
     release_grads: bool = True
     """Free each gradient right after its last use in the optimizer step and plan for it

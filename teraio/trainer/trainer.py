@@ -567,11 +567,12 @@ class TeraIOTrainer:
         self.runs, self.engine = [], None
 
     def pending_limit_bytes(self) -> int | None:
-        """The engine's ``pending_limit_bytes``: the device capacity under
-        ``pending_limit="capacity"`` on a capped device, else None."""
-        if self.opts.pending_limit == "capacity" and self.capacity is not None:
-            return self.capacity
-        return None
+        """The engine's ``pending_limit_bytes`` (``TeraIOOptions.pending_limit``): the device
+        capacity under ``"capacity"``, the capacity less headroom under ``"plan"``; None under
+        ``"off"`` or on a device without a capacity."""
+        if self.capacity is None:
+            return None
+        return {"off": None, "capacity": self.capacity, "plan": self.limit}[self.opts.pending_limit]
 
     def engine_stats(self) -> StepStats:
         """The engine's step just run, for the loop (its peak kept, its logs written, its
