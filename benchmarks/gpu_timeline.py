@@ -67,15 +67,14 @@ def step_timeline(ops: pd.DataFrame, transfers: pd.DataFrame, profiled: tuple[li
            "ops_and_gaps_s": span - float(ops["stall_s"].sum())}
     if "t_start_s" in ops:
         out["gpu_lag_s"] = float(np.median(ops["gpu_start_s"] - ops["t_start_s"]))
+    host = transfers[(transfers["tier"] == "host") & transfers["copy_s"].notna()]
     if "gpu_end_s" in ops and ops["gpu_end_s"].notna().all():  # where the GPU ran none of the ops
         o = ops.sort_values("op")
         gaps = np.clip(o["gpu_start_s"].to_numpy(dtype=float)[1:] - o["gpu_end_s"].to_numpy(dtype=float)[:-1],
                        0, None)
         out["gpu_idle_s"] = float(gaps.sum())
-    host = transfers[(transfers["tier"] == "host") & transfers["copy_s"].notna()]
-    if "gpu_idle_s" in out and profiled is not None and "seconds" in ops:
-        out["host_syncs"] = _host_syncs(ops.sort_values("op"), gaps, *profiled, host_sync_s,
-                                        host[host["direction"] == "offload"], live)
+        if profiled is not None and "seconds" in o:
+            out["host_syncs"] = _host_syncs(o, gaps, *profiled, host_sync_s, host[host["direction"] == "offload"], live)
     for direction, g in host.groupby("direction"):
         seconds = float(g["copy_s"].sum())
         out[direction] = {"gb": float(g["nbytes"].sum()) / 1e9, "copy_s": seconds,

@@ -63,7 +63,7 @@ allocator holding its memory until the copy ran (``record_stream`` in the host t
 "CUDA semantics"). The paper's runtime stalls kernels, not the host (§3.2); this keeps the
 host issuing kernels ahead of the GPU. A stall is then the compute stream's measured wait.
 Those freed bytes stay the allocator's until the copies ran on the GPU, behind the host; with
-``pending_limit_bytes`` the host waits for the oldest copies where the plan's live bytes and
+``pending_limit_bytes`` the host waits for the copies freed first where the plan's live bytes and
 those would pass it (``teraio.core.pending``).
 
 With ``release_grads`` the engine also frees each gradient's storage right after its last

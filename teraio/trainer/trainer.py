@@ -322,8 +322,8 @@ class TeraIOTrainer:
         candidates the search names, one step each from step 1 on, plan each at the run's
         capacity and tiers and simulate it at the tiers' rates as the engine runs it
         (``TeraIOOptions.stream_frees``); train the winner from then on. A candidate whose step
-        does not fit under the pager is recorded ``oom`` (its step's gradients dropped). The row's ``micro_batch`` holds every candidate and the choice.
-        Returns the winner's trace and plan and the first step after the profiled ones.
+        does not fit under the pager is recorded ``oom`` (its step's gradients dropped). The
+        row's ``micro_batch`` holds every candidate and the choice. Returns the winner's trace and plan and the first step after the profiled ones.
 
         Raises:
             RuntimeError: no candidate fit.
@@ -341,7 +341,7 @@ class TeraIOTrainer:
                 planned = self.plan(trace)
                 sim = simulate(planned.trace, planned.plan, self.bandwidths, shared_ssd=True,
                                host_update_gbps=self.host_update_gbps,
-                               stream_frees=self.opts.stream_frees(self.device))
+                               stream_frees=planned.plan.meta["stream_frees"])
                 self.search.add(Candidate(m, "simulated", sim.ideal_seconds, sim.iteration_seconds, step))
                 kept[m] = (trace, planned, seconds)
             step += 1
@@ -361,7 +361,8 @@ class TeraIOTrainer:
         room on its drives shared by the pipeline's stages). With ``host_update`` the plan may
         update parameters in host memory (``teraio.perf.choose.plan_host_update``). Every
         choice is simulated as this run's engine frees host-tier offloads
-        (``TeraIOOptions.stream_frees``, recorded as the plan's ``meta["stream_frees"]``)."""
+        (``TeraIOOptions.stream_frees``; ``plan_fastest`` records it as the plan's
+        ``meta["stream_frees"]``, which the retimings keep)."""
         unoffloaded_peak = trace.peak_bytes()  # M's numerator: the plain step's, for every option
         raw = trace
         if self.opts.release_grads:
@@ -381,7 +382,6 @@ class TeraIOTrainer:
             plan = retime_copies(trace, plan, self.bandwidths, shared_ssd=True, stream_frees=stream_frees)
         if self.opts.tail_offloads == "next_step":
             plan = defer_tail_offloads(trace, plan, self.bandwidths, shared_ssd=True, stream_frees=stream_frees)
-        plan.meta["stream_frees"] = stream_frees  # how its choices were simulated (plan_as_committed)
         return Planned(trace, plan, capacity, unoffloaded_peak, ssd_cap, time.perf_counter() - t0, tuple(hosted))
 
     def ssd_room(self) -> int:
