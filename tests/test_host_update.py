@@ -184,3 +184,21 @@ def test_a_replay_takes_the_hosted_parameters_from_the_plan_and_refuses_a_plan_t
     assert gbps == 3.5 and shape(trace, HOSTED) == shape(full.with_host_update(HOSTED).with_released_grads(), HOSTED)
     with pytest.raises(ValueError, match="kept=0.* does not name them"):
         replayed_trace(full, plan({"kept": 0}))
+
+
+def test_every_parameter_with_a_gradient_is_a_candidate_even_where_the_plan_keeps_its_moments_on_the_device():
+    from teraio.perf.choose import hosted_candidates, plan_host_update
+
+    model, opt, step = tiny()
+    _, full = profile_step(step(1), model, opt, CPU)
+    trained = sorted(f"param:{n}" for n, p in model.named_parameters() if p.requires_grad)
+    assert hosted_candidates(full) == trained
+    tiers = TierBandwidth(ssd_write_gbps=1.0, ssd_read_gbps=1.0, host_d2h_gbps=10.0, host_h2d_gbps=10.0)
+    roomy = int(full.peak_bytes() * 2)
+    plain = MigrationPlan(full.n_ops, roomy, full.peak_bytes(), full.peak_bytes(), [])
+    assert not plain.migrations  # the plan without the update keeps every moment on the device
+    _, plan, hosted = plan_host_update(full, plain, roomy, tiers, host_cap_bytes=1 << 40, host_update_gbps=50.0,
+                                       mode="on", release_grads=False)
+    record = plan.meta["host_update_auto"]
+    assert hosted and set(hosted) <= set(trained) and record["kept"] is not None
+    assert record["variants"][0]["params"] == len(trained)  # the first share tries every group

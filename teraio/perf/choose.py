@@ -15,7 +15,7 @@ import time
 from teraio.core.bandwidth import TierBandwidth
 from teraio.core.plan import MigrationPlan
 from teraio.core.planner import Candidates, plan_migrations, plan_packings
-from teraio.core.trace import Trace, param_of
+from teraio.core.trace import Trace
 from teraio.perf.simulator import simulate
 
 # "auto" keeps the region (or the recompute option) only where it simulates more than this
@@ -141,15 +141,19 @@ HOST_UPDATE_BYTES = 4
 two AdamW moments (``teraio.core.host_update``)."""
 
 
-def hosted_candidates(plan: MigrationPlan) -> list[str]:
-    """The parameters (``"param:<fqn>"``) whose two AdamW moments ``plan`` keeps in host
-    memory: each of ``exp_avg`` and ``exp_avg_sq`` has a host-tier migration."""
-    moments: dict[str, set[str]] = {}
-    for m in plan.migrations:
-        p = param_of(m.name)
-        if m.tier == "host" and p is not None and m.name.startswith("optim:"):
-            moments.setdefault(p, set()).add(m.name.rpartition(":")[2])
-    return sorted(p for p, keys in moments.items() if {"exp_avg", "exp_avg_sq"} <= keys)
+def hosted_candidates(trace: Trace) -> list[str]:
+    """The parameters (``"param:<fqn>"``) a host update can take: every one that ``trace``'s
+    ``optimizer.step`` updates with a gradient (``Trace.update_blocks``). Their two AdamW
+    moments then live in host memory only, whether or not the plan without the update kept
+    them there: hosting a parameter whose moments the plan kept on the device frees their
+    device bytes for the plan's other tensors, as torchao's ``CPUOffloadOptimizer`` does for
+    every parameter.
+
+    Raises:
+        ValueError: as ``Trace.update_blocks`` (an optimizer that does not update each
+            tensor in one run of ops).
+    """
+    return sorted(p for p, block in trace.update_blocks().items() if block[2] is not None)
 
 
 def _group(name: str) -> str:
@@ -164,8 +168,8 @@ def plan_host_update(trace: Trace, plan: MigrationPlan, capacity_bytes: int, tie
     """The optimizer update where its state lives (``teraio.core.host_update``), chosen by
     simulation per parameter group. ``plan`` is ``trace``'s plan without it (made as
     :func:`plan_fastest` makes it from ``trace``, gradients released where
-    ``release_grads``); its candidates are the parameters whose moments it keeps in host
-    memory (:func:`hosted_candidates`), in groups (a block, or a top-level module), ranked by
+    ``release_grads``); its candidates are the parameters the step updates with a gradient
+    (:func:`hosted_candidates`), in groups (a block, or a top-level module), ranked by
     the least time in the group from a gradient's last write to its parameter's first use in
     the next iteration (the time a host update has). For each of :data:`HOST_UPDATE_SHARES`
     of the ranked groups the trace is planned with those parameters updated in host memory
@@ -192,8 +196,8 @@ def plan_host_update(trace: Trace, plan: MigrationPlan, capacity_bytes: int, tie
     base = released(trace)
     shared = options.get("shared_ssd", True)
     off = simulate(base, plan, tiers, shared_ssd=shared, stream_frees=stream_frees).iteration_seconds
-    candidates = hosted_candidates(plan)
-    blocks = trace.update_blocks() if candidates else {}
+    blocks = trace.update_blocks()
+    candidates = hosted_candidates(trace)
     start = trace.op_start_seconds()
     info = {t.name: t for t in trace.tensors}
 

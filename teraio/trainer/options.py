@@ -99,9 +99,10 @@ class TeraIOOptions:
     on an H100 at the Granite-8B cut (``benchmarks/results/recompute_h100.json``)."""
 
     host_update: str | bool = "off"
-    """Whether the plan may run the AdamW update of parameters whose optimizer state it keeps
-    in host memory there, instead of carrying that state to the GPU and back every step (beyond
-    the paper, as ZeRO-Offload and torchao's CPU offload do for every parameter;
+    """Whether the plan may run the AdamW update of parameters in host memory, their optimizer
+    state kept there, instead of carrying that state to the GPU and back every step or keeping
+    it on the GPU (beyond the paper, as ZeRO-Offload and torchao's CPU offload do for every
+    parameter; any parameter updated with a gradient is a candidate;
     ``teraio.core.host_update``): ``"off"`` (YAML's bare ``off``, false, too), ``"on"`` (the
     parameter groups that simulate fastest, ``teraio.perf.choose.plan_host_update``) or
     ``"auto"`` (those, kept where they simulate more than 2 % faster than the plan without).
