@@ -95,11 +95,12 @@ def one_update_trace(first_use=0, grad_write=1, last_use=2, nbytes=int(1e9)):
     return Trace(["aten.mm.default"] * 4, np.ones(4), tensors, meta=meta)
 
 
-@pytest.mark.parametrize("gbps,stall", [(0.5, 2.0), (10.0, 0.1)])
+@pytest.mark.parametrize("gbps,stall", [(0.5, 2.0), (10.0, 1.0)])
 def test_the_simulator_waits_for_a_refreshed_parameter_as_its_gradient_update_and_copy_allow(gbps, stall):
     # 1 GB at 1 GB/s each way: the gradient leaves after op 1 (t = 2) and arrives at 3; the
-    # update takes 1/gbps s from then; the parameter is free after op 2 (t = 3); its copy back
-    # takes 1 s, and op 0 of the next iteration (t = 4) waits for it
+    # update takes 1/gbps s from then; its copy back (1 s) starts once the update is done and
+    # the next iteration has started (t = 4), as the engine issues it, and op 0 of the next
+    # iteration waits for it: at 10 GB/s the update is done at 3.1 and the copy runs 4-5
     trace = one_update_trace()
     plan = MigrationPlan(4, 10**12, 10**12, 10**12, [])
     sim = simulate(trace, plan, TierBandwidth(1.0, 1.0, 1.0, 1.0), host_update_gbps=gbps)
@@ -202,3 +203,29 @@ def test_every_parameter_with_a_gradient_is_a_candidate_even_where_the_plan_keep
     record = plan.meta["host_update_auto"]
     assert hosted and set(hosted) <= set(trained) and record["kept"] is not None
     assert record["variants"][0]["params"] == len(trained)  # the first share tries every group
+
+
+def test_a_point_hosts_the_groups_its_first_trial_chose_and_bad_group_counts_are_refused():
+    from teraio.harness.compose import compose_run_config as compose
+    from teraio.perf.choose import plan_host_update
+    from teraio.trainer.options import TeraIOOptions, decision, undecided
+
+    model, opt, step = tiny()
+    _, full = profile_step(step(1), model, opt, CPU)
+    tiers = TierBandwidth(ssd_write_gbps=1.0, ssd_read_gbps=1.0, host_d2h_gbps=10.0, host_h2d_gbps=10.0)
+    roomy = int(full.peak_bytes() * 2)
+    plain = MigrationPlan(full.n_ops, roomy, full.peak_bytes(), full.peak_bytes(), [])
+    _, plan, hosted = plan_host_update(full, plain, roomy, tiers, 1 << 40, 50.0, "on", False, groups=1)
+    record = plan.meta["host_update_auto"]
+    assert [v["groups"] for v in record["variants"]] == [1] and record["kept"] == 0
+    assert hosted and len({h.split(".")[0] for h in hosted}) == 1  # one top-level module or block
+    # the row's record gives the groups back, and a point whose groups are given decides nothing more
+    row = {"status": "ok", "plan": {"recomputes": 0, "host_update": {"params": len(hosted), **record}}}
+    assert decision(row)[0] == {"recompute": "off", "host_arena": False, "host_update": "on", "host_update_groups": 1}
+    on = ["model=llama3_tiny", "system=teraio_mixed", "system.options.host_update=on"]
+    assert "host_update" in undecided(compose(on))
+    assert "host_update" not in undecided(compose(on + ["system.options.host_update_groups=2"]))
+    with pytest.raises(ValueError, match="host_update_groups=0.*valid: null or an integer >= 1"):
+        TeraIOOptions(host_update="on", host_update_groups=0)
+    with pytest.raises(ValueError, match="host_update_groups=1 with host_update='auto'"):
+        plan_host_update(full, plain, roomy, tiers, 1 << 40, 50.0, "auto", False, groups=1)

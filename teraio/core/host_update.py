@@ -1,5 +1,5 @@
-"""The optimizer update where its state lives: AdamW in host memory for the parameters whose
-optimizer state a plan keeps there (beyond the paper: a fourth option beside keeping a
+"""The optimizer update where its state lives: AdamW in host memory for the parameters a plan
+chooses, their optimizer state kept there (beyond the paper: a fourth option beside keeping a
 tensor, moving it and recomputing it; ZeRO-Offload, Ren et al., ATC 2021, and torchao's
 ``CPUOffloadOptimizer`` do the same for every parameter), instead of carrying that state to
 the GPU and back every step.
@@ -12,11 +12,19 @@ Each step, for each such parameter (``Trace.with_host_update``'s ``meta["host_up
 * a worker thread waits for that copy and runs AdamW on the host copies of the parameter
   and its two moments (torch's fused CPU AdamW, with the device optimizer's
   hyperparameters: ``benchmarks/host_adam.py`` measures the implementations);
-* once op ``last_use`` has run on the device (an event recorded after it) and the update is
-  done, the worker copies the updated parameter into the device parameter on another side
-  stream;
+* once the update is done and the step is over, the training thread copies the updated
+  parameter into the device parameter on another side stream, after every op queued
+  before: at the next step's first op for the updates done by then (in the order of their
+  first use), else at the first op after the update lands;
 * before op ``first_use`` of the next step the compute stream waits for that copy; where the
-  update is not done yet the training thread waits first (a stall, counted).
+  update is not done yet the training thread waits for it and copies it first (a stall,
+  counted).
+
+Only the training thread writes a device parameter, and only after the step that used it
+ended and before the next one's first use, when no use autograd saved for backward is
+still to come: the copy bumps the parameter's version, which autograd checks there. (A
+copy from the worker, issued once op ``last_use`` had run, once failed that check on a
+norm weight in a step on an H100.)
 
 The device optimizer no longer holds these parameters (:func:`take_from_optimizer`), so its
 step runs the ops of ``Trace.with_host_update``'s trace. On a CPU device the copies are plain
@@ -25,8 +33,8 @@ module-level state.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -118,10 +126,8 @@ class _Hosted:
         self.master.grad = self.grad
         self.optimizer = torch.optim.AdamW([self.master], fused=True, **taken.hyper)
         self.optimizer.state[self.master] = taken.state
-        self.released = threading.Event()  # op last_use ran (its event recorded, on CUDA)
-        self.release_event: torch.cuda.Event | None = None
-        self.refresh_event: torch.cuda.Event | None = None
-        self.job: Future | None = None  # this step's update and copy back
+        self.refresh_event: torch.cuda.Event | None = None  # its copy back, on CUDA
+        self.job: Future | None = None  # its update, until the copy back is issued
 
 
 class HostUpdate:
@@ -157,13 +163,16 @@ class HostUpdate:
             for key, x in zip(("exp_avg", "exp_avg_sq"), given[1:] if given else (state["exp_avg"], state["exp_avg_sq"])):
                 state[key] = x if given else x.detach().to("cpu", copy=True)
             self.hosted[name] = _Hosted(name, p, taken[name], info[name], host, cuda)
-        self._at: dict[str, dict[int, list[_Hosted]]] = {"grad_write": {}, "last_use": {}, "first_use": {}}
+        self._at: dict[str, dict[int, list[_Hosted]]] = {"grad_write": {}, "first_use": {}}
         for h in self.hosted.values():
             for key, by_op in self._at.items():
                 by_op.setdefault(int(h.info[key]), []).append(h)
         self._d2h = torch.cuda.Stream(device) if cuda else None
         self._h2d = torch.cuda.Stream(device) if cuda else None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="teraio-host-adamw")
+        self._sent: list[_Hosted] = []  # this step's updates started
+        self._due: list[_Hosted] = []  # the last step's, their copies back not issued yet (first-use order)
+        self._landed: collections.deque[_Hosted] = collections.deque()  # updates done (the worker appends)
 
     @property
     def names(self) -> set[str]:
@@ -176,63 +185,73 @@ class HostUpdate:
     # ---- the engine's calls, on the training thread ------------------------------------
     def after(self, k: int, grad_storage) -> None:
         """After op ``k``: send the gradients whose last write it was (``grad_storage(name)``:
-        the device storage of gradient ``name``) and start their updates; note the
-        parameters whose last use it was."""
+        the device storage of gradient ``name``) and start their updates."""
         for h in self._at["grad_write"].get(k, ()):
             h.job = self._pool.submit(self._update, h, self._send(h, grad_storage(h.info["grad"])))
-        for h in self._at["last_use"].get(k, ()):
-            if self._d2h is not None:
-                h.release_event = torch.cuda.Event()
-                h.release_event.record()
-            h.released.set()
+            self._sent.append(h)
 
     def before(self, k: int) -> float:
-        """Before op ``k``: make the parameters it uses first wait for their refreshed copy
-        (the compute stream's wait, or on CPU the copy itself); returns the seconds the
-        training thread waited for updates not done yet (stalls)."""
+        """Before op ``k``: copy back the last step's updates done by now, and make the
+        parameters op ``k`` uses first wait for theirs (the compute stream's wait, or on CPU
+        the copy itself); returns the seconds the training thread waited for updates not
+        done yet (stalls).
+
+        Raises:
+            Exception: what a host update raised.
+        """
+        if self._due and self._landed:
+            landed = set()
+            while self._landed:
+                landed.add(self._landed.popleft())
+            for h in [h for h in self._due if h in landed]:
+                self._refresh(h)
+            self._landed.extend(h for h in landed if h.job is not None)  # this step's: copied after it
         waited = 0.0
         for h in self._at["first_use"].get(k, ()):
             if h.job is not None:  # none in flight: the engine's first step
                 t0 = time.perf_counter()
                 if not h.job.done():
-                    h.job.result()  # re-raises the update's error
+                    h.job.result()
                     waited += time.perf_counter() - t0
-                h.job.result()
-                h.job = None
-                if h.refresh_event is not None:
-                    torch.cuda.current_stream(self.device).wait_event(h.refresh_event)
-            # Its last use in this step is still to come (after its first). Cleared only once
-            # the update in flight is done: that update waits for the last step's release,
-            # and a clear before it got there would leave both threads waiting.
-            h.released.clear()
+                self._refresh(h)
+            if h.refresh_event is not None:
+                torch.cuda.current_stream(self.device).wait_event(h.refresh_event)
+                h.refresh_event = None
         return waited
 
     def end_step(self) -> None:
         """After a step: the hosted parameters hold no gradient (the device optimizer's
-        ``zero_grad`` does not reach them; the engine freed their device bytes)."""
+        ``zero_grad`` does not reach them; the engine freed their device bytes), and the
+        step's updates are due to be copied back (:meth:`before`)."""
         for h in self.hosted.values():
             h.param.grad = None
+        self._due = sorted(self._due + self._sent, key=lambda h: h.info["first_use"])
+        self._sent = []
 
     def close(self) -> None:
-        """Finish the updates in flight, leave every device parameter at its updated value,
-        and release the host buffers. Idempotent."""
+        """Finish the updates in flight, leave every device parameter at its updated value
+        (a step that failed after sending a gradient included), and release the host
+        buffers. Idempotent.
+
+        Raises:
+            Exception: the first error a host update raised, once the others are finished.
+        """
         if self._pool is None:
             return
-        for h in self.hosted.values():
-            h.released.set()  # a step that failed before a last use: copy back anyway
+        self._due = sorted(self._due + self._sent, key=lambda h: h.info["first_use"])
+        self._sent = []
         errors = []
-        for h in self.hosted.values():
-            if h.job is not None:
-                try:
-                    h.job.result()
-                except Exception as e:  # keep finishing the others, then report
-                    errors.append(e)
-                h.job = None
+        for h in list(self._due):
+            try:
+                self._refresh(h)
+            except Exception as e:  # keep finishing the others, then report
+                errors.append(e)
         self._pool.shutdown(wait=True)
         self._pool = None
         if self._h2d is not None:
             self._h2d.synchronize()
         for h in self.hosted.values():
+            h.refresh_event = None
             if h.pinned:
                 for buf in (h.grad, h.host):
                     page_unlock(buf.view(torch.uint8).view(-1))
@@ -259,21 +278,32 @@ class HostUpdate:
         return sent
 
     def _update(self, h: _Hosted, sent: torch.cuda.Event | None) -> None:
-        """On the worker thread: the update once the gradient is in host memory, then the
-        parameter's copy back once its last use ran."""
+        """On the worker thread: the update once the gradient is in host memory. It touches
+        no device tensor (module docstring)."""
         if sent is not None:
             sent.synchronize()
         h.optimizer.step()
-        h.released.wait()
+        self._landed.append(h)
+
+    def _refresh(self, h: _Hosted) -> None:
+        """On the training thread: copy ``h``'s updated parameter into the device parameter,
+        after every op queued so far (on CUDA, on the copy-back stream; ``h.refresh_event``
+        marks its end); ``h`` is then no longer due.
+
+        Raises:
+            Exception: what its update raised (``h`` is no longer due either way).
+        """
+        job, h.job = h.job, None
+        if h in self._due:
+            self._due.remove(h)
+        job.result()
         if self._h2d is None:
             with torch.no_grad():
                 h.param.copy_(h.host)
             return
-        with torch.cuda.stream(self._h2d):
-            if h.release_event is not None:
-                self._h2d.wait_event(h.release_event)
-            with torch.no_grad():
-                h.param.copy_(h.host, non_blocking=True)
+        self._h2d.wait_stream(torch.cuda.current_stream(self.device))  # after the last step's uses
+        with torch.cuda.stream(self._h2d), torch.no_grad():
+            h.param.copy_(h.host, non_blocking=True)
             h.refresh_event = torch.cuda.Event()
             h.refresh_event.record(self._h2d)
 

@@ -164,7 +164,7 @@ def _group(name: str) -> str:
 
 def plan_host_update(trace: Trace, plan: MigrationPlan, capacity_bytes: int, tiers: TierBandwidth,
                      host_cap_bytes: int, host_update_gbps: float, mode: str, release_grads: bool,
-                     stream_frees: bool = False, **options) -> tuple[Trace, MigrationPlan, list[str]]:
+                     stream_frees: bool = False, groups: int | None = None, **options) -> tuple[Trace, MigrationPlan, list[str]]:
     """The optimizer update where its state lives (``teraio.core.host_update``), chosen by
     simulation per parameter group. ``plan`` is ``trace``'s plan without it (made as
     :func:`plan_fastest` makes it from ``trace``, gradients released where
@@ -176,8 +176,10 @@ def plan_host_update(trace: Trace, plan: MigrationPlan, capacity_bytes: int, tie
     (``Trace.with_host_update``; :func:`plan_fastest` with ``options``, the host cap less
     :data:`HOST_UPDATE_BYTES` per hosted byte) and simulated at ``host_update_gbps``; the
     fastest that fits as well as ``plan`` is kept, with ``mode="on"``, or with ``"auto"`` where
-    it simulates more than :data:`REGION_MARGIN` faster than ``plan``. Every simulation, and
-    :func:`plan_fastest`'s, takes ``stream_frees``.
+    it simulates more than :data:`REGION_MARGIN` faster than ``plan``. With ``groups`` (mode
+    ``"on"``) only the first ``groups`` ranked groups are tried (all, where there are fewer):
+    a choice made before, taken again. Every simulation, and :func:`plan_fastest`'s, takes
+    ``stream_frees``.
 
     Returns:
         (the trace planned, its plan, the hosted parameters): ``trace`` (released) and
@@ -188,10 +190,13 @@ def plan_host_update(trace: Trace, plan: MigrationPlan, capacity_bytes: int, tie
         (``host_update_gbps``), which a replay of the plan needs (``teraio.perf.replay``).
 
     Raises:
-        ValueError: a ``mode`` other than ``"on"`` or ``"auto"``, or as ``Trace.with_host_update``.
+        ValueError: a ``mode`` other than ``"on"`` or ``"auto"``, ``groups`` with ``"auto"`` or
+            below 1, or as ``Trace.with_host_update``.
     """
     if mode not in ("on", "auto"):
         raise ValueError(f"host_update={mode!r}; valid: off, on or auto")
+    if groups is not None and (mode != "on" or groups < 1):
+        raise ValueError(f"host_update_groups={groups!r} with host_update={mode!r}; valid: null, or >= 1 with on")
     released = (lambda t: t.with_released_grads()) if release_grads else (lambda t: t)
     base = released(trace)
     shared = options.get("shared_ssd", True)
@@ -205,14 +210,15 @@ def plan_host_update(trace: Trace, plan: MigrationPlan, capacity_bytes: int, tie
         grad = info[blocks[p][2]]
         return float(start[-1] - start[grad.uses[-1] + 1] + start[info[p].uses[0]])
 
-    groups: dict[str, list[str]] = {}
+    by_group: dict[str, list[str]] = {}
     for p in candidates:
-        if blocks.get(p, (0, 0, None))[2] is not None:
-            groups.setdefault(_group(p), []).append(p)
-    ranked = sorted(groups, key=lambda g: -min(slack(p) for p in groups[g]))
+        by_group.setdefault(_group(p), []).append(p)
+    ranked = sorted(by_group, key=lambda g: -min(slack(p) for p in by_group[g]))
     tried, best = [], None
-    for n in dict.fromkeys(max(1, round(share * len(ranked))) for share in HOST_UPDATE_SHARES if ranked):
-        hosted = [p for g in ranked[:n] for p in groups[g]]
+    shares = [max(1, round(share * len(ranked))) for share in HOST_UPDATE_SHARES] if groups is None \
+        else [min(groups, len(ranked))]
+    for n in dict.fromkeys(shares if ranked else []):
+        hosted = [p for g in ranked[:n] for p in by_group[g]]
         nbytes = sum(info[p].nbytes for p in hosted)
         entry = {"groups": n, "params": len(hosted), "bytes": nbytes, "seconds": None}
         tried.append(entry)

@@ -38,7 +38,8 @@ Model
   on the ``host_d2h`` channel when op ``grad_write`` ends; the host's AdamW, one parameter at
   a time in the order their gradients arrive, takes ``nbytes / host_update_gbps`` once it
   is there; the updated parameter comes back on the ``host_h2d`` channel once that is done
-  and op ``last_use`` has ended, and op ``first_use`` of the next iteration waits for it.
+  and the next iteration has started (after its step sync, with ``step_sync``), and op
+  ``first_use`` of the next iteration waits for it.
   FIFO channels only (an update's times are read as it is issued).
 * Ideal (paper §4, a GPU with unlimited memory) is the sum of op times. Memory is not
   modelled: the plan is trusted to fit.
@@ -325,7 +326,7 @@ class _Transfers:
                 self.deadline += [it * n + u["last_use"], need]
                 self.update_seconds[key] = u["nbytes"] / bytes_per_s
                 self.grads.setdefault(it * n + u["grad_write"], []).append(key)
-                self.released.setdefault(it * n + max(u["last_use"], u["grad_write"]), []).append(key)
+                self.released.setdefault(it * n + u["grad_write"], []).append(key)
                 if need < total:
                     self.refreshed.setdefault(need, []).append(key + 1)
 
@@ -356,14 +357,11 @@ def _replay(run: list[float], transfers: _Transfers, chans: dict[str, "_Channel"
     t = 0.0
     cpu = 0.0  # the host's AdamW is busy until then
     ready: list[tuple[float, int]] = []  # (when, key): refreshed parameters, their update done by then
+    later: list[tuple[float, int]] = []  # this iteration's: ready once the next one starts
     queues = list({id(c): c for c in chans.values()}.values())
     held: list[int] = []  # step_sync: offloads launched after the last op, issued after the sync
     for g in range(total):
         boundary[g] = t
-        while ready and ready[0][0] <= t:  # refreshes whose update is done, in that order
-            when, key = heapq.heappop(ready)
-            chan[key].issue(when, key, nbytes[key], deadline[key], name[key])
-            issued[key] = 1
         t0 = t
         if step_sync and g and g % n == 0:
             for q in queues:
@@ -373,6 +371,14 @@ def _replay(run: list[float], transfers: _Transfers, chans: dict[str, "_Channel"
                 chan[key].issue(t, key, nbytes[key], deadline[key], name[key])
                 issued[key] = 1
             held.clear()
+        if g % n == 0 and later:  # the last iteration's updates: copied back from now on
+            for when, key in later:
+                heapq.heappush(ready, (max(when, t), key))
+            later.clear()
+        while ready and ready[0][0] <= t:  # refreshes whose update is done, in that order
+            when, key = heapq.heappop(ready)
+            chan[key].issue(when, key, nbytes[key], deadline[key], name[key])
+            issued[key] = 1
         while free_g[jf] == g:
             key = free_k[jf]
             jf += 1
@@ -421,7 +427,7 @@ def _replay(run: list[float], transfers: _Transfers, chans: dict[str, "_Channel"
             issued[key] = 1
         for key in transfers.released.get(g, ()):  # FIFO: its gradient's arrival is known now
             cpu = max(cpu, chan[key].done_time(key, t)) + transfers.update_seconds[key]
-            heapq.heappush(ready, (max(cpu, t), key + 1))
+            later.append((max(cpu, t), key + 1))
     boundary[total] = t
     return np.array(boundary), np.array(op_start), np.array(op_stall), np.array(stalls, dtype=np.int64)
 

@@ -110,6 +110,13 @@ class TeraIOOptions:
     start (the row's ``host_update_gbps``). Default ``"off"``: the paper's TeraIO moves the
     state; the default changes only by measurement on a GPU."""
 
+    host_update_groups: int | None = None
+    """With ``host_update`` on: how many parameter groups (a block, or a top-level module) the
+    plan updates in host memory, the first of ``teraio.perf.choose.plan_host_update``'s
+    ranking; None (YAML's ``null``): the number that simulates fastest. In a sweep the
+    point's first trial decides it and its other trials take it (``decision``), so that
+    every trial runs the same plan."""
+
     copy_order: str = "fifo"
     """In what order the host tier's copies are launched (TeraIO-Mixed; beyond the paper):
     ``"fifo"``, where the planner put them; ``"deadline"``, each moved to the op where an
@@ -141,6 +148,10 @@ class TeraIOOptions:
             self.host_update = "on" if self.host_update else "off"
         if self.host_update not in ("off", "on", "auto"):
             bad.append(f"host_update={self.host_update!r}; valid: off, on or auto")
+        if self.host_update_groups is not None and (isinstance(self.host_update_groups, bool)
+                                                    or not isinstance(self.host_update_groups, int)
+                                                    or self.host_update_groups < 1):
+            bad.append(f"host_update_groups={self.host_update_groups!r}; valid: null or an integer >= 1")
         if isinstance(self.recompute, bool):
             self.recompute = "on" if self.recompute else "off"
         if self.recompute not in ("off", "on", "auto"):
@@ -192,10 +203,12 @@ def check_options(system: str, options: dict) -> None:
 
 def undecided(run) -> list[str]:
     """The choices a TeraIO run of ``run``'s point makes from its own profile: ``recompute`` and
-    ``host_arena`` where ``"auto"``, ``workload.micro_batch_size`` where ``"auto"`` (the
-    registry's ``decider``, ``teraio.systems``)."""
+    ``host_arena`` where ``"auto"``, ``host_update`` where ``"auto"``, or ``"on"`` without
+    ``host_update_groups``, ``workload.micro_batch_size`` where ``"auto"`` (the registry's
+    ``decider``, ``teraio.systems``)."""
     opts = dataclass_from_dict(TeraIOOptions, run.system.options, f"system.options ({run.system.name})")
-    return ([k for k in ("recompute", "host_arena", "host_update") if getattr(opts, k) == "auto"]
+    hosting = opts.host_update == "auto" or (opts.host_update == "on" and opts.host_update_groups is None)
+    return ([k for k in ("recompute", "host_arena") if getattr(opts, k) == "auto"] + (["host_update"] if hosting else [])
             + (["workload.micro_batch_size"] if run.workload.micro_batch_size == "auto" else []))
 
 
@@ -203,8 +216,9 @@ def decision(row: dict) -> tuple[dict, dict]:
     """The settings that make an ok TeraIO row's choices again, as ``(system.options,
     workload)`` keys: ``recompute`` ``"on"`` where its plan recomputes, else ``"off"`` (a plan
     made with the option that recomputes nothing is the plan without it); ``host_arena``, the
-    packing its plan kept; ``host_update`` ``"on"`` where its plan updates parameters in host
-    memory, else ``"off"``; the micro-batch it chose where it searched
+    packing its plan kept; ``host_update`` ``"on"`` with ``host_update_groups`` (the groups
+    its plan hosted) where its plan updates parameters in host memory, else ``"off"``; the
+    micro-batch it chose where it searched
     (``teraio.trainer.microbatch``; its row's ``micro_batch``).
 
     Raises:
@@ -215,5 +229,8 @@ def decision(row: dict) -> tuple[dict, dict]:
         raise ValueError(f"a decision needs an ok row with its plan; this one is {row.get('status')!r}")
     workload = {"micro_batch_size": row["micro_batch"]["chosen"]} if row.get("micro_batch") else {}
     # rows made before the recompute option or the region have neither: their plans had neither
+    hosted = plan.get("host_update") or {}
+    update = ({"host_update": "on", "host_update_groups": hosted["variants"][hosted["kept"]]["groups"]}
+              if hosted.get("params") else {"host_update": "off"})
     return ({"recompute": "on" if plan.get("recomputes") else "off", "host_arena": bool(plan.get("host_arena")),
-             "host_update": "on" if (plan.get("host_update") or {}).get("params") else "off"}, workload)
+             **update}, workload)

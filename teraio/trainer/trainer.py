@@ -377,7 +377,8 @@ class TeraIOTrainer:
         hosted = []
         if self.host_update_gbps is not None:  # the optimizer update where its state lives
             trace, plan, hosted = plan_host_update(raw, plan, capacity, self.bandwidths, host_cap, self.host_update_gbps,
-                                                   self.opts.host_update, self.opts.release_grads, **options)
+                                                   self.opts.host_update, self.opts.release_grads,
+                                                   groups=self.opts.host_update_groups, **options)
         if self.opts.copy_order == "deadline":
             plan = retime_copies(trace, plan, self.bandwidths, shared_ssd=True, stream_frees=stream_frees)
         if self.opts.tail_offloads == "next_step":
