@@ -28,7 +28,8 @@ def ran_with(result: dict) -> dict:
     its run made, as the system's decider reads it from an ok row (the registry's
     ``SystemSpec.decider``; TeraIO: ``recompute`` ``on`` or ``off`` by its plan's recomputes,
     ``host_arena`` the packing its plan kept, ``workload.micro_batch_size`` the micro-batch it
-    chose), so that a point's trial that made its choices pools with the trials that ran them
+    chose; where a setting is null, as ``host_update_groups`` with ``host_update=on``, the
+    choice too), so that a point's trial that made its choices pools with the trials that ran them
     (``teraio.harness.tune.decided``)."""
     cfg = copy.deepcopy(result.get("config") or {})
     name = (cfg.get("system") or {}).get("name") or (result.get("point") or {}).get("system")
@@ -39,7 +40,9 @@ def ran_with(result: dict) -> dict:
     options_now = cfg.setdefault("system", {}).setdefault("options", {})
     for section, chosen in ((options_now, options), (cfg.setdefault("workload", {}), workload)):
         for key, value in chosen.items():
-            if section.get(key) == "auto":
+            # null where given: left to the run too (host_update_groups); a key the config
+            # lacks (a row made before it existed) is not added
+            if section.get(key) == "auto" or (key in section and section[key] is None):
                 section[key] = value
     return cfg
 

@@ -200,8 +200,9 @@ class MigrationEngine(TorchDispatchMode):
             has used it; ``teraio.workload.step.train_step`` does not (``zero_grad(set_to_none=True)``).
         host_update: the parameters updated in host memory (``teraio.core.host_update``; the
             trace is then ``Trace.with_host_update``'s): the engine sends each one's gradient
-            after its last write, before freeing it, notes its parameter's last use, and
-            waits for its refreshed copy before its first use. Needs ``release_grads``.
+            after its last write, before freeing it, has its refreshed copy issued from the
+            next step's ops and waits for it before its first use, and never spills a hosted
+            parameter (a refresh may be writing it). Needs ``release_grads``.
         pending_limit_bytes: with ``device_waits``, the bytes the plan's live bytes at an op
             and the offloaded storages freed while their copies may still run may take
             together: before an op that would pass it the host waits for the copies freed first
@@ -231,6 +232,7 @@ class MigrationEngine(TorchDispatchMode):
         self.trace, self.plan, self.tiers, self.device = trace, plan, tiers, device
         self.host_update = host_update
         hosted = host_update.names if host_update is not None else set()
+        self._unspillable = {rec.tid for rec in trace.tensors if rec.name in hosted}
         self.n_ops = trace.n_ops
         self.op_names = trace.op_names
         self.required_bytes = trace.required_bytes()
@@ -656,12 +658,12 @@ class MigrationEngine(TorchDispatchMode):
     def _spill(self, k: int, keep: frozenset) -> bool:
         """Copy the resident tensor whose next use is furthest after op ``k`` (of the plan's and
         the persistent tensors the plan leaves on the device; none in ``keep``, none with a
-        transfer in flight) to host memory, synchronously, and free its device bytes; it comes
+        transfer in flight, no parameter updated in host memory) to host memory, synchronously, and free its device bytes; it comes
         back from that copy (:meth:`_launch_prefetch`). False when none is left."""
         best, best_gap = None, -1
         for tid, t in self.tensors.items():
             if (t.status != RESIDENT or t.job is not None or t.storage is None or t.storage.nbytes() == 0
-                    or storage_id(t.storage) in keep):
+                    or storage_id(t.storage) in keep or tid in self._unspillable):
                 continue
             gap = min(((u - k) % self.n_ops for u in self.trace.tensors[tid].uses if u != k), default=self.n_ops)
             if gap > best_gap:

@@ -20,11 +20,14 @@ Each step, for each such parameter (``Trace.with_host_update``'s ``meta["host_up
   update is not done yet the training thread waits for it and copies it first (a stall,
   counted).
 
-Only the training thread writes a device parameter, and only after the step that used it
-ended and before the next one's first use, when no use autograd saved for backward is
-still to come: the copy bumps the parameter's version, which autograd checks there. (A
-copy from the worker, issued once op ``last_use`` had run, once failed that check on a
-norm weight in a step on an H100.)
+Only the training thread writes a device parameter, between the step that used it and the
+next one's first use, and through a tensor of its own on the parameter's storage, which
+leaves the parameter's version alone: autograd saves op ``first_use``'s inputs before the
+op reaches the engine, so where the update is late the copy lands after that save, and a
+version bump there would fail the step's backward (on an H100 a worker's copy did, for a
+norm weight, the one kind of parameter its own first-use op saves). The save holds the
+parameter, not its bytes, and the op's kernel runs after the copy, so forward and backward
+read the updated value.
 
 The device optimizer no longer holds these parameters (:func:`take_from_optimizer`), so its
 step runs the ops of ``Trace.with_host_update``'s trace. On a CPU device the copies are plain
@@ -159,7 +162,7 @@ class HostUpdate:
         for name, p in params.items():
             given = (host_state or {}).get(name)
             state = taken[name].state
-            host = given[0] if given else _to_host(p.detach(), cuda)
+            host = _to_host(given[0] if given else p.detach(), cuda)  # page-locked on CUDA
             for key, x in zip(("exp_avg", "exp_avg_sq"), given[1:] if given else (state["exp_avg"], state["exp_avg_sq"])):
                 state[key] = x if given else x.detach().to("cpu", copy=True)
             self.hosted[name] = _Hosted(name, p, taken[name], info[name], host, cuda)
@@ -172,7 +175,7 @@ class HostUpdate:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="teraio-host-adamw")
         self._sent: list[_Hosted] = []  # this step's updates started
         self._due: list[_Hosted] = []  # the last step's, their copies back not issued yet (first-use order)
-        self._landed: collections.deque[_Hosted] = collections.deque()  # updates done (the worker appends)
+        self._landed: collections.deque = collections.deque()  # a token per update done since last looked
 
     @property
     def names(self) -> set[str]:
@@ -188,6 +191,7 @@ class HostUpdate:
         the device storage of gradient ``name``) and start their updates."""
         for h in self._at["grad_write"].get(k, ()):
             h.job = self._pool.submit(self._update, h, self._send(h, grad_storage(h.info["grad"])))
+            h.job.add_done_callback(self._landed.append)  # once done (deque appends are atomic)
             self._sent.append(h)
 
     def before(self, k: int) -> float:
@@ -199,13 +203,10 @@ class HostUpdate:
         Raises:
             Exception: what a host update raised.
         """
-        if self._due and self._landed:
-            landed = set()
-            while self._landed:
-                landed.add(self._landed.popleft())
-            for h in [h for h in self._due if h in landed]:
+        if self._due and self._landed:  # an update finished since the last look
+            self._landed.clear()  # one finishing after this is looked for at the next op
+            for h in [h for h in self._due if h.job.done()]:
                 self._refresh(h)
-            self._landed.extend(h for h in landed if h.job is not None)  # this step's: copied after it
         waited = 0.0
         for h in self._at["first_use"].get(k, ()):
             if h.job is not None:  # none in flight: the engine's first step
@@ -283,7 +284,6 @@ class HostUpdate:
         if sent is not None:
             sent.synchronize()
         h.optimizer.step()
-        self._landed.append(h)
 
     def _refresh(self, h: _Hosted) -> None:
         """On the training thread: copy ``h``'s updated parameter into the device parameter,
@@ -297,13 +297,15 @@ class HostUpdate:
         if h in self._due:
             self._due.remove(h)
         job.result()
+        p = h.param
+        into = torch.empty(0, dtype=p.dtype, device=p.device).set_(p.untyped_storage(), p.storage_offset(),
+                                                                    p.shape, p.stride())  # its own version
         if self._h2d is None:
-            with torch.no_grad():
-                h.param.copy_(h.host)
+            into.copy_(h.host)
             return
         self._h2d.wait_stream(torch.cuda.current_stream(self.device))  # after the last step's uses
-        with torch.cuda.stream(self._h2d), torch.no_grad():
-            h.param.copy_(h.host, non_blocking=True)
+        with torch.cuda.stream(self._h2d):
+            into.copy_(h.host, non_blocking=True)
             h.refresh_event = torch.cuda.Event()
             h.refresh_event.record(self._h2d)
 

@@ -270,9 +270,9 @@ class Trace:
 
         ``meta["host_update"]`` maps each of ``params`` to ``{"grad", "grad_write",
         "last_use", "first_use", "nbytes"}``: its gradient's name and last write (the op after
-        which it goes to host memory), the parameter's last use in the step (after which
-        its device copy may be overwritten) and first use (before which the updated copy
-        must be back), and its bytes. ``meta["optimizer_ops"]`` is renumbered.
+        which it goes to host memory), the parameter's last use in the step and first use
+        (before which the updated copy must be back; ``teraio.core.host_update`` copies it
+        back from the next step's ops), and its bytes. ``meta["optimizer_ops"]`` is renumbered.
 
         Raises:
             ValueError: a name that :meth:`update_blocks` does not find, or as it.

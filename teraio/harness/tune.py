@@ -258,8 +258,9 @@ def _kept_record(path: Path, key: dict, say: Callable[[str], None]) -> dict | No
 def decided(run: RunConfig, sweep_dir: Path, job_dir: Path,
             say: Callable[[str], None] = print) -> Iterator[tuple[RunConfig, dict | None]]:
     """One choice per point for a system that makes choices from its own profile (the
-    registry's ``SystemSpec.decider``; TeraIO's ``recompute``, ``host_arena`` and
-    ``workload.micro_batch_size`` when ``"auto"``): the choices a trial makes from its noisy
+    registry's ``SystemSpec.decider``; TeraIO's ``recompute``, ``host_arena``, ``host_update``
+    and ``workload.micro_batch_size`` when ``"auto"``, and ``host_update_groups`` with
+    ``host_update=on``): the choices a trial makes from its noisy
     profile may differ from its neighbour's, so the point's first trial makes them and every
     other trial of the point, and every later sweep of it, runs with that trial's choices.
 

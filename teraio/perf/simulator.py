@@ -300,10 +300,12 @@ class _Transfers:
                 order = np.argsort(g, kind="stable")
             self.events[kind] = (g[order].tolist() + [-1], k[order].tolist())
         # host updates (add_host_updates): per op, the gradients sent after it, the updates
-        # whose parameter is free after it, the refreshed parameters waited for before it
+        # started after it (their gradient's last write), the refreshed parameters waited
+        # for before it; per refresh key, its parameter's first use (the engine's copy order)
         self.grads: dict[int, list[int]] = {}
-        self.released: dict[int, list[int]] = {}
+        self.updated: dict[int, list[int]] = {}
         self.refreshed: dict[int, list[int]] = {}
+        self.first_use: dict[int, int] = {}
         self.update_seconds: dict[int, float] = {}  # per gradient key: the host AdamW's seconds
 
     def stream_frees(self) -> None:
@@ -326,7 +328,8 @@ class _Transfers:
                 self.deadline += [it * n + u["last_use"], need]
                 self.update_seconds[key] = u["nbytes"] / bytes_per_s
                 self.grads.setdefault(it * n + u["grad_write"], []).append(key)
-                self.released.setdefault(it * n + u["grad_write"], []).append(key)
+                self.updated.setdefault(it * n + u["grad_write"], []).append(key)
+                self.first_use[key + 1] = u["first_use"]
                 if need < total:
                     self.refreshed.setdefault(need, []).append(key + 1)
 
@@ -356,8 +359,8 @@ def _replay(run: list[float], transfers: _Transfers, chans: dict[str, "_Channel"
     run = run * _ITERATIONS  # op g runs run[g]
     t = 0.0
     cpu = 0.0  # the host's AdamW is busy until then
-    ready: list[tuple[float, int]] = []  # (when, key): refreshed parameters, their update done by then
-    later: list[tuple[float, int]] = []  # this iteration's: ready once the next one starts
+    ready: list[tuple[float, int, int]] = []  # (when, first use, key): refreshed parameters, their update done by then
+    later: list[tuple[float, int, int]] = []  # this iteration's: ready once the next one starts
     queues = list({id(c): c for c in chans.values()}.values())
     held: list[int] = []  # step_sync: offloads launched after the last op, issued after the sync
     for g in range(total):
@@ -372,11 +375,11 @@ def _replay(run: list[float], transfers: _Transfers, chans: dict[str, "_Channel"
                 issued[key] = 1
             held.clear()
         if g % n == 0 and later:  # the last iteration's updates: copied back from now on
-            for when, key in later:
-                heapq.heappush(ready, (max(when, t), key))
+            for when, first, key in later:
+                heapq.heappush(ready, (max(when, t), first, key))
             later.clear()
-        while ready and ready[0][0] <= t:  # refreshes whose update is done, in that order
-            when, key = heapq.heappop(ready)
+        while ready and ready[0][0] <= t:  # refreshes whose update is done, by then and first use
+            when, _, key = heapq.heappop(ready)
             chan[key].issue(when, key, nbytes[key], deadline[key], name[key])
             issued[key] = 1
         while free_g[jf] == g:
@@ -402,8 +405,9 @@ def _replay(run: list[float], transfers: _Transfers, chans: dict[str, "_Channel"
                     t = done
         for key in transfers.refreshed.get(g, ()):
             if not issued[key]:  # its update ends later: issued then, and waited for
-                when = next(w for w, k in ready if k == key)
-                ready.remove((when, key))
+                entry = next(e for e in ready if e[2] == key)
+                when = entry[0]
+                ready.remove(entry)
                 heapq.heapify(ready)
                 chan[key].issue(when, key, nbytes[key], deadline[key], name[key])
                 issued[key] = 1
@@ -425,9 +429,9 @@ def _replay(run: list[float], transfers: _Transfers, chans: dict[str, "_Channel"
         for key in transfers.grads.get(g, ()):
             chan[key].issue(t, key, nbytes[key], deadline[key], name[key])
             issued[key] = 1
-        for key in transfers.released.get(g, ()):  # FIFO: its gradient's arrival is known now
+        for key in transfers.updated.get(g, ()):  # FIFO: its gradient's arrival is known now
             cpu = max(cpu, chan[key].done_time(key, t)) + transfers.update_seconds[key]
-            later.append((max(cpu, t), key + 1))
+            later.append((max(cpu, t), transfers.first_use[key + 1], key + 1))
     boundary[total] = t
     return np.array(boundary), np.array(op_start), np.array(op_stall), np.array(stalls, dtype=np.int64)
 

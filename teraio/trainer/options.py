@@ -154,6 +154,9 @@ class TeraIOOptions:
                                                     or not isinstance(self.host_update_groups, int)
                                                     or self.host_update_groups < 1):
             bad.append(f"host_update_groups={self.host_update_groups!r}; valid: null or an integer >= 1")
+        elif self.host_update_groups is not None and self.host_update != "on":
+            bad.append(f"host_update_groups={self.host_update_groups!r} with host_update={self.host_update!r}; "
+                       "valid: null, or a number with host_update=on")
         if isinstance(self.recompute, bool):
             self.recompute = "on" if self.recompute else "off"
         if self.recompute not in ("off", "on", "auto"):
