@@ -55,7 +55,8 @@ def _value(cfg: dict, key: str):
 
 def check_one_config(runs: pd.DataFrame, configs: Mapping[tuple[str, str], dict]) -> None:
     """Refuse a group of ``runs`` (the per-run frame, ``analysis.load``) whose rows ran with
-    different configs.
+    different configs. A failed row whose setting is ``auto`` made no choice there, so it
+    differs from no trial's choice (a deciding trial that failed, the next deciding).
 
     Args:
         configs: ``(sweep, job_dir)`` of every row of ``runs`` -> :func:`ran_with` of its row.
@@ -69,6 +70,9 @@ def check_one_config(runs: pd.DataFrame, configs: Mapping[tuple[str, str], dict]
             continue
         cfgs = [configs[(s, j)] for s, j in zip(g["sweep"], g["job_dir"])]
         keys = sorted({k for c in cfgs[1:] for k in changed_keys(cfgs[0], c) if k not in TRIAL_KEYS})
+        # a failed trial that was to make a choice made none: its "auto" matches any choice
+        made = [[c for c, st in zip(cfgs, g["status"]) if not (st != "ok" and _value(c, k) == "auto")] for k in keys]
+        keys = [k for k, cs in zip(keys, made) if len({repr(_value(c, k)) for c in cs}) > 1]
         if not keys:
             continue
         r = g.iloc[0]

@@ -863,6 +863,25 @@ def test_the_trial_that_decided_a_point_pools_with_the_trials_that_ran_its_choic
         load_sweep(tmp_path)
 
 
+def test_a_deciding_trial_that_failed_pools_with_the_trials_after_it(tmp_path):
+    # teraio.harness.tune.decided: trial 0 was to decide recompute and failed (no record),
+    # trial 1 decided it (auto, its plan recomputes), trial 2 ran its choice
+    jobs = [write_run(tmp_path, f"t{t}", system="teraio_mixed", batch=4, seq=64, micro=2, trial=t, tps=100.0)
+            for t in range(3)]
+    for t, job in enumerate(jobs):
+        set_config(job, "system.options.recompute", "on" if t == 2 else "auto")
+        r = json.loads((job / "result.json").read_text())
+        r["plan"] = {"host_arena": False, "recomputes": 3}
+        if t == 0:
+            r.update(status="error", error="RuntimeError: boom", tokens_per_s=None)
+        (job / "result.json").write_text(json.dumps(r))
+    assert len(load_sweep(tmp_path).runs) == 3
+    # an ok trial still on auto that chose otherwise does not pool
+    set_config(jobs[2], "system.options.recompute", "off")
+    with pytest.raises(ValueError, match=r"system\.options\.recompute: 'auto' in .*/t0, 'on' in .*/t1, 'off' in "):
+        load_sweep(tmp_path)
+
+
 def test_a_trial_its_time_limit_cut_short_is_marked_in_the_throughput_table(tmp_path):
     for t in (0, 1):
         job = write_run(tmp_path, f"t{t}", system="fsdp_offload", batch=4, seq=64, micro=2, trial=t, tps=100.0)
