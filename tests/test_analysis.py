@@ -847,16 +847,25 @@ def test_trials_pool_where_only_what_makes_them_trials_differs_or_auto_chose_the
         load_sweep(tmp_path)
 
 
+def recompute_trials(root, settings, failed=()):
+    """Three TeraIO trials of one point whose plans recompute, trial t run with
+    ``recompute=settings[t]``; those in ``failed`` are error rows."""
+    jobs = [write_run(root, f"t{t}", system="teraio_mixed", batch=4, seq=64, micro=2, trial=t, tps=100.0)
+            for t in range(3)]
+    for t, job in enumerate(jobs):
+        set_config(job, "system.options.recompute", settings[t])
+        r = json.loads((job / "result.json").read_text())
+        r["plan"] = {"host_arena": False, "recomputes": 3}
+        if t in failed:
+            r.update(status="error", error="RuntimeError: boom", tokens_per_s=None)
+        (job / "result.json").write_text(json.dumps(r))
+    return jobs
+
+
 def test_the_trial_that_decided_a_point_pools_with_the_trials_that_ran_its_choice(tmp_path):
     # teraio.harness.tune.decided: trial 0 ran with recompute auto and kept a plan that
     # recomputes; trials 1 and 2 ran with "on", its choice
-    jobs = [write_run(tmp_path, f"t{t}", system="teraio_mixed", batch=4, seq=64, micro=2, trial=t, tps=100.0)
-            for t in range(3)]
-    for t, job in enumerate(jobs):
-        set_config(job, "system.options.recompute", "auto" if t == 0 else "on")
-        r = json.loads((job / "result.json").read_text())
-        r["plan"] = {"host_arena": False, "recomputes": 3}
-        (job / "result.json").write_text(json.dumps(r))
+    jobs = recompute_trials(tmp_path, ["auto", "on", "on"])
     assert len(load_sweep(tmp_path).runs) == 3
     set_config(jobs[2], "system.options.recompute", "off")
     with pytest.raises(ValueError, match=r"system\.options\.recompute: 'on' in .*/t0, 'on' in .*/t1, 'off' in "):
@@ -866,15 +875,7 @@ def test_the_trial_that_decided_a_point_pools_with_the_trials_that_ran_its_choic
 def test_a_deciding_trial_that_failed_pools_with_the_trials_after_it(tmp_path):
     # teraio.harness.tune.decided: trial 0 was to decide recompute and failed (no record),
     # trial 1 decided it (auto, its plan recomputes), trial 2 ran its choice
-    jobs = [write_run(tmp_path, f"t{t}", system="teraio_mixed", batch=4, seq=64, micro=2, trial=t, tps=100.0)
-            for t in range(3)]
-    for t, job in enumerate(jobs):
-        set_config(job, "system.options.recompute", "on" if t == 2 else "auto")
-        r = json.loads((job / "result.json").read_text())
-        r["plan"] = {"host_arena": False, "recomputes": 3}
-        if t == 0:
-            r.update(status="error", error="RuntimeError: boom", tokens_per_s=None)
-        (job / "result.json").write_text(json.dumps(r))
+    jobs = recompute_trials(tmp_path, ["auto", "auto", "on"], failed=(0,))
     assert len(load_sweep(tmp_path).runs) == 3
     # an ok trial still on auto that chose otherwise does not pool
     set_config(jobs[2], "system.options.recompute", "off")
