@@ -658,8 +658,9 @@ class MigrationEngine(TorchDispatchMode):
     def _spill(self, k: int, keep: frozenset) -> bool:
         """Copy the resident tensor whose next use is furthest after op ``k`` (of the plan's and
         the persistent tensors the plan leaves on the device; none in ``keep``, none with a
-        transfer in flight, no parameter updated in host memory) to host memory, synchronously, and free its device bytes; it comes
-        back from that copy (:meth:`_launch_prefetch`). False when none is left."""
+        transfer in flight, no parameter updated in host memory) to host memory,
+        synchronously, and free its device bytes; it comes back from that copy
+        (:meth:`_launch_prefetch`). False when none is left."""
         best, best_gap = None, -1
         for tid, t in self.tensors.items():
             if (t.status != RESIDENT or t.job is not None or t.storage is None or t.storage.nbytes() == 0

@@ -303,8 +303,7 @@ def decided(run: RunConfig, sweep_dir: Path, job_dir: Path,
                 except ValueError as e:  # an ok row that records no choice (no plan): the next decides
                     say(f"  {run.system.name}: left undecided ({e})")
                     return
-                # what was left to it, each choice with its own settings (host_update_groups)
-                options = {k: v for k, v in options.items() if any(k == c or k.startswith(f"{c}_") for c in choices)}
+                options = {k: v for k, v in options.items() if k in choices}  # what was left to it
                 workload = {k: v for k, v in workload.items() if f"workload.{k}" in choices}
                 record = {"key": key, "chosen": options, "workload": workload, "decided_by": Path(job_dir).name}
                 tmp = path.with_name(f".{path.name}.tmp")

@@ -164,7 +164,8 @@ def _group(name: str) -> str:
 
 def plan_host_update(trace: Trace, plan: MigrationPlan, capacity_bytes: int, tiers: TierBandwidth,
                      host_cap_bytes: int, host_update_gbps: float, mode: str, release_grads: bool,
-                     stream_frees: bool = False, groups: int | None = None, **options) -> tuple[Trace, MigrationPlan, list[str]]:
+                     stream_frees: bool = False, groups: int | None = None,
+                     **options) -> tuple[Trace, MigrationPlan, list[str]]:
     """The optimizer update where its state lives (``teraio.core.host_update``), chosen by
     simulation per parameter group. ``plan`` is ``trace``'s plan without it (made as
     :func:`plan_fastest` makes it from ``trace``, gradients released where

@@ -208,12 +208,14 @@ def check_options(system: str, options: dict) -> None:
 
 def undecided(run) -> list[str]:
     """The choices a TeraIO run of ``run``'s point makes from its own profile: ``recompute`` and
-    ``host_arena`` where ``"auto"``, ``host_update`` where ``"auto"``, or ``"on"`` without
-    ``host_update_groups``, ``workload.micro_batch_size`` where ``"auto"`` (the registry's
-    ``decider``, ``teraio.systems``)."""
+    ``host_arena`` where ``"auto"``, ``host_update`` and ``host_update_groups`` where
+    ``host_update`` is ``"auto"``, or ``"on"`` without ``host_update_groups``,
+    ``workload.micro_batch_size`` where ``"auto"`` (the registry's ``decider``,
+    ``teraio.systems``)."""
     opts = dataclass_from_dict(TeraIOOptions, run.system.options, f"system.options ({run.system.name})")
     hosting = opts.host_update == "auto" or (opts.host_update == "on" and opts.host_update_groups is None)
-    return ([k for k in ("recompute", "host_arena") if getattr(opts, k) == "auto"] + (["host_update"] if hosting else [])
+    return ([k for k in ("recompute", "host_arena") if getattr(opts, k) == "auto"]
+            + (["host_update", "host_update_groups"] if hosting else [])
             + (["workload.micro_batch_size"] if run.workload.micro_batch_size == "auto" else []))
 
 

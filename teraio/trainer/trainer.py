@@ -323,7 +323,8 @@ class TeraIOTrainer:
         capacity and tiers and simulate it at the tiers' rates as the engine runs it
         (``TeraIOOptions.stream_frees``); train the winner from then on. A candidate whose step
         does not fit under the pager is recorded ``oom`` (its step's gradients dropped). The
-        row's ``micro_batch`` holds every candidate and the choice. Returns the winner's trace and plan and the first step after the profiled ones.
+        row's ``micro_batch`` holds every candidate and the choice. Returns the winner's trace
+        and plan and the first step after the profiled ones.
 
         Raises:
             RuntimeError: no candidate fit.
