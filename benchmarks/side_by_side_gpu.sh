@@ -15,7 +15,8 @@
 #   source scripts/remote_env.sh && bash benchmarks/side_by_side_gpu.sh
 #   ROWS (the sweep's overrides, default below; several sweeps into the same rows separated by
 #   ';', e.g. the baselines tuned in one and TeraIO with workload.micro_batch_size=auto, which
-#   only TeraIO takes, in the next)   TRIALS (default 0)   BUDGET_S (default 540)
+#   only TeraIO takes, in the next)   TRIALS (default 0; a sweep of ROWS that names trial=...
+#   runs those instead)   BUDGET_S (default 540)
 #   TIMEOUT_S (per point, default 200)   WHICH: any of tax,rows,adam, comma-separated (default all three)
 #   ADAM_IMPLS (host_adam's --impls; default all four, DeepSpeed's op built first)
 set -uo pipefail
@@ -42,8 +43,10 @@ case ,$WHICH, in *,rows,*)
     > "$RUNS/clocks.csv" 2>/dev/null & sampler=$!
   IFS=';' read -ra sweeps <<< "$ROWS"
   for rows in "${sweeps[@]}"; do
+    # a sweep that names its own trials (trial=0) keeps them; the others take TRIALS
+    case " $rows " in *" trial="*) trials=();; *) trials=("trial=$TRIALS");; esac
     # shellcheck disable=SC2086  # each holds several overrides
-    fig7_sweep side_by_side $rows "trial=$TRIALS"
+    fig7_sweep side_by_side $rows ${trials[@]+"${trials[@]}"}
   done
   kill "$sampler"
   tar czf "$OUT/rows.tar.gz" -C "$RUNS" --exclude '*.lock' .
