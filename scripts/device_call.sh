@@ -4,8 +4,10 @@
 # PYTHONPATH and starts the budget of BUDGET_S seconds. Then:
 #   left                        seconds of the budget left
 #   exp_sweep EXP NAME OVERRIDE...  one sweep of experiment EXP named NAME under RUNS with the
-#                               overrides, stopped with the budget (its runs' deadline too;
-#                               none started with 20 s or less left), its log in OUT/NAME.log
+#                               overrides (a sweep.name among them wins: rows of other options
+#                               at the same point kept apart), stopped with the budget (its
+#                               runs' deadline too; none started with 20 s or less left), its
+#                               log in OUT/NAME.log
 #   fig7_sweep NAME OVERRIDE... exp_sweep of fig7_h200, each run's timeout_s TIMEOUT_S
 #   collect_rows                RUNS' rows, logs and configs into OUT/rows.tar.gz, and each
 #                               result.json at the same path under OUT
@@ -18,7 +20,7 @@ exp_sweep() {
   local exp=$1 name=$2; shift 2
   local l; l=$(left)
   [ "$l" -gt 20 ] || { echo "no budget left for $name" | tee -a "$OUT/$name.log"; return; }
-  timeout -k 20 "$l" python -m teraio.sweep -m "+experiment=$exp" "$@" "sweep.name=$name" "sweep.runs_dir=$RUNS" \
+  timeout -k 20 "$l" python -m teraio.sweep -m "+experiment=$exp" "sweep.name=$name" "$@" "sweep.runs_dir=$RUNS" \
     sweep.make_ssd_dirs=true sweep.analyze=false "sweep.deadline=$(($(date +%s) + l))" \
     2>&1 | tee -a "$OUT/$name.log"
 }

@@ -267,8 +267,10 @@ def test_the_script_runs_each_planned_sweep_with_the_time_left_and_packs(tmp_pat
     sweeps = [c for c in calls if c.startswith("-m teraio.sweep")]
     assert len(sweeps) == 2, done.stdout + done.stderr
     first = sweeps[0].split()
-    assert first[:6] == ["-m", "teraio.sweep", "-m", "+experiment=fig7_h200", "model=a", "system=zero_offload"]
-    assert "sweep.tune.timeout_s=140" in first and "sweep.name=fig7_ref" in first
+    # the sweep's name before the chunk's overrides, so that a sweep.name among them would win
+    assert first[:7] == ["-m", "teraio.sweep", "-m", "+experiment=fig7_h200", "sweep.name=fig7_ref", "model=a",
+                         "system=zero_offload"]
+    assert "sweep.tune.timeout_s=140" in first
     assert "sweep.runs_dir=runs/reference/h100" in first
     timeouts = [int(next(a for a in c.split() if a.startswith("timeout_s=")).split("=")[1]) for c in sweeps]
     assert 0 < timeouts[1] <= timeouts[0] <= 10_000 - 40   # the budget left less a sweep's start
