@@ -38,7 +38,7 @@ def compare(job: Path) -> dict:
     tiers, shared = plan_tiers(plan), plan.meta["shared_ssd"]
     in_step = replay_run(trace, plan, tiers, row.get("iterations") or [], shared_ssd=shared, step_sync=True,
                          host_update_gbps=gbps)
-    deferred = defer_tail_offloads(trace, plan, tiers, shared_ssd=shared)
+    deferred = defer_tail_offloads(trace, plan, tiers, shared_ssd=shared, host_update_gbps=gbps)
     next_step = simulate(trace, deferred, tiers, shared_ssd=shared, step_sync=True,
                          host_update_gbps=gbps).iteration_seconds
     return {"job": str(job), "status": row["status"], "gpu_name": row.get("gpu_name"),

@@ -148,10 +148,19 @@ def test_only_copies_still_running_at_the_step_end_and_freed_in_the_next_are_def
     assert simulate(tr, out, tiers).iteration_seconds == pytest.approx(simulate(tr, plan, tiers).iteration_seconds)
     again = defer_tail_offloads(tr, out, tiers)  # already after the last op: nothing more to move
     assert again.meta["tail_offloads"] == {"deferred": 0, "bytes": 0} and again.migrations == out.migrations
+    # a trace that updates a parameter in host memory (its 1 kB gradient down after op 1, the
+    # parameter back before op 5): simulated at the host's AdamW rate, the same two are late;
+    # without that rate the plan is kept as it is
     held = trace_of([1.0] * 8)
-    held.meta["host_update"] = {"param:w": {}}
+    held.meta["host_update"] = {"param:w": {"grad": "grad:w", "grad_write": 1, "last_use": 1, "first_use": 5,
+                                            "nbytes": 1000}}
     kept = defer_tail_offloads(held, plan, tiers)
     assert kept.migrations == plan.migrations and kept.meta["tail_offloads"]["deferred"] == 0
+    with pytest.raises(ValueError, match="host_update_gbps"):
+        late_offloads(held, plan, tiers)
+    hosted = defer_tail_offloads(held, plan, tiers, host_update_gbps=1.0)
+    assert [m.offload_launch for m in hosted.migrations] == [7, 7, 2, 5]
+    assert hosted.meta["tail_offloads"] == out.meta["tail_offloads"]
 
 
 def test_a_synchronised_step_waits_for_its_tail_copies_but_not_for_those_launched_after_its_last_op():

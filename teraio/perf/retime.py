@@ -68,7 +68,7 @@ def retime_copies(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, share
 
 
 def defer_tail_offloads(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, shared_ssd: bool = True,
-                        stream_frees: bool = False) -> MigrationPlan:
+                        stream_frees: bool = False, host_update_gbps: float | None = None) -> MigrationPlan:
     """``plan`` with each offload that would still be copying when its step's last op ends
     launched after that op instead (``launch_after = n_ops - 1``), where its window crosses
     the step boundary (freed in the next step, so the step never waits for it).
@@ -85,17 +85,20 @@ def defer_tail_offloads(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth,
     (nothing writes it before its next use in the next step).
 
     Which copies: ``teraio.perf.simulator.late_offloads`` of ``plan`` at ``tiers``
-    (``shared_ssd``, ``stream_frees`` as for ``simulate``). The plan returned records
-    ``meta["tail_offloads"]``: ``{"deferred": count, "bytes": total}``. A trace whose
-    parameters are updated in host memory is returned as it is (the simulator needs the
-    host's rate for those), with ``{"deferred": 0, "bytes": 0}``.
+    (``shared_ssd``, ``stream_frees``, ``host_update_gbps`` as for ``simulate``). The plan
+    returned records ``meta["tail_offloads"]``: ``{"deferred": count, "bytes": total}``. A
+    trace whose parameters are updated in host memory is simulated at ``host_update_gbps``
+    (with the host update on an H100, the device AdamW's last moments, 4.2 GB, were waited
+    for at each step's end: ``runs/reference/h100/host_update/beside_torchao``); without
+    that rate it is returned as it is, with ``{"deferred": 0, "bytes": 0}``.
 
     Raises:
         ValueError: as ``teraio.perf.simulator.simulate``.
     """
     n = trace.n_ops
-    late = (late_offloads(trace, plan, tiers, shared_ssd=shared_ssd, stream_frees=stream_frees)
-            if not trace.meta.get("host_update") else [False] * len(plan.migrations))
+    late = (late_offloads(trace, plan, tiers, shared_ssd=shared_ssd, stream_frees=stream_frees,
+                          host_update_gbps=host_update_gbps)
+            if not trace.meta.get("host_update") or host_update_gbps else [False] * len(plan.migrations))
     deferred = [i for i, m in enumerate(plan.migrations) if late[i] and m.offload_launch != n - 1]
     migrations = list(plan.migrations)
     for i in deferred:

@@ -217,17 +217,18 @@ def served_launches(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, pol
 
 
 def late_offloads(trace: Trace, plan: MigrationPlan, tiers: TierBandwidth, shared_ssd: bool = False,
-                  stream_frees: bool = False) -> np.ndarray:
+                  stream_frees: bool = False, host_update_gbps: float | None = None) -> np.ndarray:
     """Per migration of ``plan`` (bool ``[n_migrations]``): whether its offload, launched in
     the steady-state iteration :func:`simulate` reports and freed in the next one (its window
     crosses the iteration boundary), is still copying when that iteration's last op ends, in
-    a FIFO replay at ``tiers`` (``shared_ssd``, ``stream_frees`` as for :func:`simulate`):
-    the copies a step that ends with a device sync waits for (``teraio.perf.retime``).
+    a FIFO replay at ``tiers`` (``shared_ssd``, ``stream_frees``, ``host_update_gbps`` as for
+    :func:`simulate`): the copies a step that ends with a device sync waits for
+    (``teraio.perf.retime``).
 
     Raises:
-        ValueError: as :func:`simulate`, or a trace with host updates.
+        ValueError: as :func:`simulate` (a trace with host updates needs ``host_update_gbps``).
     """
-    _, transfers, chans, boundary = _simulate(trace, plan, tiers, "fifo", shared_ssd, None, stream_frees)
+    _, transfers, chans, boundary = _simulate(trace, plan, tiers, "fifo", shared_ssd, host_update_gbps, stream_frees)
     first, total = (_ITERATIONS - 1) * trace.n_ops, _ITERATIONS * trace.n_ops
     end = boundary[total]
     late = np.zeros(len(plan.migrations), dtype=bool)
