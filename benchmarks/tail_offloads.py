@@ -14,8 +14,8 @@ launched after it (``next_step_s``; ``deferred`` and ``deferred_bytes`` count th
 ``next_step_over_in_step``; the trace's op sum ``ideal_s`` and the plan's ``capacity_bytes``
 (what names the trace and plan it was made from). A plan that updates parameters in host
 memory is simulated on the trace it was made for, at the host's AdamW rate it recorded
-(``teraio.perf.replay.saved_run``); its tail offloads stay in the step
-(``defer_tail_offloads``). ``--out`` is replaced atomically.
+(``teraio.perf.replay.saved_run``), its tail offloads too (``defer_tail_offloads``).
+``--out`` is replaced atomically.
 """
 from __future__ import annotations
 

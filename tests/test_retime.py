@@ -148,19 +148,41 @@ def test_only_copies_still_running_at_the_step_end_and_freed_in_the_next_are_def
     assert simulate(tr, out, tiers).iteration_seconds == pytest.approx(simulate(tr, plan, tiers).iteration_seconds)
     again = defer_tail_offloads(tr, out, tiers)  # already after the last op: nothing more to move
     assert again.meta["tail_offloads"] == {"deferred": 0, "bytes": 0} and again.migrations == out.migrations
-    # a trace that updates a parameter in host memory (its 1 kB gradient down after op 1, the
-    # parameter back before op 5): simulated at the host's AdamW rate, the same two are late;
-    # without that rate the plan is kept as it is
-    held = trace_of([1.0] * 8)
-    held.meta["host_update"] = {"param:w": {"grad": "grad:w", "grad_write": 1, "last_use": 1, "first_use": 5,
-                                            "nbytes": 1000}}
+    # a trace that updates a parameter in host memory cannot be simulated without the host's
+    # AdamW rate: without it the plan is kept as it is
+    held = host_updated(8, GB, grad_write=1, first_use=5)
     kept = defer_tail_offloads(held, plan, tiers)
     assert kept.migrations == plan.migrations and kept.meta["tail_offloads"]["deferred"] == 0
     with pytest.raises(ValueError, match="host_update_gbps"):
         late_offloads(held, plan, tiers)
-    hosted = defer_tail_offloads(held, plan, tiers, host_update_gbps=1.0)
-    assert [m.offload_launch for m in hosted.migrations] == [7, 7, 2, 5]
-    assert hosted.meta["tail_offloads"] == out.meta["tail_offloads"]
+
+
+def host_updated(n_ops: int, nbytes: int, grad_write: int, first_use: int):
+    """``n_ops`` ops of 1 s whose step updates one parameter of ``nbytes`` in host memory: its
+    gradient goes down after op ``grad_write``, the parameter comes back before op
+    ``first_use`` of the next step (``Trace.with_host_update``'s ``meta["host_update"]``)."""
+    tr = trace_of([1.0] * n_ops)
+    tr.meta["host_update"] = {"param:w": {"grad": "grad:w", "grad_write": grad_write, "last_use": grad_write,
+                                          "first_use": first_use, "nbytes": nbytes}}
+    return tr
+
+
+def test_a_step_with_host_updates_defers_the_offloads_its_gradients_copies_make_late():
+    # 8 ops of 1 s, links of 1 GB/s; X (1.5 GB) offloaded after op 5, freed before op 1 of the
+    # next step: alone it copies from 6 s to 7.5 s, inside the step. Behind a 2 GB gradient
+    # that goes down after op 4 (5 s to 7 s) it copies until 8.5 s, past the step's end
+    # (8 s): deferred; behind a 0.5 GB one it ends at 7.5 s: kept. The host's AdamW
+    # (100 GB/s) brings each parameter back long before op 7 of the next step: nothing stalls.
+    tiers = TierBandwidth.uniform(1.0)
+    plan = plan_of(8, (3 * GB // 2, 5, 1, 2, 5, "host"))
+    assert defer_tail_offloads(trace_of([1.0] * 8), plan, tiers).migrations == plan.migrations
+    big, small = host_updated(8, 2 * GB, grad_write=4, first_use=7), host_updated(8, GB // 2, grad_write=4, first_use=7)
+    assert simulate(big, plan, tiers, host_update_gbps=100.0).stall_seconds == 0.0
+    assert late_offloads(big, plan, tiers, host_update_gbps=100.0).tolist() == [True]
+    deferred = defer_tail_offloads(big, plan, tiers, host_update_gbps=100.0)
+    assert [m.offload_launch for m in deferred.migrations] == [7]
+    assert deferred.meta["tail_offloads"] == {"deferred": 1, "bytes": 3 * GB // 2}
+    assert defer_tail_offloads(small, plan, tiers, host_update_gbps=100.0).migrations == plan.migrations
 
 
 def test_a_synchronised_step_waits_for_its_tail_copies_but_not_for_those_launched_after_its_last_op():

@@ -574,10 +574,11 @@ def test_host_update_trains_as_plain_training_does_and_the_row_says_what_it_host
                if line.startswith(f"{result['iterations'][0]['step']},")]
         trace, _ = replayed_trace(Trace.load(tmp_path / "job" / "trace.json"), MigrationPlan.from_dict(plan))
         assert list(trace.op_names) == ran
-        # and it simulates as the variant the planner kept did (nothing deferred after it here)
+        # and it simulates as the variant the planner kept did: none of this small run's
+        # offloads is still copying at its step's end, so none was deferred after the choice
         assert plan["meta"]["tail_offloads"]["deferred"] == 0
         assert replayed["simulated_iteration_seconds"] == pytest.approx(hu["variants"][hu["kept"]]["seconds"])
-        # the tail-offload comparison reads the run the same way (its offloads kept in the step)
+        # the tail-offload comparison reads the run the same way (nothing to defer there either)
         tails = compare_tail_offloads(tmp_path / "job")
         assert tails["run_on_s"] == pytest.approx(replayed["simulated_iteration_seconds"]) and tails["deferred"] == 0
     else:  # kept only where it simulates more than the margin faster than the plan without
