@@ -9,6 +9,7 @@ import pytest
 from benchmarks import host_packing
 from benchmarks import replan as replan_tool
 from teraio.perf import jobdir, replan
+from teraio.perf.replay import replayed_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -147,9 +148,11 @@ def test_a_run_s_own_plan_is_given_back_when_planned_as_the_run_did():
 
 
 def test_every_planning_file_still_names_the_trace_and_plan_it_was_made_from():
-    """Each entry of a committed planning file (``"jobs"``: replan.py, host_packing.py) names a
-    job dir whose trace and plan are the ones it was made from: the trace's compute time
-    (``ideal_s``) and the plan's capacity, and the committed plan's migrations and bytes per
+    """Each entry of a committed planning file (``"jobs"``: replan.py, host_packing.py,
+    tail_offloads.py) names a job dir whose trace and plan are the ones it was made from: the
+    compute time (``ideal_s``) of the trace as the plan was made for it
+    (``teraio.perf.replay.replayed_trace``: without the device updates of parameters updated
+    in host memory), the plan's capacity, and the committed plan's migrations and bytes per
     tier where the entry records them. A rerun that moves a job dir's first attempt to
     ``attempt.<n>/`` replaces the dir's own trace and plan, and fails this."""
     docs = {f: json.loads(f.read_text()) for f in sorted((ROOT / "benchmarks" / "results").rglob("*.json"))}
@@ -159,8 +162,8 @@ def test_every_planning_file_still_names_the_trace_and_plan_it_was_made_from():
     for f, doc in docs.items():
         for entry in doc["jobs"]:
             job = ROOT / entry["job"]
-            trace = jobdir.trace(job)
             plan = jobdir.plan(job)
+            trace, _ = replayed_trace(jobdir.trace(job), plan)  # as planned: hosted updates out
             where = (f.name, entry["job"])
             assert float(trace.op_seconds.sum()) == entry["ideal_s"], where
             assert plan.capacity_bytes == entry["capacity_bytes"], where
