@@ -383,9 +383,8 @@ class TeraIOTrainer:
         if self.opts.copy_order == "deadline":
             plan = retime_copies(trace, plan, self.bandwidths, shared_ssd=True, stream_frees=stream_frees)
         if self.opts.tail_offloads == "next_step":
-            plan = defer_tail_offloads(trace, plan, self.bandwidths, shared_ssd=True,
-                                       stream_frees=stream_frees,
-                                       host_update_gbps=self.host_update_gbps if hosted else None)
+            plan = defer_tail_offloads(trace, plan, self.bandwidths, shared_ssd=True, stream_frees=stream_frees,
+                                       host_update_gbps=self.host_update_gbps)
         return Planned(trace, plan, capacity, unoffloaded_peak, ssd_cap, time.perf_counter() - t0, tuple(hosted))
 
     def ssd_room(self) -> int:
