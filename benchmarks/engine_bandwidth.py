@@ -1,6 +1,7 @@
 """The migration engine's tiers against the machine's own ceilings, measured in one run.
 
-Ceilings: page-locked D2H and H2D copies of one large buffer (``torch`` ``copy_``), and
+Ceilings: page-locked D2H and H2D copies of one large buffer (``torch`` ``copy_``), one
+direction at a time and both at once (``raw_duplex_*``), and
 ``O_DIRECT`` writes and reads of 8 MiB requests from page-locked host memory, ``--raw-threads``
 in flight, on the drive directory and on the RAM directories. Tiers: ``HostTier`` and
 ``SSDTier`` (as TeraIO opens them) moving ``--tensors`` device tensors of ``--tensor-mib``
@@ -54,6 +55,36 @@ def raw_copies(nbytes: int, repeats: int) -> dict[str, float]:
                 "raw_h2d_gbps": best_rate(nbytes, lambda: dev.copy_(host, non_blocking=True), repeats)}
     finally:
         page_unlock(host)
+
+
+def raw_duplex(nbytes: int, repeats: int) -> dict[str, float]:
+    """Page-locked D2H and H2D copies of one large buffer each, at the same time on two
+    streams (the host link both ways at once, as a step's evictions and prefetches use it):
+    each direction's rate over its own copy's time (CUDA events on its stream), best of
+    ``repeats``."""
+    dev = [torch.empty(nbytes, dtype=torch.uint8, device="cuda") for _ in range(2)]
+    host = [pinned_empty(nbytes, "duplex copy buffer") for _ in range(2)]
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    best = {"raw_duplex_d2h_gbps": 0.0, "raw_duplex_h2d_gbps": 0.0}
+    try:
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            events = []
+            for key, stream, copy in (("raw_duplex_d2h_gbps", streams[0], lambda: host[0].copy_(dev[0], non_blocking=True)),
+                                      ("raw_duplex_h2d_gbps", streams[1], lambda: dev[1].copy_(host[1], non_blocking=True))):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                with torch.cuda.stream(stream):
+                    start.record()
+                    copy()
+                    end.record()
+                events.append((key, start, end))
+            torch.cuda.synchronize()
+            for key, start, end in events:
+                best[key] = max(best[key], nbytes / (start.elapsed_time(end) / 1e3) / 1e9)
+        return best
+    finally:
+        for h in host:
+            page_unlock(h)
 
 
 def raw_direct_io(dirs: list[str], nbytes: int, threads: int, repeats: int) -> dict[str, float]:
@@ -126,6 +157,8 @@ def main() -> None:
         print(f"{key}: {value}", flush=True)
 
     for k, v in raw_copies(raw_bytes, a.repeats).items():
+        report(k, v)
+    for k, v in raw_duplex(raw_bytes, a.repeats).items():
         report(k, v)
     for k, v in raw_direct_io([a.drive], raw_bytes, a.raw_threads, a.repeats).items():
         report(k.replace("raw_", "raw_drive_"), v)
