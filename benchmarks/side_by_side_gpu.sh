@@ -6,18 +6,22 @@
 #   rows: a fig7_h200 sweep (ROWS, default Ideal and TeraIO-Mixed at that point; the transfer
 #         and op logs hold the GPU's own timeline), the GPU's clock sampled through it;
 #   adam: benchmarks/host_adam.py (AdamW's update rate in host memory: torch's three CPU
-#         implementations and DeepSpeed's CPU Adam, whose op is built first).
+#         implementations and DeepSpeed's CPU Adam, whose op is built first);
+#   bw:   benchmarks/engine_bandwidth.py (the host link one way and both ways at once, the
+#         drive, the tiers), run first: the card's own rates for a hardware config.
 # Writes into OUT (default ./tax_out): engine_tax.json, its three traces in tax_traces.tar.gz,
 # rows.tar.gz (the sweep's job dirs whole: rows, traces, plans, logs, and the GPU's clock and
 # power sampled through them, clocks.csv), a summary line per row
-# (summary.txt), timeline.json (benchmarks.gpu_timeline of the TeraIO rows), host_adam.json.
+# (summary.txt), timeline.json (benchmarks.gpu_timeline of the TeraIO rows), host_adam.json,
+# engine_bandwidth.json.
 # Run from the repository root on the GPU machine:
 #   source scripts/remote_env.sh && bash benchmarks/side_by_side_gpu.sh
 #   ROWS (the sweep's overrides, default below; several sweeps into the same rows separated by
 #   ';', e.g. the baselines tuned in one and TeraIO with workload.micro_batch_size=auto, which
 #   only TeraIO takes, in the next)   TRIALS (default 0; a sweep of ROWS that names trial=...
 #   runs those instead)   BUDGET_S (default 540)
-#   TIMEOUT_S (per point, default 200)   WHICH: any of tax,rows,adam, comma-separated (default all three)
+#   TIMEOUT_S (per point, default 200)   WHICH: any of bw,tax,rows,adam, comma-separated (default
+#   tax,rows,adam)
 #   ADAM_IMPLS (host_adam's --impls; default all four, DeepSpeed's op built first)
 set -uo pipefail
 OUT=${OUT:-tax_out}
@@ -27,11 +31,21 @@ ROWS=${ROWS:-model=llama3_8b_4l fig7.point=seq_short system=ideal,teraio_mixed}
 BUDGET_S=${BUDGET_S:-540}
 TIMEOUT_S=${TIMEOUT_S:-200}
 WHICH=${WHICH:-tax,rows,adam}
+IFS=, read -ra parts <<< "$WHICH"
+for w in "${parts[@]}"; do
+  case $w in bw|tax|rows|adam) ;; *) echo "WHICH=$WHICH: '$w' is not one of bw, tax, rows, adam (comma-separated)" >&2; exit 2;; esac
+done
 ADAM_IMPLS=${ADAM_IMPLS:-fused,foreach,loop,deepspeed}
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}  # as the sweep's workers
 # shellcheck source=scripts/device_call.sh
 source scripts/device_call.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit,temperature.gpu --format=csv
+case ,$WHICH, in *,bw,*)
+  # the drive directory the h200 config's tiers use; RAM directories removed after (host memory)
+  timeout -k 10 "$(left)" python -m benchmarks.engine_bandwidth --drive /tmp/teraio_ssd/0 \
+    --ram-dirs /dev/shm/bw/0 /dev/shm/bw/1 /dev/shm/bw/2 /dev/shm/bw/3 --out "$OUT/engine_bandwidth.json" 2>&1 | tail -n 30
+  rm -rf /dev/shm/bw;;
+esac
 case ,$WHICH, in *,tax,*)
   mkdir -p /tmp/tax && timeout -k 10 "$(left)" python -m benchmarks.engine_tax --out /tmp/tax/engine_tax.json \
     --rounds 3 --clocks /tmp/tax/clocks.csv 2>&1 | tail -n 40
