@@ -313,7 +313,8 @@ def _run_owned_point(cfg: DictConfig, job_dir: Path) -> str:
     except Interrupted as e:  # the worker, ended, wrote its interrupted row; else the sweep does
         if read_status(result_path) is None:
             write_result(result_path, failure_row(run, "interrupted", f"{e} (the sweep)", started))
-        e.job_dir = job_dir
+        # a worker that wrote its row before the signal keeps it (ok, oom, ...): main() says which
+        e.job_dir, e.job_status = job_dir, read_status(result_path)
         raise
     status = read_status(result_path)
     log_tail = "\n".join(tail)
@@ -485,9 +486,14 @@ def main() -> None:
     try:
         _hydra_main()
     except Interrupted as e:
-        where = getattr(e, "job_dir", None)
-        console.print(f"[red]✗ sweep {e}[/red]" + (f"; {escape(str(where))} has an interrupted row, "
-                                                   "run again by the next sweep" if where else ""))
+        where, status = getattr(e, "job_dir", None), getattr(e, "job_status", None)
+        if where is None:
+            said = ""
+        elif status == "interrupted":
+            said = f"; {escape(str(where))} has an interrupted row, run again by the next sweep"
+        else:  # its worker wrote its row before the signal arrived
+            said = f"; {escape(str(where))} kept its row ({status}), written before the signal"
+        console.print(f"[red]✗ sweep {e}[/red]{said}")
         sys.exit(128 + e.signum)
 
 

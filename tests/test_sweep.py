@@ -27,7 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 # A worker that writes rows with the real teraio.result code, acting per trial as
 # $FAKE_PLAN says: ok | oom | crash (exit 3, no row) | sleep (hang until killed) | slow (ok after 8 s)
-# | scratch (leave a slot file and a ZeRO swap dir on the drives, then sleep).
+# | scratch (leave a slot file and a ZeRO swap dir on the drives, then sleep) | linger (write an ok
+# row, then hang until killed).
 FAKE_WORKER = '''
 import json, os, sys, time
 from pathlib import Path
@@ -64,6 +65,8 @@ else:
         {"step": 0, "seconds": 0.5, "tokens": 100, "tokens_per_s": 200.0, "loss": 1.0, "stall_count": 0,
          "stall_seconds": 0.0}]), status="ok")
 write_result(resolved.parent / "result.json", row)
+if action == "linger":
+    time.sleep(120)
 '''
 
 
@@ -505,6 +508,28 @@ def test_a_signal_to_the_sweep_closes_the_tiers_and_writes_an_interrupted_row(tm
     after = out.split("step 4 ", 1)[1].splitlines()[1:]
     ours = [ln for ln in after if not ln.startswith("  │ step ")]
     assert len(ours) == 1 and ours[0].startswith(f"✗ sweep interrupted by {sig.name}"), out
+
+
+def test_a_signal_after_the_worker_wrote_its_row_keeps_the_row_and_says_so(tmp_path, fake_worker):
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen(sweep_cmd(runs, "trial=0"), cwd=REPO, env=sweep_env({"0": "linger"}, fake_worker),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        result = job_dir(runs, 0) / "result.json"
+        deadline = time.time() + 60
+        while read_status(result) != "ok":  # the worker wrote its row and lingers
+            assert time.time() < deadline and proc.poll() is None, "the worker never wrote its row"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert row(runs, 0)["status"] == "ok"
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("✗ sweep interrupted by SIGTERM") and "kept its row (ok)" in last, out
+    assert "has an interrupted row" not in out, out
 
 
 def test_a_timeout_or_a_rerun_removes_what_a_killed_worker_left_on_the_drives(tmp_path, fake_worker):
