@@ -3,7 +3,9 @@ loss that is not finite stops every system's run, TeraIO's included."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
+import weakref
 
 import pytest
 import torch
@@ -88,6 +90,36 @@ def test_a_loss_that_is_not_finite_stops_the_loop_naming_the_step(capsys):
         measure_steps(lambda step: Step(lambda: float("nan") if step == 3 else 1.0), WORK, CPU, out=out)
     assert [i["step"] for i in out.iterations] == [2]  # kept: measured before the failure
     assert [line.split()[1] for line in capsys.readouterr().out.splitlines()] == ["0", "1", "2"]
+
+
+class _Cycle:
+    """An object in a reference cycle with itself: only the collector frees it."""
+
+    def __init__(self):
+        self.me = self
+
+
+def test_each_timed_step_runs_with_what_lived_before_it_frozen_and_the_loop_leaves_nothing_frozen():
+    held = {"cycle": _Cycle()}  # lives before the loop, then dropped by step 1's work
+    gone = weakref.ref(held["cycle"])
+    seen = {}
+
+    def step_fn(step):
+        def run():
+            seen[step] = (gc.get_freeze_count(), gone() is None)
+            held.pop("cycle", None)  # garbage now, in a cycle the step before froze
+            return 1.0
+        return Step(run)
+
+    gc.unfreeze()
+    measure_steps(step_fn, WORK, CPU, progress=False)
+    assert all(frozen > 0 for frozen, _ in seen.values())  # the collections in a step skip them
+    # frozen at step 0 and dropped in it, the cycle is collected before step 1: nothing frozen leaks
+    assert seen[0] == (seen[0][0], False) and all(dead for _, dead in list(seen.values())[1:]), seen
+    assert gc.get_freeze_count() == 0
+    with pytest.raises(FloatingPointError):
+        measure_steps(lambda step: Step(lambda: float("nan")), WORK, CPU, progress=False)
+    assert gc.get_freeze_count() == 0  # also after a failure
 
 
 def teraio_cfg(ssd_dir):
