@@ -75,17 +75,23 @@ class WorkloadConfig:
     pipeline_stages: int = 1
 
     def __post_init__(self) -> None:
-        if self.pipeline_stages < 1:
-            raise ValueError(f"workload.pipeline_stages={self.pipeline_stages} must be >= 1")
+        for key, least in (("batch_size", 1), ("seq_len", 1), ("warmup_steps", 0), ("measure_steps", 1),
+                           ("pipeline_stages", 1)):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"workload.{key}={value!r}; valid: an integer >= {least}")
+        if not isinstance(self.lr, (int, float)) or isinstance(self.lr, bool) or not self.lr >= 0:
+            raise ValueError(f"workload.lr={self.lr!r}; valid: a number >= 0")
         if self.micro_batch_size == "auto":
             if self.pipeline_stages != 1:
                 raise ValueError(f"workload.micro_batch_size=auto with workload.pipeline_stages="
                                  f"{self.pipeline_stages}: the choice is for one stage; name a divisor of "
                                  f"batch_size={self.batch_size}")
-        elif not isinstance(self.micro_batch_size, int) or isinstance(self.micro_batch_size, bool):
+        elif (not isinstance(self.micro_batch_size, int) or isinstance(self.micro_batch_size, bool)
+              or self.micro_batch_size <= 0):
             raise ValueError(f"workload.micro_batch_size={self.micro_batch_size!r}; valid: a divisor of "
                              f"batch_size={self.batch_size}, or auto")
-        elif self.micro_batch_size <= 0 or self.batch_size % self.micro_batch_size:
+        elif self.batch_size % self.micro_batch_size:
             raise ValueError(
                 f"workload.batch_size={self.batch_size} is not divisible by "
                 f"workload.micro_batch_size={self.micro_batch_size}; pick a divisor")

@@ -198,7 +198,7 @@ def test_pipelined_points_of_ideal_and_teraio_train_as_the_unpipelined_step(tmp_
     ("zero_offload", {}, r"zero_offload does not train in pipeline stages; systems that do: "
                          r"\['teraio_ssd', 'teraio_mixed', 'ideal'\]"),
     ("ideal", {"pipeline_stages": 3}, "needs at least 3 micro-batches per step; batch_size=4 / micro_batch_size=2 gives 2"),
-    ("ideal", {"pipeline_stages": 0}, r"workload.pipeline_stages=0 must be >= 1"),
+    ("ideal", {"pipeline_stages": 0}, r"workload.pipeline_stages=0; valid: an integer >= 1"),
 ])
 def test_a_point_that_cannot_be_pipelined_is_refused_before_it_runs(system, workload, match):
     from teraio.config import run_config_from_dict
