@@ -249,9 +249,10 @@ def write_tables(sweep: Sweep, out_dir: Path) -> list[Path]:
     cut_note = ["cut short: ok trials that measured fewer steps than their point asks "
                 "(workload.measure_steps): the time limit stopped them (their rows' time_limited); "
                 "no claim reads their rows"] if summary["cut_short"].any() else []
-    cap_note = [f"cap not enforced: {', '.join(loose)} ran where nothing held it to "
+    pronoun, possessive = ("it", "its") if len(loose) == 1 else ("them", "their")
+    cap_note = [f"cap not enforced: {', '.join(loose)} ran where nothing held {pronoun} to "
                 "hardware.gpu_capacity_bytes (a CPU: the cap binds CUDA's allocator only; the rows' "
-                "capacity_enforced is false), so its tokens/s are not those of the capped GPU"] if loose else []
+                f"capacity_enforced is false), so {possessive} tokens/s are not those of the capped GPU"] if loose else []
     paths = write_table(throughput_table(agg.with_not_run(summary, sweep.not_run)),
                         out_dir / "throughput", f"Training throughput (tokens/s) and % of Ideal — {who}",
                         [ci_note, "% of Ideal: ratio of means against Ideal of the same model, "

@@ -14,7 +14,8 @@ model does not fit switches on first: recompute in backward instead of keeping a
                            allocator's peaks then cover the steps after it
 
 Row extras: ``ac_mode``, ``selective_ac_option``, ``micro_batch_size_trained``,
-``saved_activation_peak_bytes`` (null when not profiled), ``final_params_sha256``.
+``saved_activation_peak_bytes`` (null when not profiled), ``final_params_sha256``; ``capacity_enforced: false`` on a device that is not CUDA (the cap binds
+CUDA's allocator only).
 """
 from __future__ import annotations
 
@@ -94,6 +95,8 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
     measured = Measurements(capacity_bytes=cap, capacity_emulated=True if cap is not None else None, extras={
         "ac_mode": opts["mode"], "selective_ac_option": str(opts["selective_ac_option"]),
         "micro_batch_size_trained": mb, "saved_activation_peak_bytes": None})
+    if cap is not None and device.type != "cuda":
+        measured.extras["capacity_enforced"] = False  # the cap is the CUDA allocator's: nothing held this run to it
     profiled = profiled_step(w) if opts["profile_saved_activations"] else None
     with kept_on_failure(measured):
         held = apply_memory_cap(cap, device, cfg.hardware.capacity_mode)

@@ -3,6 +3,7 @@ and torchao's CPU-offloaded optimizer (``torchao_offload``); FSDP2's CPU offload
 file (``tests/test_fsdp_offload.py``)."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,19 @@ def test_ideal_ac_without_a_second_warmup_step_records_no_saved_peak(tmp_path):
     c = run_config_from_dict({"model": TINY, "system": {"name": "ideal_ac"}, "seed": SEED,
                               "workload": {**WORKLOAD, "warmup_steps": 1, "measure_steps": 1}})
     assert ideal_ac.run(c, tmp_path, torch.device("cpu")).extras["saved_activation_peak_bytes"] is None
+
+
+@pytest.mark.parametrize("system", ["ideal_ac", "fsdp_offload"])
+def test_a_capped_point_on_a_cpu_says_nothing_held_it_to_the_cap(tmp_path, system):
+    from teraio.harness.run import run_point
+    capped = run_config_from_dict({"model": TINY, "system": {"name": system}, "seed": SEED,
+                                   "workload": {**WORKLOAD, "warmup_steps": 1, "measure_steps": 1},
+                                   "hardware": {"device": "cpu", "gpu_capacity_bytes": 10**9}})
+    row = run_point(capped, tmp_path / "capped")
+    assert row["status"] == "ok" and row["capacity_enforced"] is False, row  # the throughput table's note reads it
+    free = run_point(dataclasses.replace(capped, hardware=dataclasses.replace(capped.hardware, gpu_capacity_bytes=None)),
+                     tmp_path / "free")
+    assert free["status"] == "ok" and "capacity_enforced" not in free
 
 
 @pytest.mark.parametrize("system, options, match", [
