@@ -29,8 +29,9 @@ ranks. FSDP2 averages gradients over ranks.
                            (``baselines.host_memory``) exceeds the host's available memory
 
 Row extras: ``ac_mode``, ``selective_ac_option``, ``micro_batch_size_trained``,
-``host_state_bytes`` (the offloaded state: 16 B per parameter), ``final_params_sha256``; ``capacity_enforced: false`` on a device that is not CUDA (the cap binds
-CUDA's allocator only).
+``host_state_bytes`` (the offloaded state: 16 B per parameter), ``final_params_sha256``;
+``capacity_enforced: false`` where a cap was asked for on a device that is not CUDA
+(``teraio.systems.memory_cap.capacity_unenforced``).
 Not measured: FSDP2 exposes no stalls or bytes moved per step (null in every iteration).
 """
 from __future__ import annotations
@@ -49,7 +50,7 @@ from teraio.config import RunConfig
 from teraio.result import Measurements, kept_on_failure
 from teraio.systems.loop import Step
 from teraio.systems.measure import reset_peak_memory
-from teraio.systems.memory_cap import apply_memory_cap
+from teraio.systems.memory_cap import apply_memory_cap, capacity_unenforced
 from teraio.workload.models import build_model
 from teraio.workload.step import make_batch, make_optimizer, train_step
 
@@ -114,8 +115,8 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
     measured = Measurements(capacity_bytes=cap, capacity_emulated=True if cap is not None else None, extras={
         "ac_mode": opts["ac"], "selective_ac_option": str(opts["selective_ac_option"]),
         "micro_batch_size_trained": mb, "host_state_bytes": host_bytes})
-    if cap is not None and device.type != "cuda":
-        measured.extras["capacity_enforced"] = False  # the cap is the CUDA allocator's: nothing held this run to it
+    if capacity_unenforced(cap, device):
+        measured.extras["capacity_enforced"] = False
     with kept_on_failure(measured):
         if opts["check_host_memory"]:
             local = int(os.environ.get("LOCAL_WORLD_SIZE", world))

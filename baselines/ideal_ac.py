@@ -14,8 +14,9 @@ model does not fit switches on first: recompute in backward instead of keeping a
                            allocator's peaks then cover the steps after it
 
 Row extras: ``ac_mode``, ``selective_ac_option``, ``micro_batch_size_trained``,
-``saved_activation_peak_bytes`` (null when not profiled), ``final_params_sha256``; ``capacity_enforced: false`` on a device that is not CUDA (the cap binds
-CUDA's allocator only).
+``saved_activation_peak_bytes`` (null when not profiled), ``final_params_sha256``;
+``capacity_enforced: false`` where a cap was asked for on a device that is not CUDA
+(``teraio.systems.memory_cap.capacity_unenforced``).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from teraio.config import RunConfig
 from teraio.result import Measurements, kept_on_failure
 from teraio.systems.loop import Step
 from teraio.systems.measure import reset_peak_memory
-from teraio.systems.memory_cap import apply_memory_cap
+from teraio.systems.memory_cap import apply_memory_cap, capacity_unenforced
 from teraio.workload.models import build_model
 from teraio.workload.step import make_batch, make_optimizer, train_step
 
@@ -95,8 +96,8 @@ def run(cfg: RunConfig, job_dir: Path, device: torch.device) -> Measurements:
     measured = Measurements(capacity_bytes=cap, capacity_emulated=True if cap is not None else None, extras={
         "ac_mode": opts["mode"], "selective_ac_option": str(opts["selective_ac_option"]),
         "micro_batch_size_trained": mb, "saved_activation_peak_bytes": None})
-    if cap is not None and device.type != "cuda":
-        measured.extras["capacity_enforced"] = False  # the cap is the CUDA allocator's: nothing held this run to it
+    if capacity_unenforced(cap, device):
+        measured.extras["capacity_enforced"] = False
     profiled = profiled_step(w) if opts["profile_saved_activations"] else None
     with kept_on_failure(measured):
         held = apply_memory_cap(cap, device, cfg.hardware.capacity_mode)

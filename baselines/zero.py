@@ -90,7 +90,7 @@ from teraio.files import SWAP_DIRS, owner_tag, remove_orphans
 from teraio.config import RunConfig
 from teraio.systems.loop import Step, Steps, measure_steps
 from teraio.systems.measure import peak_memory, reset_peak_memory
-from teraio.systems.memory_cap import MemoryCap, apply_memory_cap
+from teraio.systems.memory_cap import MemoryCap, apply_memory_cap, capacity_unenforced
 from teraio.workload.models import build_meta_model, build_model
 from teraio.result import Measurements, human_bytes, kept_on_failure
 from teraio.workload.step import make_batch, make_optimizer
@@ -555,8 +555,8 @@ def _run(cfg: RunConfig, job_dir: Path, device: torch.device, measured: Measurem
         _release_device(device, held)
     measured.capacity_bytes = cfg.hardware.gpu_capacity_bytes
     measured.capacity_emulated = True if cfg.hardware.gpu_capacity_bytes is not None else None
-    if cfg.hardware.gpu_capacity_bytes is not None and device.type != "cuda":
-        measured.extras["capacity_enforced"] = False  # the cap is the CUDA allocator's: nothing held this run to it
+    if capacity_unenforced(cfg.hardware.gpu_capacity_bytes, device):
+        measured.extras["capacity_enforced"] = False
 
 
 def _train(engine, cfg: RunConfig, measured: Measurements, device: torch.device, world: int, mb: int) -> None:

@@ -70,12 +70,12 @@ def raw_duplex(nbytes: int, repeats: int) -> dict[str, float]:
         for _ in range(repeats):
             torch.cuda.synchronize()
             events = []
-            for key, stream, copy in (("raw_duplex_d2h_gbps", streams[0], lambda: host[0].copy_(dev[0], non_blocking=True)),
-                                      ("raw_duplex_h2d_gbps", streams[1], lambda: dev[1].copy_(host[1], non_blocking=True))):
+            for key, stream, dst, src in (("raw_duplex_d2h_gbps", streams[0], host[0], dev[0]),
+                                          ("raw_duplex_h2d_gbps", streams[1], dev[1], host[1])):
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 with torch.cuda.stream(stream):
                     start.record()
-                    copy()
+                    dst.copy_(src, non_blocking=True)
                     end.record()
                 events.append((key, start, end))
             torch.cuda.synchronize()

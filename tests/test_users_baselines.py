@@ -86,8 +86,8 @@ def test_a_capped_point_on_a_cpu_says_nothing_held_it_to_the_cap(tmp_path, syste
                                    "hardware": {"device": "cpu", "gpu_capacity_bytes": 10**9}})
     row = run_point(capped, tmp_path / "capped")
     assert row["status"] == "ok" and row["capacity_enforced"] is False, row  # the throughput table's note reads it
-    free = run_point(dataclasses.replace(capped, hardware=dataclasses.replace(capped.hardware, gpu_capacity_bytes=None)),
-                     tmp_path / "free")
+    uncapped = dataclasses.replace(capped, hardware=dataclasses.replace(capped.hardware, gpu_capacity_bytes=None))
+    free = run_point(uncapped, tmp_path / "free")
     assert free["status"] == "ok" and "capacity_enforced" not in free
 
 

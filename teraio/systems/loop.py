@@ -93,8 +93,8 @@ def measure_steps(step_fn: StepFn, workload: WorkloadConfig, device: torch.devic
                   progress: bool = True, out: Steps | None = None, deadline: float | None = None) -> Steps:
     """Run steps ``first_step .. warmup_steps + measure_steps - 1``. Per step: ``step_fn(step)``
     and a settled garbage collector (:func:`_settle_collector`; the loop unfreezes what it
-    froze when it ends, by an error too) untimed; its ``run`` timed with the device synchronised at both ends
-    (``teraio.systems.measure.timed``); the loss checked; ``stats``; the progress line
+    froze when it ends, by an error too) untimed; its ``run`` timed with the device
+    synchronised at both ends (``teraio.systems.measure.timed``); the loss checked; ``stats``; the progress line
     (``teraio.result.progress_line``, printed when ``progress``); and, from
     ``workload.warmup_steps`` on, the iteration row, of ``workload.tokens_at(step)`` tokens;
     on CUDA the row's ``allocator`` holds what the caching allocator did in the timed region
@@ -131,12 +131,12 @@ def _settle_collector() -> None:
     """Before a step, untimed: collect every generation (what earlier steps froze included),
     then freeze what survives (the model, its optimizer, a plan and its trace, the libraries:
     objects that live through training), so that the collections Python starts during the
-    timed step scan only the objects made since. A full collection walks every tracked object
-    (about 470,000 in a CPU smoke run's worker, libraries included); the H100 rows of
-    TeraIO-Mixed show host-side pauses of 0.13 s at the same op of every micro-batch, which is
-    what such a collection would cost there (not yet confirmed on a GPU). Every system runs this
-    loop, so all get it; torchtitan's trainer manages its collector between steps too
-    (``torchtitan.tools.utils.GarbageCollection``)."""
+    timed step scan only the objects made since. A full collection walks every tracked object,
+    the libraries' included: a host-side pause of that kind, at the same op of every
+    micro-batch, shows in the op logs (``oplog.csv``'s ``seconds``) of TeraIO-Mixed's rows in
+    ``runs/reference/h100/host_update/`` (whether it is the collector is not yet measured on a
+    GPU). Every system runs this loop, so all get it; torchtitan's trainer manages its
+    collector between steps too (``torchtitan.tools.utils.GarbageCollection``)."""
     gc.unfreeze()  # what earlier steps froze is scanned again: no cycle it left behind is kept
     gc.collect()
     gc.freeze()

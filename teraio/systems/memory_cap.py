@@ -97,6 +97,13 @@ class MemoryCap:
         self.mode = None
 
 
+def capacity_unenforced(capacity_bytes: int | None, device: torch.device) -> bool:
+    """Whether a run asked to be held to ``capacity_bytes`` gets nothing that holds it: the
+    cap binds CUDA's caching allocator only, so on another device :func:`apply_memory_cap`
+    applies nothing (its row says ``capacity_enforced: false``; ``analysis.tables`` names it)."""
+    return capacity_bytes is not None and device.type != "cuda"
+
+
 def apply_memory_cap(capacity_bytes: int | None, device: torch.device, mode: str) -> MemoryCap:
     """Hold ``device`` to ``capacity_bytes`` (bytes) the ``mode`` way (module docstring): past
     it allocations raise ``torch.OutOfMemoryError`` as on a smaller GPU. Nothing is applied for
